@@ -1,0 +1,15 @@
+{{- define "fsdp-operator.name" -}}fsdp-operator{{- end -}}
+{{- define "fsdp-operator.fullname" -}}{{ .Release.Name | trunc 40 | trimSuffix "-" }}-fsdp-operator{{- end -}}
+{{- define "fsdp-operator.labels" -}}
+app.kubernetes.io/name: {{ include "fsdp-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+{{- define "fsdp-operator.selector" -}}
+app.kubernetes.io/name: {{ include "fsdp-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+{{- define "fsdp-operator.serviceAccount" -}}
+{{- if .Values.serviceAccount.create -}}{{ default (include "fsdp-operator.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
+{{- end -}}

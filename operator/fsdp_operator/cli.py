@@ -1,0 +1,155 @@
+"""`fsdpctl`: the command line. Every user mistake ends in a one-line message and an exit code, never a traceback.
+
+Exit codes: 0 success, 1 a finding (invalid spec, failed job, transport fallback), 2 unusable input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fsdp_operator import render, schema
+from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
+
+EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
+
+
+class InputError(Exception):
+    """The input cannot be used at all (missing file, not YAML, not an FSDPTrainingJob)."""
+
+
+def load_manifest(path: str) -> Any:
+    """The single YAML document in `path` (`-` for stdin)."""
+    try:
+        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror or e}") from e
+    try:
+        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise InputError(f"{path}: not valid YAML: {where}{problem}") from e
+    if len(docs) != 1:
+        raise InputError(f"{path}: expected one YAML document (an FSDPTrainingJob), found {len(docs)}")
+    return docs[0]
+
+
+def load_job(path: str) -> Job:
+    """A typed job from a file; InputError when it is not a job, SpecError when the job is invalid."""
+    manifest = load_manifest(path)
+    try:
+        return parse_job(manifest)
+    except NotAJobError as e:
+        raise InputError(f"{path}: {e}") from e
+
+
+def _dump(obj: Any, output: str) -> str:
+    if output == "json":
+        return json.dumps(obj, indent=2)
+    return yaml.safe_dump(obj, sort_keys=False, width=120)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    job = load_job(args.file)
+    if not job.uid:
+        # Not created yet: the API server assigns the uid the ownerReference will carry.
+        job = Job(job.name, job.namespace, "<uid-assigned-on-create>", job.generation, job.spec, job.labels)
+    print(_dump(render.raycluster(job), args.output), end="")
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    job = load_job(args.file)
+    print(f"{args.file}: valid FSDPTrainingJob {job.namespace}/{job.name} ({job.spec.workers.world_size} ranks)")
+    return EXIT_OK
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    print(_dump(schema.crd(), args.output), end="")
+    return EXIT_OK
+
+
+def cmd_diagnose_nccl(args: argparse.Namespace) -> int:
+    from fsdp_operator.diagnose import diagnose_nccl
+
+    return diagnose_nccl(args.files, output=args.output)
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from fsdp_operator.operator_main import run_operator
+
+    return run_operator(namespace=args.namespace, liveness=args.liveness)
+
+
+def cmd_run_local(args: argparse.Namespace) -> int:
+    from fsdp_operator.local.run import run_local
+
+    return run_local(args.file, keep=args.keep, timeout=args.timeout)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fsdpctl", description="Run and inspect FSDPTrainingJobs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("render", help="print the RayCluster the operator would create (a GitOps dry run)")
+    p.add_argument("-f", "--file", required=True, help="FSDPTrainingJob YAML, or - for stdin")
+    p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("validate", help="check an FSDPTrainingJob; print every problem with its field path")
+    p.add_argument("-f", "--file", required=True, help="FSDPTrainingJob YAML, or - for stdin")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("crd", help="print the FSDPTrainingJob CustomResourceDefinition")
+    p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    p.set_defaults(func=cmd_crd)
+
+    p = sub.add_parser("diagnose", help="classify logs a user already has")
+    diag = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+    d = diag.add_parser("nccl", help="which network transport NCCL used, per file and per rank")
+    d.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO logs, or - for stdin")
+    d.add_argument("-o", "--output", choices=["text", "json"], default="text")
+    d.set_defaults(func=cmd_diagnose_nccl)
+
+    p = sub.add_parser("operator", help="run the operator (kopf) against the current kubeconfig")
+    p.add_argument("-n", "--namespace", help="watch one namespace (default: all)")
+    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
+    p.set_defaults(func=cmd_operator)
+
+    p = sub.add_parser("run-local", help="run a job end to end on this machine (emulated API server, local Ray)")
+    p.add_argument("-f", "--file", required=True, help="FSDPTrainingJob YAML")
+    p.add_argument("--keep", action="store_true", help="leave everything running and print a kubeconfig path")
+    p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    p.set_defaults(func=cmd_run_local)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SpecError as e:
+        source = getattr(args, "file", "spec")
+        count = len(e.problems)
+        print(f"{source}: invalid FSDPTrainingJob, {count} problem{'' if count == 1 else 's'}:", file=sys.stderr)
+        for problem in e.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_FINDING
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

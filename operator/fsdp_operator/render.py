@@ -1,0 +1,274 @@
+"""Pure builders: the RayCluster manifest and the Ray job submission for a job. No I/O here.
+
+Every pod-level decision of the reference setup (EFA request, NCCL environment, Guaranteed QoS,
+/dev/shm, ray stop on preStop) is made in this one module, from the typed spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from fsdp_operator import schema
+from fsdp_operator.spec import Job, Spec
+
+MANAGED_BY = "fsdp-operator"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_JOB = "fsdp.dev/job"
+LABEL_NAME = "app.kubernetes.io/name"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
+HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
+DASHBOARD_PORT = 8265
+# KubeRay derives pod and service names from the cluster name (`<name>-head-svc`,
+# `<name>-<group>-worker-<5 chars>`); capping it keeps every derived name a valid 63-char label.
+MAX_CLUSTER_NAME = 38
+WORKER_GROUP_GPU = "gpu-workers"
+WORKER_GROUP_CPU = "cpu-workers"
+RAY_LOGS = "/tmp/ray"
+
+
+def _digest(*parts: str, length: int = 8) -> str:
+    return hashlib.sha256("/".join(parts).encode()).hexdigest()[:length]
+
+
+def _dns_label(stem: str, suffix: str, limit: int) -> str:
+    """`stem-suffix` as a DNS-1035 label of at most `limit` characters (letter first)."""
+    clean = re.sub(r"[^a-z0-9-]", "-", stem.lower()).strip("-") or "job"
+    if not clean[0].isalpha():
+        clean = "j" + clean
+    room = limit - len(suffix) - 1
+    return f"{clean[:room].rstrip('-')}-{suffix}"
+
+
+def raycluster_name(job_name: str) -> str:
+    """Deterministic RayCluster name for a job: `<job>-ray`, or a truncated name plus a hash when long."""
+    plain = _dns_label(job_name, "ray", MAX_CLUSTER_NAME)
+    if plain == f"{job_name}-ray":
+        return plain
+    return _dns_label(job_name, _digest(job_name), MAX_CLUSTER_NAME)
+
+
+def submission_id(job_name: str, uid: str, attempt: int) -> str:
+    """Deterministic Ray submission id: the same job, uid and attempt always give the same id."""
+    return f"{_dns_label(job_name, _digest(job_name, uid), 48)}-{attempt}"
+
+
+def labels(job: Job) -> dict[str, str]:
+    return {LABEL_MANAGED_BY: MANAGED_BY, LABEL_NAME: "fsdp-training", LABEL_JOB: job.name}
+
+
+def owner_reference(job: Job) -> dict[str, Any]:
+    return {
+        "apiVersion": schema.API_VERSION,
+        "kind": schema.KIND,
+        "name": job.name,
+        "uid": job.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def nccl_env(spec: Spec) -> list[dict[str, str]]:
+    """The NCCL/EFA variables for the workers: the reference four for EFA, a plain-TCP set for sockets."""
+    env = [
+        {"name": "NCCL_DEBUG", "value": spec.network.nccl_debug},
+        {"name": "NCCL_SOCKET_IFNAME", "value": spec.network.socket_ifname},
+    ]
+    if spec.efa_requested:
+        env += [{"name": "FI_PROVIDER", "value": "efa"}, {"name": "NCCL_NET_PLUGIN", "value": "ofi"}]
+        if spec.network.fail_fast:
+            # Without this NCCL silently falls back to sockets; with it, it refuses to start.
+            env.append({"name": "NCCL_NET", "value": "Libfabric"})
+    else:
+        env += [{"name": "NCCL_IB_DISABLE", "value": "1"}, {"name": "NCCL_NET", "value": "Socket"}]
+    return env
+
+
+def _downward_env() -> list[dict[str, Any]]:
+    # The training ranks report their pod and node; no API credentials needed.
+    return [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+    ]
+
+
+def _resources(cpu: str, memory: str, extra: dict[str, str]) -> dict[str, Any]:
+    amounts = {"cpu": cpu, "memory": memory, **extra}
+    # Requests equal limits: Guaranteed QoS, so the kubelet never evicts a rank under memory pressure.
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _container(name: str, spec: Spec, resources: dict[str, Any], env: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "env": env,
+        "resources": resources,
+        "volumeMounts": [
+            {"name": "ray-logs", "mountPath": RAY_LOGS},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}},
+    }
+
+
+def _volumes(shm_size: str) -> list[dict[str, Any]]:
+    return [
+        {"name": "ray-logs", "emptyDir": {}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
+    ]
+
+
+def raycluster(job: Job) -> dict[str, Any]:
+    """The RayCluster that runs `job`: a GPU-less head and one fixed-size worker group requesting EFA."""
+    spec, workers = job.spec, job.spec.workers
+    name = raycluster_name(job.name)
+    common_labels = labels(job)
+
+    head_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *_downward_env()]
+    head = _container("ray-head", spec, _resources(spec.head.cpu, spec.head.memory, {}), head_env)
+    head["ports"] = [{"containerPort": port, "name": port_name} for port_name, port in HEAD_PORTS]
+
+    gpus = str(workers.gpus_per_worker)
+    extra: dict[str, str] = {}
+    if workers.gpus_per_worker:
+        extra[GPU_RESOURCE] = gpus
+    if spec.efa_requested:
+        extra[EFA_RESOURCE] = str(workers.efa_per_worker)
+    worker_env = [*nccl_env(spec), *_downward_env(), *spec.network.env]
+    worker = _container("ray-worker", spec, _resources(workers.cpu, workers.memory, extra), worker_env)
+
+    selector = dict(workers.node_selector)
+    if workers.instance_type:
+        selector[INSTANCE_TYPE_LABEL] = workers.instance_type
+    tolerations = list(workers.tolerations)
+    if workers.gpus_per_worker:
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    if spec.efa_requested:
+        tolerations.append({"key": EFA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+
+    worker_pod: dict[str, Any] = {"containers": [worker], "volumes": _volumes(workers.shared_memory)}
+    if selector:
+        worker_pod["nodeSelector"] = selector
+    if tolerations:
+        worker_pod["tolerations"] = tolerations
+    head_pod: dict[str, Any] = {"containers": [head], "volumes": _volumes("2Gi")}
+    if spec.head.node_selector:
+        head_pod["nodeSelector"] = dict(spec.head.node_selector)
+    if spec.head.tolerations:
+        head_pod["tolerations"] = list(spec.head.tolerations)
+
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": common_labels,
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "rayVersion": spec.ray_version,
+            "enableInTreeAutoscaling": False,
+            "headGroupSpec": {
+                # num-cpus 0: training ranks never land on the head, which serves the job API.
+                "rayStartParams": {"dashboard-host": "0.0.0.0", "num-gpus": "0", "num-cpus": "0"},
+                "template": {"metadata": {"labels": dict(common_labels)}, "spec": head_pod},
+            },
+            "workerGroupSpecs": [
+                {
+                    "groupName": WORKER_GROUP_GPU if workers.gpus_per_worker else WORKER_GROUP_CPU,
+                    "replicas": workers.replicas,
+                    "minReplicas": workers.replicas,
+                    "maxReplicas": workers.replicas,
+                    # The same value as the nvidia.com/gpu limit: Ray never sees more GPUs than the pod has.
+                    "rayStartParams": {"num-gpus": gpus},
+                    "template": {"metadata": {"labels": dict(common_labels)}, "spec": worker_pod},
+                }
+            ],
+        },
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Submission:
+    """What the operator hands to Ray's job API for one attempt."""
+
+    submission_id: str
+    entrypoint: str
+    runtime_env: dict[str, Any]
+    metadata: dict[str, str]
+    config: dict[str, Any]
+
+
+def train_config(job: Job) -> dict[str, Any]:
+    """The training function's config (`fsdp_train.config.TrainConfig.from_dict`) for this job."""
+    spec, t = job.spec, job.spec.training
+    return {
+        "model": spec.model.name,
+        "model_init": spec.model.init,
+        "model_overrides": dict(spec.model.overrides),
+        "steps": t.steps,
+        "seq_len": t.seq_len,
+        "batch_size_per_rank": t.batch_size_per_rank,
+        "grad_accum": t.gradient_accumulation,
+        "learning_rate": t.learning_rate,
+        "lr_schedule": t.lr_schedule,
+        "warmup_steps": t.warmup_steps,
+        "sharding": t.sharding,
+        "mixed_precision": t.mixed_precision,
+        "activation_checkpointing": t.activation_checkpointing,
+        "compile": t.compile,
+        "seed": t.seed,
+        "data": "random",
+        "checkpoint_path": t.checkpoint.storage,
+        "checkpoint_interval": t.checkpoint.interval_steps,
+        "probe_size_bytes": t.probe_size_bytes,
+        "min_cross_node_gbps": spec.network.min_cross_node_gbps,
+    }
+
+
+def submission(job: Job, submission_id: str, training_package: str) -> Submission:
+    """The Ray job for one attempt; `training_package` is the local path of `fsdp_train` to ship."""
+    spec, workers = job.spec, job.spec.workers
+    use_gpu = workers.gpus_per_worker > 0
+    config = {
+        "train": train_config(job),
+        "scaling": {
+            "num_workers": workers.world_size,
+            "use_gpu": use_gpu,
+            "resources_per_worker": {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1},
+        },
+        # Retries are the operator's (runPolicy.backoffLimit), each with a fresh submission id.
+        "max_failures": 0,
+        "storage_path": spec.training.checkpoint.storage or None,
+        "name": job.name,
+    }
+    entrypoint = "python -m fsdp_train.ray_entry --config-json " + shlex.quote(
+        json.dumps(config, separators=(",", ":"), sort_keys=True)
+    )
+    env_vars = {
+        # Per-rank lines must reach the job log unmerged and printed once (see docs/operations.md).
+        "RAY_DEDUP_LOGS": "0",
+        "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
+        "PYTHONUNBUFFERED": "1",
+        **spec.runtime_env.env_vars,
+    }
+    runtime_env: dict[str, Any] = {"py_modules": [training_package], "env_vars": env_vars}
+    if spec.runtime_env.pip:
+        runtime_env["pip"] = list(spec.runtime_env.pip)
+    return Submission(
+        submission_id=submission_id,
+        entrypoint=entrypoint,
+        runtime_env=runtime_env,
+        metadata={"fsdp.dev/job": job.name, "fsdp.dev/namespace": job.namespace},
+        config=config,
+    )

@@ -1,0 +1,33 @@
+"""The CRD file is generated from schema.py and must not drift; its names and columns are what users type."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from fsdp_operator import schema
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_crd_file_matches_the_schema_in_code() -> None:
+    on_disk = yaml.safe_load((ROOT / "crds" / "fsdptrainingjob.yaml").read_text())
+    assert on_disk == schema.crd(), "crds/fsdptrainingjob.yaml is stale: run `make crds`"
+
+
+def test_chart_crd_matches_the_schema_in_code() -> None:
+    chart_copy = ROOT / "charts" / "fsdp-operator" / "crds" / "fsdptrainingjob.yaml"
+    assert yaml.safe_load(chart_copy.read_text()) == schema.crd(), "the chart's CRD is stale: run `make crds`"
+
+
+def test_names_users_type() -> None:
+    names = schema.crd()["spec"]["names"]
+    assert names["plural"] == "fsdptrainingjobs"
+    assert {"trainingjobs", "trainingjob", "ftj"} <= set(names["shortNames"])
+
+
+def test_printer_columns() -> None:
+    (version,) = schema.crd()["spec"]["versions"]
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert {"Phase", "Workers", "Transport", "Step", "Tokens/s", "Age"} <= set(columns)
+    assert version["subresources"] == {"status": {}}
