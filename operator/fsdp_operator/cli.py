@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -92,7 +93,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 def cmd_run_local(args: argparse.Namespace) -> int:
     from fsdp_operator.local.run import run_local
 
-    return run_local(args.file, keep=args.keep, timeout=args.timeout)
+    return run_local(args.file, keep=args.keep, timeout=args.timeout, status_out=args.status_out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--file", required=True, help="FSDPTrainingJob YAML")
     p.add_argument("--keep", action="store_true", help="leave everything running and print a kubeconfig path")
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    p.add_argument("--status-out", metavar="FILE", help="also write the final FSDPTrainingJob (JSON) to FILE")
     p.set_defaults(func=cmd_run_local)
     return parser
 
@@ -148,6 +150,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FINDING
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `fsdpctl ... | head`: the reader left; say nothing more (Python's own advice for SIGPIPE).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
     return code
 
 
