@@ -1,0 +1,82 @@
+"""Structural-schema pruning and validation of custom resources, as the real API server applies them."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonschema
+
+from fsdp_operator.local.resources import Obj
+
+# Always kept at the root of a custom resource (and of embedded resources), whatever the schema says.
+_ROOT_FIELDS = ("apiVersion", "kind", "metadata")
+
+
+def prune(obj: Obj, schema: Obj) -> tuple[Obj, list[str]]:
+    """Drop fields the schema does not declare; return the pruned copy and the dropped paths."""
+    unknown: list[str] = []
+    pruned = _prune(copy.deepcopy(obj), schema, "", unknown, root=True)
+    return pruned, unknown
+
+
+def _prune(value: Any, schema: Obj, path: str, unknown: list[str], *, root: bool = False) -> Any:
+    if isinstance(value, dict):
+        if schema.get("x-kubernetes-preserve-unknown-fields"):
+            properties = schema.get("properties") or {}
+            for key, child in properties.items():
+                if key in value:
+                    value[key] = _prune(value[key], child, _join(path, key), unknown)
+            return value
+        properties = schema.get("properties")
+        additional = schema.get("additionalProperties")
+        keep_meta = root or schema.get("x-kubernetes-embedded-resource")
+        if properties is not None:
+            for key in list(value):
+                if keep_meta and key in _ROOT_FIELDS:
+                    continue
+                if key in properties:
+                    value[key] = _prune(value[key], properties[key], _join(path, key), unknown)
+                else:
+                    unknown.append(_join(path, key))
+                    del value[key]
+        elif isinstance(additional, dict):
+            for key in list(value):
+                value[key] = _prune(value[key], additional, _join(path, key), unknown)
+        return value
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [_prune(item, schema["items"], f"{path}[{i}]", unknown) for i, item in enumerate(value)]
+    return value
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _to_json_schema(schema: Any) -> Any:
+    """OpenAPI v3 -> JSON Schema: `nullable`, `x-kubernetes-int-or-string`; metadata is the server's."""
+    if isinstance(schema, list):
+        return [_to_json_schema(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    result = {key: _to_json_schema(value) for key, value in schema.items() if not key.startswith("x-kubernetes")}
+    if schema.get("x-kubernetes-int-or-string"):
+        result.pop("type", None)
+        result["anyOf"] = [{"type": "integer"}, {"type": "string"}]
+    if result.pop("nullable", False) and "type" in result:
+        result["type"] = [result["type"], "null"]
+    return result
+
+
+def validate(obj: Obj, schema: Obj) -> list[tuple[str, str]]:
+    """Schema violations as (field path, message); empty when the object is valid."""
+    json_schema = _to_json_schema(schema)
+    # metadata is validated by the server itself, not by the CRD's schema.
+    json_schema.get("properties", {}).pop("metadata", None)
+    # OpenAPI v3.0 schemas are JSON Schema draft 4 (boolean exclusiveMinimum), plus the conversions above.
+    validator = jsonschema.Draft4Validator(json_schema)
+    errors = []
+    for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
+        path = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in error.absolute_path).replace(".[", "[")
+        errors.append((path or "<root>", f"Invalid value: {error.message}"))
+    return errors

