@@ -260,6 +260,9 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
         "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
         "PYTHONUNBUFFERED": "1",
+        # Each rank reads its own NCCL log back to report the transport; set here, before Ray Train
+        # creates the process group, so no NCCL call can precede it. /tmp/ray is the pods' Ray volume.
+        "NCCL_DEBUG_FILE": f"{RAY_LOGS}/nccl.%h.%p.log",
         **spec.runtime_env.env_vars,
     }
     runtime_env: dict[str, Any] = {"py_modules": [training_package], "env_vars": env_vars}

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import yaml
 from fsdp_operator import schema
-
 from support import k8s_tools
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -269,6 +269,7 @@ def test_submission_carries_the_training_parameters() -> None:
     env_vars = sub.runtime_env["env_vars"]
     assert env_vars["RAY_DEDUP_LOGS"] == "0" and env_vars["RAY_TRAIN_ENABLE_PRINT_PATCH"] == "0"
     assert env_vars["X"] == "1"
+    assert env_vars["NCCL_DEBUG_FILE"].endswith("nccl.%h.%p.log")
     assert "pip" not in sub.runtime_env
 
 

@@ -8,6 +8,7 @@ in the line. This module is pure Python (no torch, no Kubernetes): the operator 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
@@ -174,8 +175,13 @@ def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
 
 
 def emit(event: Event) -> None:
-    """Print one event as a single line, flushed at once so log tailing sees it."""
-    print(event.to_line(), flush=True)
+    """Print one event as a single line, flushed at once so log tailing sees it.
+
+    Line and newline go out in one write: ranks share one stdout pipe (torchrun, Ray), and with
+    ``PYTHONUNBUFFERED=1`` ``print`` writes them separately, so lines of two ranks could interleave.
+    """
+    sys.stdout.write(event.to_line() + "\n")
+    sys.stdout.flush()
 
 
 def as_dict(event: Event) -> dict[str, Any]:

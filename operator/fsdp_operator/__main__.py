@@ -1,0 +1,7 @@
+"""`python -m fsdp_operator`: the operator entry point (the same as `fsdpctl operator`)."""
+
+import sys
+
+from fsdp_operator.operator_main import main
+
+sys.exit(main())

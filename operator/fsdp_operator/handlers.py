@@ -1,0 +1,89 @@
+"""kopf handlers, thin: each delegates to `controller.py`. Built into a registry per operator instance.
+
+- a daemon per FSDPTrainingJob runs `JobLoop` (the lifecycle, the only status writer) until the job is
+  finished; kopf starts it for new jobs and again for every job when the operator restarts (resume);
+- watches on the job, its RayCluster and its pods only wake that loop (level-triggered);
+- the delete handler stops the Ray job and deletes the RayCluster before kopf removes the finalizer.
+
+Raw event handlers are used for waking instead of create/update handlers: they need no diff-base
+annotation writes on the job, and the loop re-reads the whole spec on each pass anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from fsdp_operator import render, schema
+from fsdp_operator.controller import JobLoop, Runtime, finalize
+from fsdp_operator.kube import RAYCLUSTER_GROUP, RAYCLUSTER_PLURAL, RAYCLUSTER_VERSION, AioKube
+from fsdp_operator.settings import configure_kopf
+
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+MANAGED = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
+
+
+def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegistry:
+    """A fresh registry with every handler bound to `runtime`.
+
+    With `login`, the registry logs in the way kopf would by default (in-cluster service account or
+    kubeconfig, through the `kubernetes` client) and builds `runtime.kube` from the same credentials.
+    Without it, the caller provides both a login handler and `runtime.kube`.
+    """
+    registry = kopf.OperatorRegistry()
+    config = runtime.config
+
+    @kopf.on.startup(registry=registry)
+    def fsdp_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_kopf(settings, config)
+
+    if login:
+
+        @kopf.on.login(registry=registry)
+        def fsdp_login(*, logger: Logger, **kwargs: Any) -> Any:
+            info = kopf.login_via_client(logger=logger, **kwargs)
+            if info is None:
+                raise kopf.PermanentError("no Kubernetes credentials (in-cluster service account or kubeconfig)")
+            if not runtime.has_kube():
+                runtime.set_kube(AioKube.from_connection_info(info, timeout=config.kube_timeout))
+            return info
+
+    @kopf.on.cleanup(registry=registry)
+    async def fsdp_cleanup(**_: Any) -> None:
+        await runtime.close()
+
+    @kopf.daemon(
+        schema.GROUP,
+        schema.VERSION,
+        schema.PLURAL,
+        registry=registry,
+        id="lifecycle",
+        # Stopping (deletion, shutdown) is signalled first; the loop notices at once and exits between passes.
+        cancellation_backoff=config.daemon_cancellation_timeout,
+        cancellation_timeout=config.daemon_cancellation_timeout,
+    )
+    async def fsdptrainingjob_lifecycle(
+        *, namespace: str | None, name: str, stopped: kopf.DaemonStopped, logger: Logger, **_: Any
+    ) -> None:
+        await JobLoop(runtime, namespace or "default", name, logger).run(stopped)
+
+    @kopf.on.event(schema.GROUP, schema.VERSION, schema.PLURAL, registry=registry)
+    def fsdptrainingjob_event(*, namespace: str | None, name: str, **_: Any) -> None:
+        runtime.wake(namespace, name)
+
+    @kopf.on.delete(schema.GROUP, schema.VERSION, schema.PLURAL, registry=registry)
+    async def fsdptrainingjob_delete(*, body: kopf.Body, logger: Logger, **_: Any) -> None:
+        await finalize(runtime, body, logger)
+
+    @kopf.on.event(RAYCLUSTER_GROUP, RAYCLUSTER_VERSION, RAYCLUSTER_PLURAL, labels=MANAGED, registry=registry)
+    def raycluster_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        runtime.wake(namespace, labels.get(render.LABEL_JOB))
+
+    @kopf.on.event("v1", "pods", labels=MANAGED, registry=registry)
+    def pod_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+        runtime.wake(namespace, labels.get(render.LABEL_JOB))
+
+    return registry

@@ -1,0 +1,235 @@
+"""Kubernetes access behind a small protocol: the job, its RayCluster, pods, events. aiohttp over HTTP(S).
+
+The operator uses the same credentials kopf logged in with (`AioKube.from_connection_info`), so the
+API server, token and CA come from one place. Creates treat 409 as "already there"; deletes treat 404
+as "already gone": every call is safe to repeat after a restart.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import ssl
+import tempfile
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+from urllib.parse import quote, urlencode
+
+import aiohttp
+
+from fsdp_operator import schema
+
+Obj = dict[str, Any]
+
+RAYCLUSTER_GROUP, RAYCLUSTER_VERSION, RAYCLUSTER_PLURAL = "ray.io", "v1", "rayclusters"
+EVENT_SOURCE = "fsdp-operator"
+
+
+class KubeError(RuntimeError):
+    """An unexpected answer from the API server."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+class Kube(Protocol):
+    """What the operator asks of the Kubernetes API."""
+
+    async def get_job(self, namespace: str, name: str) -> Obj | None: ...
+
+    async def patch_job_status(self, namespace: str, name: str, status_patch: Obj) -> Obj:
+        """Merge-patch `status` (the status subresource)."""
+        ...
+
+    async def delete_job(self, namespace: str, name: str) -> bool: ...
+
+    async def get_raycluster(self, namespace: str, name: str) -> Obj | None: ...
+
+    async def create_raycluster(self, manifest: Obj) -> bool:
+        """True when created, False when one of that name already exists (409)."""
+        ...
+
+    async def delete_raycluster(self, namespace: str, name: str) -> bool:
+        """True when a delete was issued, False when there was nothing to delete (404)."""
+        ...
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]: ...
+
+    async def list_events(self, namespace: str, field_selector: str) -> list[Obj]: ...
+
+    async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about `involved` (an object with apiVersion, kind, metadata)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+def _job_path(namespace: str, name: str = "") -> str:
+    base = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{quote(namespace)}/{schema.PLURAL}"
+    return f"{base}/{quote(name)}" if name else base
+
+
+def _cluster_path(namespace: str, name: str = "") -> str:
+    base = f"/apis/{RAYCLUSTER_GROUP}/{RAYCLUSTER_VERSION}/namespaces/{quote(namespace)}/{RAYCLUSTER_PLURAL}"
+    return f"{base}/{quote(name)}" if name else base
+
+
+def _as_file(data: bytes | str | None, name: str) -> str | None:
+    """Inline kubeconfig credentials as a private file: `ssl` loads client certificates from files only."""
+    if not data:
+        return None
+    folder = tempfile.mkdtemp(prefix="fsdp-operator-")
+    path = os.path.join(folder, name)
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600), "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+class AioKube:
+    """The real client: plain HTTP calls with aiohttp, one session per operator process."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        ssl_context: ssl.SSLContext | bool = True,
+        timeout: float = 30.0,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self.headers = dict(headers or {})
+        self.ssl_context = ssl_context
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_connection_info(cls, info: Any, *, timeout: float = 30.0) -> AioKube:
+        """From a `kopf.ConnectionInfo` (what the operator's login handler returned)."""
+        headers: dict[str, str] = {}
+        if info.token:
+            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
+        elif info.username and info.password:
+            pair = base64.b64encode(f"{info.username}:{info.password}".encode()).decode()
+            headers["Authorization"] = f"Basic {pair}"
+        context: ssl.SSLContext | bool = True
+        if info.insecure:
+            context = False
+        elif info.ca_path or info.ca_data or info.certificate_path or info.certificate_data:
+            ca_data = info.ca_data.decode() if isinstance(info.ca_data, bytes) else info.ca_data
+            context = ssl.create_default_context(cafile=info.ca_path, cadata=ca_data)
+            certificate = info.certificate_path or _as_file(info.certificate_data, "client.crt")
+            key = info.private_key_path or _as_file(info.private_key_data, "client.key")
+            if certificate and key:
+                context.load_cert_chain(certificate, key)
+        return cls(str(info.server), headers=headers, ssl_context=context, timeout=timeout)
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self.headers, timeout=aiohttp.ClientTimeout(total=self.timeout)
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: Mapping[str, str] | None = None,
+        allow: tuple[int, ...] = (),
+    ) -> tuple[int, Obj]:
+        url = self.server + path + (f"?{urlencode(query)}" if query else "")
+        data = None if body is None else json.dumps(body)
+        headers = {"Content-Type": content_type, "Accept": "application/json"}
+        try:
+            async with self._client().request(method, url, data=data, headers=headers, ssl=self.ssl_context) as r:
+                text = await r.text()
+                status = r.status
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise KubeError(0, f"{method} {path}: {e}") from e
+        try:
+            payload = json.loads(text) if text else {}
+        except ValueError:
+            payload = {"message": text}
+        if status >= 400 and status not in allow:
+            raise KubeError(status, f"{method} {path}: {payload.get('message', text)[:500]}")
+        return status, payload
+
+    async def get_job(self, namespace: str, name: str) -> Obj | None:
+        status, obj = await self._request("GET", _job_path(namespace, name), allow=(404,))
+        return None if status == 404 else obj
+
+    async def patch_job_status(self, namespace: str, name: str, status_patch: Obj) -> Obj:
+        _, obj = await self._request(
+            "PATCH",
+            _job_path(namespace, name) + "/status",
+            body={"status": status_patch},
+            content_type="application/merge-patch+json",
+        )
+        return obj
+
+    async def delete_job(self, namespace: str, name: str) -> bool:
+        status, _ = await self._request("DELETE", _job_path(namespace, name), allow=(404,))
+        return status != 404
+
+    async def get_raycluster(self, namespace: str, name: str) -> Obj | None:
+        status, obj = await self._request("GET", _cluster_path(namespace, name), allow=(404,))
+        return None if status == 404 else obj
+
+    async def create_raycluster(self, manifest: Obj) -> bool:
+        namespace = manifest["metadata"].get("namespace", "default")
+        status, _ = await self._request("POST", _cluster_path(namespace), body=manifest, allow=(409,))
+        return status != 409
+
+    async def delete_raycluster(self, namespace: str, name: str) -> bool:
+        status, _ = await self._request("DELETE", _cluster_path(namespace, name), allow=(404,))
+        return status != 404
+
+    async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
+        _, listing = await self._request(
+            "GET", f"/api/v1/namespaces/{quote(namespace)}/pods", query={"labelSelector": label_selector}
+        )
+        return list(listing.get("items") or [])
+
+    async def list_events(self, namespace: str, field_selector: str) -> list[Obj]:
+        _, listing = await self._request(
+            "GET", f"/api/v1/namespaces/{quote(namespace)}/events", query={"fieldSelector": field_selector}
+        )
+        return list(listing.get("items") or [])
+
+    async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = involved.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'job')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion", schema.API_VERSION),
+                "kind": involved.get("kind", schema.KIND),
+                "name": meta.get("name", ""),
+                "namespace": namespace,
+                "uid": meta.get("uid", ""),
+            },
+            "type": type_,
+            "reason": reason,
+            # The API server caps an Event's message at 1 KiB.
+            "message": message[:1024],
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": EVENT_SOURCE,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self._request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=event)

@@ -1,0 +1,430 @@
+"""A local stand-in for the KubeRay controller: each RayCluster becomes Ray processes on this machine.
+
+It watches RayClusters over the Kubernetes API (HTTP, like the real controller), starts a head
+(`ray start --head --num-cpus=0`, dashboard on loopback) and one Ray node per worker replica, each
+with its own 127.0.0.N address and temp dir, creates the matching Pod objects, and writes the
+RayCluster status the way KubeRay does. Deleting the RayCluster stops its processes, by process group.
+
+What it does not reproduce: images (the Ray on this machine runs, not the container's), pod
+scheduling, resource limits (cgroups), GPUs (a worker gets CPUs in place of GPUs), restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from fsdp_operator.spec import parse_quantity
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+
+RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"
+OBJECT_STORE_BYTES = 100 * 1024 * 1024
+STOP_GRACE_SECONDS = 5.0
+
+# A minimal RayCluster definition of our own (KubeRay's real CRD is not shipped with the project):
+# enough for the API server to serve the kind, its status subresource and KubeRay-like columns.
+RAYCLUSTER_CRD: Obj = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "rayclusters.ray.io"},
+    "spec": {
+        "group": "ray.io",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "RayCluster",
+            "listKind": "RayClusterList",
+            "plural": "rayclusters",
+            "singular": "raycluster",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "desired workers", "type": "integer", "jsonPath": ".status.desiredWorkerReplicas"},
+                    {"name": "available workers", "type": "integer", "jsonPath": ".status.availableWorkerReplicas"},
+                    {"name": "status", "type": "string", "jsonPath": ".status.state"},
+                    {"name": "age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                ],
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def now_rfc3339() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+@dataclass
+class RayNode:
+    """One `ray start --block` process group: a head or a worker 'pod'."""
+
+    pod_name: str
+    ip: str
+    process: asyncio.subprocess.Process
+    log_path: Path
+
+    @property
+    def pgid(self) -> int:
+        return self.process.pid  # started with start_new_session: its pid is the group id
+
+
+@dataclass
+class LocalCluster:
+    namespace: str
+    name: str
+    uid: str
+    workdir: Path
+    nodes: list[RayNode] = field(default_factory=list)
+    dashboard_port: int = 0
+    gcs_port: int = 0
+    task: asyncio.Task[None] | None = None
+
+
+def _container_env(container: Obj, pod_name: str, node_name: str) -> dict[str, str]:
+    """The container's environment, with the downward-API fields a kubelet would fill in."""
+    fields = {"metadata.name": pod_name, "spec.nodeName": node_name}
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = str(item["value"])
+        elif path := item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"):
+            env[item["name"]] = fields.get(path, "")
+    return env
+
+
+def _cpus(container: Obj, fallback: int) -> int:
+    """CPUs for a local Ray node: the container's limit, and at least one per GPU it would have had."""
+    limits = container.get("resources", {}).get("limits", {})
+    cpus = math.ceil(float(parse_quantity(limits["cpu"]))) if "cpu" in limits else fallback
+    return max(cpus, int(limits.get("nvidia.com/gpu", 0)), 1)
+
+
+class LocalKubeRay:
+    """Plays the KubeRay controller for every RayCluster on one emulated API server."""
+
+    def __init__(self, api_url: str, workdir: Path, *, max_worker_cpus: int | None = None) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.workdir = workdir
+        self.max_worker_cpus = max_worker_cpus
+        self.clusters: dict[tuple[str, str], LocalCluster] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._next_ip = 2  # 127.0.0.1 stays free for the API server and the operator
+        # The Ray a job runs with is the one on PATH when `ray start` ran: this interpreter's.
+        self._bin = Path(sys.executable).parent
+
+    # ------------------------------------------------------------------ API helpers
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        return self._session
+
+    async def _request(self, method: str, path: str, body: Obj | None = None, content_type: str = "") -> Obj:
+        headers = {"Content-Type": content_type or "application/json"}
+        async with self.session.request(method, self.api_url + path, json=body, headers=headers) as response:
+            payload: Obj = await response.json(content_type=None)
+            if response.status >= 400 and response.status != 409:
+                raise RuntimeError(f"{method} {path}: {response.status} {payload.get('message', payload)}")
+            return payload
+
+    async def _patch_status(self, cluster: LocalCluster, status: Obj) -> None:
+        path = f"/apis/ray.io/v1/namespaces/{cluster.namespace}/rayclusters/{cluster.name}/status"
+        with contextlib.suppress(RuntimeError):  # the cluster may be gone already
+            await self._request("PATCH", path, {"status": status}, "application/merge-patch+json")
+
+    async def _put_pod(self, cluster: LocalCluster, name: str, labels: dict[str, str], ip: str, ready: bool) -> None:
+        base = f"/api/v1/namespaces/{cluster.namespace}/pods"
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": cluster.namespace,
+                "labels": labels,
+                "ownerReferences": [
+                    {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": cluster.name, "uid": cluster.uid}
+                ],
+            },
+            "spec": {"nodeName": f"local-{ip}", "containers": [{"name": "ray", "image": "local"}]},
+        }
+        await self._request("POST", base, pod)
+        phase = "Running" if ready else "Pending"
+        condition = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now_rfc3339()}
+        status = {"phase": phase, "podIP": ip, "hostIP": ip, "conditions": [condition]}
+        with contextlib.suppress(RuntimeError):
+            await self._request("PATCH", f"{base}/{name}/status", {"status": status}, "application/merge-patch+json")
+
+    # ------------------------------------------------------------------ the controller loop
+
+    async def run(self) -> None:
+        """Watch RayClusters until cancelled; reconnect when a watch ends."""
+        resource_version = ""
+        while True:
+            try:
+                if not resource_version:
+                    listing = await self._request("GET", RAYCLUSTERS)
+                    resource_version = listing["metadata"]["resourceVersion"]
+                    for item in listing.get("items", []):
+                        self._on_event("ADDED", item)
+                url = f"{self.api_url}{RAYCLUSTERS}?watch=true&resourceVersion={resource_version}"
+                async with self.session.get(url) as response:
+                    if response.status == 410:  # too old: list again
+                        resource_version = ""
+                        continue
+                    async for raw in response.content:
+                        if not raw.strip():
+                            continue
+                        event = json.loads(raw)
+                        obj = event.get("object", {})
+                        resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
+                        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                            self._on_event(event["type"], obj)
+            except (TimeoutError, aiohttp.ClientError) as e:
+                log.debug("RayCluster watch interrupted: %s", e)
+                await asyncio.sleep(0.5)
+
+    def _on_event(self, kind: str, obj: Obj) -> None:
+        meta = obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if kind == "DELETED" or meta.get("deletionTimestamp"):
+            cluster = self.clusters.pop(key, None)
+            if cluster is not None:
+                asyncio.get_running_loop().create_task(self._teardown(cluster))
+        elif key not in self.clusters:
+            workdir = self.workdir / f"c{len(self.clusters)}"  # short: Ray socket paths max 107 bytes
+            cluster = LocalCluster(meta["namespace"], meta["name"], meta.get("uid", ""), workdir)
+            self.clusters[key] = cluster
+            cluster.task = asyncio.get_running_loop().create_task(self._materialize(cluster, obj))
+            cluster.task.add_done_callback(functools.partial(self._report_crash, cluster=cluster))
+
+    def _report_crash(self, task: asyncio.Task[None], cluster: LocalCluster) -> None:
+        """A stand-in that fails says so in the RayCluster's status, as KubeRay would, and in its log."""
+        if task.cancelled() or task.exception() is None:
+            return
+        error = task.exception()
+        log.error("RayCluster %s/%s could not be started: %r", cluster.namespace, cluster.name, error)
+        status = {"state": "failed", "reason": f"local stand-in failed: {error!r}"}
+        asyncio.get_running_loop().create_task(self._patch_status(cluster, status))
+
+    # ------------------------------------------------------------------ Ray processes
+
+    async def _start_node(self, cluster: LocalCluster, pod_name: str, args: list[str], env: dict[str, str]) -> RayNode:
+        ip = f"127.0.0.{self._next_ip}"
+        self._next_ip += 1
+        temp_dir = cluster.workdir / f"n{len(cluster.nodes)}"  # short: Ray's socket paths are length-limited
+        temp_dir.mkdir(parents=True, exist_ok=True)
+        log_path = cluster.workdir / f"{pod_name}.log"
+        process_env = {**os.environ, **env, "PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+        process_env["RAY_USAGE_STATS_ENABLED"] = "0"
+        command = [
+            str(self._bin / "ray"),
+            "start",
+            "--block",
+            f"--node-ip-address={ip}",
+            f"--temp-dir={temp_dir}",
+            f"--object-store-memory={OBJECT_STORE_BYTES}",
+            "--disable-usage-stats",
+            # Fixed default ports (52365 for the job agent) would collide between nodes on one machine.
+            f"--dashboard-agent-listen-port={free_port()}",
+            *args,
+        ]
+        with log_path.open("wb") as out:
+            process = await asyncio.create_subprocess_exec(
+                *command, stdout=out, stderr=asyncio.subprocess.STDOUT, env=process_env, start_new_session=True
+            )
+        node = RayNode(pod_name, ip, process, log_path)
+        cluster.nodes.append(node)
+        return node
+
+    async def _alive_nodes(self, cluster: LocalCluster) -> list[Obj]:
+        url = f"http://127.0.0.1:{cluster.dashboard_port}/api/v0/nodes?limit=1000"
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+                if response.status != 200:
+                    return []
+                payload = await response.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError):
+            return []
+        nodes: list[Obj] = payload.get("data", {}).get("result", {}).get("result", [])
+        return [n for n in nodes if n.get("state") == "ALIVE"]
+
+    async def _wait_for(self, cluster: LocalCluster, ips: set[str], deadline: float) -> set[str]:
+        """Wait until the Ray nodes with these IPs are alive (or their processes died); return the alive IPs."""
+        alive: set[str] = set()
+        while time.monotonic() < deadline:
+            alive = {n["node_ip"] for n in await self._alive_nodes(cluster)} & ips
+            dead = [n for n in cluster.nodes if n.ip in ips and n.process.returncode is not None]
+            if alive == ips or dead:
+                break
+            await asyncio.sleep(0.5)
+        return alive
+
+    async def _materialize(self, cluster: LocalCluster, rc: Obj) -> None:
+        spec = rc["spec"]
+        head_group, (group, *_) = spec["headGroupSpec"], spec["workerGroupSpecs"]
+        replicas = int(group.get("replicas", 1))
+        base_labels = {"ray.io/cluster": cluster.name, **rc["metadata"].get("labels", {})}
+        cluster.dashboard_port, cluster.gcs_port = free_port(), free_port()
+        await self._patch_status(
+            cluster,
+            {"desiredWorkerReplicas": replicas, "readyWorkerReplicas": 0, "availableWorkerReplicas": 0,
+             "minWorkerReplicas": replicas, "maxWorkerReplicas": replicas, "lastUpdateTime": now_rfc3339()},
+        )  # fmt: skip
+
+        head_name = f"{cluster.name}-head-{cluster.uid[:5] or 'local'}"
+        head_container = head_group["template"]["spec"]["containers"][0]
+        head = await self._start_node(
+            cluster,
+            head_name,
+            [
+                "--head",
+                "--num-cpus=0",
+                "--num-gpus=0",
+                f"--port={cluster.gcs_port}",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={cluster.dashboard_port}",
+                f"--ray-client-server-port={free_port()}",
+            ],
+            _container_env(head_container, head_name, "local-head"),
+        )
+        await self._put_pod(cluster, head_name, {**base_labels, "ray.io/node-type": "head"}, head.ip, ready=False)
+        head_up = await self._wait_for(cluster, {head.ip}, time.monotonic() + 90)
+        if not head_up:
+            log.error("Ray head of %s did not start; see %s", cluster.name, head.log_path)
+            await self._patch_status(cluster, {"state": "failed", "reason": f"head did not start, see {head.log_path}"})
+            return
+        await self._put_pod(cluster, head_name, {**base_labels, "ray.io/node-type": "head"}, head.ip, ready=True)
+        head_status = {"podIP": head.ip, "serviceIP": "127.0.0.1", "podName": head_name,
+                       "serviceName": f"{cluster.name}-head-svc"}  # fmt: skip
+        endpoints = {"dashboard": str(cluster.dashboard_port), "gcs-server": str(cluster.gcs_port)}
+        await self._patch_status(cluster, {"head": head_status, "endpoints": endpoints})
+
+        worker_container = group["template"]["spec"]["containers"][0]
+        cpus = _cpus(worker_container, 1)
+        if self.max_worker_cpus:
+            cpus = min(cpus, self.max_worker_cpus)
+        workers: list[RayNode] = []
+        for i in range(replicas):
+            pod_name = f"{cluster.name}-{group['groupName']}-worker-{i:05d}"[-63:]
+            env = _container_env(worker_container, pod_name, f"local-worker-{i}")
+            worker = await self._start_node(
+                cluster,
+                pod_name,
+                [f"--address={head.ip}:{cluster.gcs_port}", f"--num-cpus={cpus}", "--num-gpus=0"],
+                env,
+            )
+            workers.append(worker)
+        labels = {**base_labels, "ray.io/node-type": "worker", "ray.io/group": group["groupName"]}
+        for worker in workers:
+            await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=False)
+        alive = await self._wait_for(cluster, {w.ip for w in workers}, time.monotonic() + 120)
+        for worker in workers:
+            if worker.ip in alive:
+                await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=True)
+        ready = len(alive)
+        state = {"state": "ready"} if ready == replicas else {}
+        conditions = [
+            {"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady",
+             "lastTransitionTime": now_rfc3339()},
+            {"type": "RayClusterProvisioned", "status": "True" if ready == replicas else "False",
+             "reason": "AllPodRunningAndReadyFirstTime" if ready == replicas else "RayClusterPodsProvisioning",
+             "lastTransitionTime": now_rfc3339()},
+        ]  # fmt: skip
+        await self._patch_status(
+            cluster,
+            {**state, "readyWorkerReplicas": ready, "availableWorkerReplicas": ready, "conditions": conditions,
+             "observedGeneration": rc["metadata"].get("generation", 1), "lastUpdateTime": now_rfc3339()},
+        )  # fmt: skip
+
+    async def _teardown(self, cluster: LocalCluster) -> None:
+        if cluster.task is not None and not cluster.task.done():
+            cluster.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await cluster.task
+        await stop_nodes(cluster.nodes)
+        for node in cluster.nodes:
+            with contextlib.suppress(RuntimeError, aiohttp.ClientError):
+                await self._request("DELETE", f"/api/v1/namespaces/{cluster.namespace}/pods/{node.pod_name}")
+
+    async def close(self) -> None:
+        """Stop every cluster's processes (what a cluster teardown would do), then the HTTP session."""
+        clusters, self.clusters = list(self.clusters.values()), {}
+        for cluster in clusters:
+            await self._teardown(cluster)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def pids(self) -> list[int]:
+        return [n.process.pid for c in self.clusters.values() for n in c.nodes if n.process.returncode is None]
+
+
+async def stop_nodes(nodes: list[RayNode]) -> None:
+    """SIGTERM each node's process group, then SIGKILL what is left after a grace period."""
+    for node in nodes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pgid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    for node in nodes:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(node.process.wait(), max(0.1, deadline - time.monotonic()))
+    for node in nodes:
+        # Ray's daemons (gcs_server, raylet, workers) share the group and can outlive `ray start`.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pgid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            await node.process.wait()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of this process group still exists (zombies excluded)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False

@@ -1,0 +1,321 @@
+"""`fsdpctl run-local`: the whole system on one machine, on loopback only.
+
+An emulated API server (real HTTP), the local KubeRay stand-in (real Ray processes), and the operator
+itself in its own process (`fsdpctl operator`, unchanged, given a kubeconfig for the emulator). The job
+is applied like `kubectl apply` would, its status is shown as it changes, and everything started here
+is stopped again, by process group, on success, failure and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiohttp
+import yaml
+
+from fsdp_operator import schema
+from fsdp_operator.local.apiserver import ApiServer
+from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, group_alive
+
+Obj = dict[str, Any]
+
+EXIT_SUCCEEDED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+TERMINAL_PHASES = {"Succeeded", "Failed"}
+TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+
+
+class Progress:
+    """Prints what changed in the job's status: one line per event, a redrawn bar for steps on a terminal."""
+
+    def __init__(self, out: TextIO, started: float) -> None:
+        self.out = out
+        self.started = started
+        self.tty = out.isatty()
+        self.seen: set[str] = set()
+        self.bar_shown = False
+
+    def line(self, text: str) -> None:
+        if self.bar_shown:
+            self.out.write("\n")
+            self.bar_shown = False
+        self.out.write(f"[{time.monotonic() - self.started:6.1f}s] {text}\n")
+        self.out.flush()
+
+    def once(self, key: str, text: str) -> None:
+        if key not in self.seen:
+            self.seen.add(key)
+            self.line(text)
+
+    def bar(self, step: int, total: int, loss: Any, tokens: Any) -> None:
+        width = 30
+        filled = int(width * step / max(total, 1))
+        text = f"step {step}/{total} [{'#' * filled}{'.' * (width - filled)}] loss {loss} tokens/s {tokens}"
+        if self.tty:
+            self.out.write(f"\r{text}")
+            self.out.flush()
+            self.bar_shown = True
+        else:
+            self.once(f"step-{step}", text)
+
+    def show(self, status: Obj) -> None:
+        phase = status.get("phase", "")
+        reason, message = status.get("reason", ""), status.get("message", "")
+        self.once(f"phase-{phase}-{reason}", f"phase {phase}" + (f" ({reason}: {message})" if reason else ""))
+        if workers := status.get("workers"):
+            self.once(f"workers-{workers}", f"workers ready {workers}")
+        for rank in status.get("ranks", []) or []:
+            self.once(
+                f"rank-{rank.get('rank')}",
+                f"rank {rank.get('rank')} on node {rank.get('nodeRank')} ({rank.get('nodeIP')}, pod "
+                f"{rank.get('pod')}), local rank {rank.get('localRank')}, device {rank.get('device')}",
+            )
+        transport = status.get("transport") or {}
+        if summary := transport.get("summary"):
+            self.once(f"transport-{summary}", f"transport {summary} (requested {transport.get('requested')})")
+        interconnect = status.get("interconnect") or {}
+        for scope, figures in interconnect.items():
+            if isinstance(figures, dict) and "allreduceBusbwGBps" in figures:
+                self.once(
+                    f"probe-{scope}",
+                    f"interconnect {scope}: all-reduce {figures['allreduceBusbwGBps']} GB/s, "
+                    f"all-gather {figures.get('allgatherBusbwGBps')} GB/s",
+                )
+        progress = status.get("progress") or {}
+        if "step" in progress:
+            self.bar(
+                int(progress["step"]),
+                int(progress.get("totalSteps", 0)),
+                progress.get("loss"),
+                progress.get("tokensPerSecond"),
+            )
+
+
+def format_table(table: Obj) -> str:
+    """A meta.k8s.io Table as kubectl prints it."""
+    columns = [c["name"].upper() for c in table.get("columnDefinitions", []) if c.get("priority", 0) == 0]
+    indexes = [i for i, c in enumerate(table.get("columnDefinitions", [])) if c.get("priority", 0) == 0]
+    rows = [[str(row["cells"][i]) if row["cells"][i] is not None else "" for i in indexes] for row in table["rows"]]
+    widths = [max(len(x) for x in column) for column in zip(columns, *rows, strict=False)]
+    lines = [
+        "   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)).rstrip() for row in [columns, *rows]
+    ]
+    return "\n".join(lines)
+
+
+class LocalRun:
+    """One run-local session: the pieces it started, and how to stop them."""
+
+    def __init__(self, manifest: Obj, workdir: Path, out: TextIO) -> None:
+        self.manifest = manifest
+        self.namespace = str(manifest.get("metadata", {}).get("namespace") or "default")
+        self.name = str(manifest["metadata"]["name"])
+        self.workdir = workdir
+        self.out = out
+        self.api = ApiServer()
+        self.kuberay = LocalKubeRay("", workdir / "r")
+        self.operator: asyncio.subprocess.Process | None = None
+        self.http: aiohttp.ClientSession | None = None
+        self.kubeconfig = workdir / "kubeconfig"
+
+    @property
+    def job_path(self) -> str:
+        return f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{self.namespace}/{schema.PLURAL}/{self.name}"
+
+    async def _get(self, path: str, accept: str = "application/json") -> tuple[int, Obj]:
+        assert self.http is not None
+        async with self.http.get(self.api.url + path, headers={"Accept": accept}) as response:
+            return response.status, await response.json(content_type=None)
+
+    async def start(self) -> None:
+        await self.api.start()
+        crds = self.api.store.resource("customresourcedefinitions", "apiextensions.k8s.io")
+        self.api.store.create(crds, schema.crd())
+        self.api.store.create(crds, RAYCLUSTER_CRD)
+        self.api.write_kubeconfig(self.kubeconfig, self.namespace)
+        self.http = aiohttp.ClientSession()
+        self.kuberay.api_url = self.api.url
+        self._kuberay_task = asyncio.get_running_loop().create_task(self.kuberay.run())
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        log = (self.workdir / "operator.log").open("wb")
+        self.operator = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "fsdp_operator.cli",
+            "operator",
+            f"--namespace={self.namespace}",
+            f"--liveness=http://127.0.0.1:{free_port()}/healthz",
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        log.close()
+
+    async def apply(self) -> None:
+        assert self.http is not None
+        if self.namespace != "default":
+            namespaces = self.api.store.resource("namespaces")
+            with contextlib.suppress(Exception):
+                self.api.store.create(namespaces, {"apiVersion": "v1", "kind": "Namespace",
+                                                   "metadata": {"name": self.namespace}})  # fmt: skip
+        path = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{self.namespace}/{schema.PLURAL}"
+        async with self.http.post(self.api.url + path, json=self.manifest) as response:
+            body = await response.json(content_type=None)
+            if response.status >= 400:
+                raise RuntimeError(f"the API server refused the job: {body.get('message', body)}")
+
+    async def follow(self, progress: Progress, timeout: float) -> Obj:
+        """Show status changes until the job is terminal; return the final object."""
+        deadline = time.monotonic() + timeout
+        while True:
+            code, job = await self._get(self.job_path)
+            if code == 200:
+                status = job.get("status") or {}
+                progress.show(status)
+                if status.get("phase") in TERMINAL_PHASES:
+                    return job
+            if self.operator is not None and self.operator.returncode is not None:
+                raise RuntimeError(f"the operator exited ({self.operator.returncode}); see {self.workdir}/operator.log")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the job did not finish within {timeout:.0f} s")
+            await asyncio.sleep(0.5)
+
+    async def table(self) -> str:
+        path = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{self.namespace}/{schema.PLURAL}"
+        _, table = await self._get(path, TABLE_ACCEPT)
+        return format_table(table)
+
+    async def delete_job(self, timeout: float = 60) -> bool:
+        """Delete the job as `kubectl delete` would, and wait for the operator to clean up behind it."""
+        assert self.http is not None
+        async with self.http.delete(self.api.url + self.job_path) as response:
+            if response.status == 404:
+                return True
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            code, _ = await self._get(self.job_path)
+            if code == 404 and not self.kuberay.clusters:
+                return True
+            await asyncio.sleep(0.5)
+        return False
+
+    async def stop(self) -> list[int]:
+        """Stop everything started here; return the process groups that were still alive afterwards."""
+        groups = [self.operator.pid] if self.operator else []
+        groups += [n.pgid for c in self.kuberay.clusters.values() for n in c.nodes]
+        if self.operator is not None and self.operator.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.operator.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.operator.wait(), 10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.operator.pid, signal.SIGKILL)
+                await self.operator.wait()
+        self._kuberay_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._kuberay_task
+        await self.kuberay.close()
+        if self.http is not None:
+            await self.http.close()
+        await self.api.stop()
+        return [g for g in groups if group_alive(g)]
+
+
+async def _run(manifest: Obj, keep: bool, timeout: float, out: TextIO, status_out: str | None) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="fsdp-local-"))
+    run = LocalRun(manifest, workdir, out)
+    started = time.monotonic()
+    progress = Progress(out, started)
+    stop_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_requested.set)
+    code = EXIT_FAILED
+    handler = logging.FileHandler(workdir / "kuberay.log")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    stand_in_log = logging.getLogger("fsdp_operator.local.kuberay")
+    stand_in_log.addHandler(handler)
+    stand_in_log.setLevel(logging.INFO)
+    try:
+        await run.start()
+        progress.line(f"API server {run.api.url}, work dir {workdir}")
+        await run.apply()
+        progress.line(f"applied {schema.KIND} {run.namespace}/{run.name}")
+        follow = asyncio.ensure_future(run.follow(progress, timeout))
+        interrupted = asyncio.ensure_future(stop_requested.wait())
+        done, _ = await asyncio.wait({follow, interrupted}, return_when=asyncio.FIRST_COMPLETED)
+        if follow not in done:
+            follow.cancel()
+            progress.line("interrupted: stopping everything")
+            return 130
+        job = follow.result()
+        interrupted.cancel()
+        status = job.get("status", {})
+        if status_out:
+            Path(status_out).write_text(json.dumps(job, indent=2))
+        out.write("\n--- final status ---\n" + yaml.safe_dump(status, sort_keys=False, width=120))
+        out.write("\n" + await run.table() + "\n")
+        code = EXIT_SUCCEEDED if status.get("phase") == "Succeeded" else EXIT_FAILED
+        if code == EXIT_FAILED:
+            out.write(f"\njob failed: {status.get('reason')}: {status.get('message')}\n")
+        if keep:
+            out.write(
+                f"\n--keep: everything is still running. Try:\n  KUBECONFIG={run.kubeconfig} kubectl get trainingjobs\n"
+                "Press Ctrl-C to stop.\n"
+            )
+            out.flush()
+            await stop_requested.wait()
+        elif not await run.delete_job():
+            progress.line("the job was not cleaned up within 60 s; stopping its processes directly")
+        return code
+    except (RuntimeError, TimeoutError) as e:
+        progress.line(f"error: {e}")
+        return EXIT_FAILED
+    finally:
+        left = await run.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        if left:
+            progress.line(f"warning: process groups still alive after stop: {left}")
+        else:
+            progress.line("stopped every process this run started")
+        stand_in_log.removeHandler(handler)
+        handler.close()
+        if code == EXIT_SUCCEEDED and not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            progress.line(f"logs (operator, Ray nodes) kept in {workdir}")
+        out.flush()
+
+
+def run_local(
+    path: str, *, keep: bool = False, timeout: float = 600.0, status_out: str | None = None, out: TextIO = sys.stdout
+) -> int:
+    """Run one job end to end; 0 when it succeeded, 1 when it failed, 2 for bad input (nothing started)."""
+    from fsdp_operator.cli import InputError, load_job, load_manifest
+    from fsdp_operator.spec import SpecError
+
+    try:
+        load_job(path)
+        manifest = load_manifest(path)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except SpecError as e:
+        print(f"{path}: invalid FSDPTrainingJob:", file=sys.stderr)
+        for problem in e.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return asyncio.run(_run(manifest, keep, timeout, out, status_out))

@@ -1,0 +1,641 @@
+"""The state machine: (job, current status, what was observed) -> (new status, actions). Pure, no I/O.
+
+`controller.py` observes the RayCluster, its pods and Ray's own view, calls `reconcile()` once per
+pass, performs the returned actions and writes the returned status. Guards come first and each ends
+the pass (KubeRay's `check...AndUpdateStatusIfNeeded`): validation, identity, terminal cleanup,
+suspend, deadline; then one step per phase.
+
+Retries (`runPolicy.backoffLimit`) reuse the RayCluster when it is still there: a failed attempt goes
+back to Provisioning, which re-checks the workers (and re-creates the cluster only if it is gone),
+then submits under a new submission id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any, Literal
+
+from fsdp_train.events import Event
+
+from fsdp_operator import render
+from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
+from fsdp_operator.status import (
+    WARNING_REASONS,
+    ConditionType,
+    JobStatus,
+    Phase,
+    Reason,
+    cleared_run_data,
+    fold_events,
+    set_condition,
+)
+
+# Ray's job states (ray.job_submission.JobStatus values).
+RAY_PENDING, RAY_RUNNING, RAY_SUCCEEDED = "PENDING", "RUNNING", "SUCCEEDED"
+RAY_FAILED, RAY_STOPPED = "FAILED", "STOPPED"
+RAY_TERMINAL = frozenset({RAY_SUCCEEDED, RAY_FAILED, RAY_STOPPED})
+
+
+# --- what was observed ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """The parts of a RayCluster object the state machine reads."""
+
+    name: str
+    state: str = ""
+    """KubeRay's `status.state` (`ready`, `suspended`, ...); empty before KubeRay wrote one."""
+    ready_workers: int = 0
+    desired_workers: int = 0
+    deleting: bool = False
+    owner_uid: str = ""
+    """The uid in the controller ownerReference; empty when the cluster has none."""
+    dashboard_url: str = ""
+    """Ray's dashboard / job API, from `status.head` and `status.endpoints` as KubeRay writes them."""
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> ClusterView:
+        meta = obj.get("metadata") or {}
+        status = obj.get("status") or {}
+        owner: Mapping[str, Any] = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), {})
+        return cls(
+            name=str(meta.get("name", "")),
+            state=str(status.get("state") or ""),
+            ready_workers=int(status.get("readyWorkerReplicas") or 0),
+            desired_workers=int(status.get("desiredWorkerReplicas") or 0),
+            deleting=bool(meta.get("deletionTimestamp")),
+            owner_uid=str(owner.get("uid", "")),
+            dashboard_url=dashboard_url(obj),
+        )
+
+
+def dashboard_url(obj: Mapping[str, Any]) -> str:
+    """`http://<head service IP or name>:<dashboard port>` from a RayCluster's status; empty when unknown."""
+    status = obj.get("status") or {}
+    head = status.get("head") or {}
+    meta = obj.get("metadata") or {}
+    port = str((status.get("endpoints") or {}).get("dashboard") or render.DASHBOARD_PORT)
+    host = head.get("serviceIP") or ""
+    if not host and head.get("serviceName"):
+        host = f"{head['serviceName']}.{meta.get('namespace', 'default')}.svc"
+    return f"http://{host}:{port}" if host else ""
+
+
+@dataclass(frozen=True, slots=True)
+class RayNodes:
+    """Ray's own view of the cluster: alive worker (non-head) nodes and their resources."""
+
+    alive_workers: int
+    gpus: float
+    cpus: float
+
+
+@dataclass(frozen=True, slots=True)
+class RayJobInfo:
+    submission_id: str
+    status: str
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """Everything one pass saw. `None` means "absent" (cluster, Ray job) or "not asked"."""
+
+    now: datetime
+    cluster: ClusterView | None = None
+    unschedulable: str = ""
+    """The scheduler's message for a Pending worker or head pod (FailedScheduling); empty when none."""
+    ray_nodes: RayNodes | None = None
+    ray_job: RayJobInfo | None = None
+    ray_error: str = ""
+    """Why Ray's API could not be asked (connection refused, timeout); empty when it answered."""
+    events: tuple[Event, ...] = ()
+    """Structured events from the job log since `status.logOffset`."""
+    log_offset: int | None = None
+    """The log offset after `events`; None when the log was not read."""
+    submit_error: str = ""
+    """Ray rejected the submission of `status.submissionId` (not a transient error)."""
+
+
+# --- what to do -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CreateRayCluster:
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteRayCluster:
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitJob:
+    submission: render.Submission
+
+
+@dataclass(frozen=True, slots=True)
+class StopJob:
+    submission_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PostEvent:
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteJob:
+    """`ttlSecondsAfterFinished` ran out: delete the FSDPTrainingJob itself."""
+
+
+Action = CreateRayCluster | DeleteRayCluster | SubmitJob | StopJob | PostEvent | DeleteJob
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    status: JobStatus
+    actions: tuple[Action, ...] = ()
+    requeue_after: float | None = None
+    """Seconds until the next pass is due regardless of events (TTL); None: the usual interval."""
+    done: bool = False
+    """Terminal and nothing left to do: the per-job loop can stop."""
+
+
+# --- the state machine ------------------------------------------------------------------------------
+
+
+def reconcile(manifest: Mapping[str, Any], status: JobStatus, observed: Observed, *, training_package: str) -> Decision:
+    """One pass: the new status and the actions, with an Event for every phase or reason change."""
+    decision = _decide(manifest, status, observed, training_package)
+    return _with_transition_events(status, decision)
+
+
+def _decide(manifest: Mapping[str, Any], status: JobStatus, obs: Observed, package: str) -> Decision:
+    try:
+        job = parse_job(dict(manifest))
+    except (SpecError, NotAJobError) as e:
+        return _validation_failed(manifest, status, str(e), obs.now)
+
+    if status.reason == Reason.VALIDATION_FAILED and job.generation != status.observed_generation:
+        # The spec was fixed: start over as a new job (nothing was created for the invalid one).
+        status = JobStatus(attempts=status.attempts)
+    status = replace(status, observed_generation=job.generation)
+    if status.phase is None or not status.submission_id:
+        return _record_identity(job, status, obs.now)
+    if status.terminal:
+        return _finished(job, status, obs)
+    for guard in (_check_suspend, _check_deadline):
+        decision = guard(job, status, obs, package)
+        if decision is not None:
+            return decision
+    match status.phase:
+        case Phase.PENDING:
+            return _provision(job, status, obs, Reason.CLUSTER_CREATING, "creating RayCluster")
+        case Phase.PROVISIONING:
+            return _wait_for_workers(job, status, obs, package)
+        case Phase.SUBMITTING | Phase.RUNNING:
+            return _track_job(job, status, obs, package)
+        case _:
+            raise AssertionError(f"unhandled phase {status.phase}")
+
+
+def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems: str, now: datetime) -> Decision:
+    generation = int((manifest.get("metadata") or {}).get("generation") or 0)
+    already = status.phase == Phase.FAILED and status.reason == Reason.VALIDATION_FAILED
+    if already and status.observed_generation == generation:
+        return Decision(status, done=True)
+    if status.terminal and not already:
+        return Decision(status, done=True)  # a finished run stays as it ended, whatever the spec says now
+    message = "invalid spec: " + problems.replace("\n", "; ")
+    new = replace(
+        status,
+        phase=Phase.FAILED,
+        reason=Reason.VALIDATION_FAILED,
+        message=message,
+        observed_generation=generation,
+        start_time=status.start_time or now,
+        end_time=now,
+        conditions=set_condition(
+            status.conditions, ConditionType.VALIDATED, "False", "Invalid", message, now=now, generation=generation
+        ),
+    )
+    # Nothing was created for an invalid job unless it was valid before: clean up what may exist.
+    actions: tuple[Action, ...] = ()
+    if status.submission_id and status.phase in (Phase.SUBMITTING, Phase.RUNNING):
+        actions += (StopJob(status.submission_id),)
+    if status.ray_cluster_name:
+        meta = manifest.get("metadata") or {}
+        actions += (DeleteRayCluster(str(meta.get("namespace") or "default"), status.ray_cluster_name),)
+    return Decision(new, actions, done=not actions)
+
+
+def _record_identity(job: Job, status: JobStatus, now: datetime) -> Decision:
+    """Identity first: names go into status before anything exists under them."""
+    attempts = max(status.attempts, 1)
+    new = replace(
+        status,
+        phase=Phase.PENDING,
+        reason=Reason.CREATED,
+        message="RayCluster name and submission id recorded",
+        ray_cluster_name=render.raycluster_name(job.name),
+        submission_id=render.submission_id(job.name, job.uid, attempts),
+        attempts=attempts,
+        start_time=status.start_time or now,
+        conditions=set_condition(
+            status.conditions,
+            ConditionType.VALIDATED,
+            "True",
+            "Valid",
+            "spec is valid",
+            now=now,
+            generation=job.generation,
+        ),
+    )
+    return Decision(new)
+
+
+def _foreign(cluster: ClusterView | None, uid: str) -> bool:
+    """The RayCluster under our name is controlled by another object: never touch it."""
+    return cluster is not None and bool(cluster.owner_uid) and bool(uid) and cluster.owner_uid != uid
+
+
+def _cleanup_actions(job: Job, status: JobStatus, cluster: ClusterView | None) -> tuple[Action, ...]:
+    if job.spec.run_policy.cleanup != "Delete":
+        return ()
+    if (cluster is not None and cluster.deleting) or _foreign(cluster, job.uid):
+        return ()
+    return (DeleteRayCluster(job.namespace, status.ray_cluster_name),)
+
+
+def _finish(
+    job: Job,
+    status: JobStatus,
+    obs: Observed,
+    phase: Phase,
+    reason: Reason,
+    message: str,
+    *,
+    stop_job: bool,
+) -> Decision:
+    """Enter a terminal phase: stop what still runs, clean up per `runPolicy.cleanup`."""
+    new = replace(status, phase=phase, reason=reason, message=message, end_time=obs.now, provisioning_since=None)
+    if phase == Phase.FAILED:
+        new = replace(
+            new,
+            conditions=_job_submitted_false(new, reason, message, obs.now, job.generation)
+            if _condition_status(new, ConditionType.JOB_SUBMITTED) == "True"
+            else new.conditions,
+        )
+    actions: tuple[Action, ...] = ()
+    if stop_job and status.submission_id:
+        actions += (StopJob(status.submission_id),)
+    actions += _cleanup_actions(job, new, obs.cluster)
+    return Decision(new, actions)
+
+
+def _condition_status(status: JobStatus, type_: str) -> str:
+    return next((str(c.get("status")) for c in status.conditions if c.get("type") == type_), "")
+
+
+def _job_submitted_false(status: JobStatus, reason: str, message: str, now: datetime, gen: int) -> list[dict[str, Any]]:
+    return set_condition(
+        status.conditions, ConditionType.JOB_SUBMITTED, "False", reason, message, now=now, generation=gen
+    )
+
+
+def _finished(job: Job, status: JobStatus, obs: Observed) -> Decision:
+    """A terminal job: make sure the cluster is gone (cleanup: Delete), then honour the TTL."""
+    actions: tuple[Action, ...] = ()
+    if obs.cluster is not None:
+        actions += _cleanup_actions(job, status, obs.cluster)
+    ttl = job.spec.run_policy.ttl_seconds_after_finished
+    if ttl is None:
+        return Decision(status, actions, done=not actions)
+    end = status.end_time or obs.now
+    left = ttl - (obs.now - end).total_seconds()
+    if left <= 0:
+        return Decision(status, (*actions, DeleteJob()))
+    return Decision(status, actions, requeue_after=left)
+
+
+def _submitted(status: JobStatus) -> bool:
+    """A Ray job may exist for the current submission id."""
+    return status.phase in (Phase.SUBMITTING, Phase.RUNNING)
+
+
+def _check_suspend(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision | None:
+    suspend = job.spec.run_policy.suspend
+    if status.phase == Phase.SUSPENDED:
+        if suspend:
+            # Level-triggered: the cluster is deleted again if it came back.
+            lingering = obs.cluster is not None and not obs.cluster.deleting
+            again = (DeleteRayCluster(job.namespace, status.ray_cluster_name),) if lingering else ()
+            return Decision(status, again)
+        attempts = status.attempts + 1
+        resumed = replace(
+            cleared_run_data(status),
+            phase=Phase.PENDING,
+            reason=Reason.RESUMED,
+            message=f"resumed as attempt {attempts}",
+            attempts=attempts,
+            submission_id=render.submission_id(job.name, job.uid, attempts),
+            # activeDeadlineSeconds counts from the resume, as for a Kubernetes Job.
+            start_time=obs.now,
+            workers="",
+        )
+        return Decision(resumed)
+    if not suspend:
+        return None
+    actions: tuple[Action, ...] = ()
+    if _submitted(status):
+        actions += (StopJob(status.submission_id),)
+    actions += (DeleteRayCluster(job.namespace, status.ray_cluster_name),)
+    conditions = set_condition(
+        status.conditions,
+        ConditionType.WORKERS_READY,
+        "False",
+        "Suspended",
+        "RayCluster deleted",
+        now=obs.now,
+        generation=job.generation,
+    )
+    if _condition_status(status, ConditionType.JOB_SUBMITTED) == "True":
+        conditions = set_condition(
+            conditions,
+            ConditionType.JOB_SUBMITTED,
+            "False",
+            "Suspended",
+            "Ray job stopped",
+            now=obs.now,
+            generation=job.generation,
+        )
+    new = replace(
+        status,
+        phase=Phase.SUSPENDED,
+        reason=Reason.SUSPENDED,
+        message="suspended: Ray job stopped and RayCluster deleted; set runPolicy.suspend: false to resume",
+        provisioning_since=None,
+        conditions=conditions,
+    )
+    return Decision(new, actions)
+
+
+def _check_deadline(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision | None:
+    deadline = job.spec.run_policy.active_deadline_seconds
+    if deadline is None or status.start_time is None:
+        return None
+    elapsed = (obs.now - status.start_time).total_seconds()
+    if elapsed < deadline:
+        return None
+    message = f"activeDeadlineSeconds ({deadline}s) exceeded after {elapsed:.0f}s in phase {status.phase}"
+    return _finish(job, status, obs, Phase.FAILED, Reason.DEADLINE_EXCEEDED, message, stop_job=_submitted(status))
+
+
+def _provision(job: Job, status: JobStatus, obs: Observed, reason: Reason, message: str) -> Decision:
+    new = replace(
+        status,
+        phase=Phase.PROVISIONING,
+        reason=reason,
+        message=message,
+        provisioning_since=obs.now,
+        workers=f"0/{job.spec.workers.replicas}",
+    )
+    return Decision(new, (CreateRayCluster(render.raycluster(job)),))
+
+
+def _workers_gap(job: Job, cluster: ClusterView, nodes: RayNodes | None, ray_error: str) -> str:
+    """Why the workers are not all there yet; empty when they are."""
+    workers = job.spec.workers
+    if cluster.state != "ready" or cluster.ready_workers < workers.replicas:
+        state = cluster.state or "no state yet"
+        return f"{cluster.ready_workers}/{workers.replicas} worker pods ready (RayCluster state: {state})"
+    if nodes is None:
+        return "worker pods ready; waiting for Ray's API on the head" + (f" ({ray_error})" if ray_error else "")
+    gaps: list[str] = []
+    if nodes.alive_workers < workers.replicas:
+        gaps.append(f"{nodes.alive_workers}/{workers.replicas} worker nodes alive")
+    if workers.gpus_per_worker:
+        want = workers.replicas * workers.gpus_per_worker
+        if nodes.gpus < want:
+            gaps.append(f"{nodes.gpus:g}/{want} GPUs")
+    elif nodes.cpus < workers.world_size:
+        gaps.append(f"{nodes.cpus:g}/{workers.world_size} CPUs for the ranks")
+    return ("Ray reports " + ", ".join(gaps)) if gaps else ""
+
+
+def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision:
+    cluster = obs.cluster
+    if cluster is None or cluster.deleting:
+        # Not there (yet, or any more) while provisioning: creating it again is idempotent.
+        return Decision(
+            replace(status, reason=Reason.CLUSTER_CREATING, message="creating RayCluster"),
+            (CreateRayCluster(render.raycluster(job)),),
+        )
+    if _foreign(cluster, job.uid):
+        message = f"RayCluster {cluster.name} exists and belongs to another object (owner uid {cluster.owner_uid})"
+        return _finish(job, status, obs, Phase.FAILED, Reason.CLUSTER_CONFLICT, message, stop_job=False)
+    desired = job.spec.workers.replicas
+    workers = f"{min(cluster.ready_workers, desired)}/{desired}"
+    gap = _workers_gap(job, cluster, obs.ray_nodes, obs.ray_error)
+    since = status.provisioning_since or obs.now
+    waited = (obs.now - since).total_seconds()
+    timeout = job.spec.run_policy.wait_for_workers_timeout_seconds
+
+    if gap:
+        if waited >= timeout:
+            status = replace(status, workers=workers)
+            if obs.unschedulable:
+                message = f"workers not scheduled after {waited:.0f}s: {obs.unschedulable}"
+                return _finish(job, status, obs, Phase.FAILED, Reason.UNSCHEDULABLE, message, stop_job=False)
+            message = f"waitForWorkersTimeoutSeconds ({timeout}s) exceeded: {gap}"
+            return _finish(job, status, obs, Phase.FAILED, Reason.WAIT_FOR_WORKERS_TIMEOUT, message, stop_job=False)
+        reason, message = Reason.WORKERS_NOT_READY, gap
+        if obs.unschedulable:
+            reason, message = Reason.UNSCHEDULABLE, obs.unschedulable
+        new = replace(
+            status,
+            reason=reason,
+            message=message,
+            workers=workers,
+            provisioning_since=since,
+            conditions=set_condition(
+                status.conditions,
+                ConditionType.WORKERS_READY,
+                "False",
+                reason,
+                message,
+                now=obs.now,
+                generation=job.generation,
+            ),
+        )
+        return Decision(new)
+
+    message = f"all {desired} workers joined Ray after {waited:.0f}s; submitting {status.submission_id}"
+    new = replace(
+        status,
+        phase=Phase.SUBMITTING,
+        reason=Reason.WORKERS_READY,
+        message=message,
+        workers=workers,
+        provisioning_since=None,
+        conditions=set_condition(
+            status.conditions,
+            ConditionType.WORKERS_READY,
+            "True",
+            "AllWorkersJoined",
+            f"{desired}/{desired} worker pods ready and alive in Ray",
+            now=obs.now,
+            generation=job.generation,
+        ),
+    )
+    return Decision(new, (SubmitJob(render.submission(job, status.submission_id, package)),))
+
+
+def _attempt_failed(job: Job, status: JobStatus, obs: Observed, reason: Reason, message: str) -> Decision:
+    """A failed attempt: retry under a new submission id while `backoffLimit` allows, else Failed."""
+    limit = job.spec.run_policy.backoff_limit
+    failed = status.failed_attempts + 1
+    if failed > limit:
+        if limit:
+            message = f"{message} (attempt {status.attempts}; backoffLimit {limit} reached)"
+        return _finish(job, replace(status, failed_attempts=failed), obs, Phase.FAILED, reason, message, stop_job=False)
+    attempts = status.attempts + 1
+    retry = replace(
+        cleared_run_data(status),
+        phase=Phase.PROVISIONING,
+        reason=Reason.RETRYING,
+        message=f"attempt {status.attempts} failed ({reason}: {message}); retry {failed}/{limit} as attempt {attempts}",
+        attempts=attempts,
+        failed_attempts=failed,
+        submission_id=render.submission_id(job.name, job.uid, attempts),
+        provisioning_since=obs.now,
+        conditions=_job_submitted_false(status, reason, message, obs.now, job.generation),
+    )
+    # The RayCluster is reused when it is still there (409 on create); a lost one is created again.
+    return Decision(retry, (CreateRayCluster(render.raycluster(job)),))
+
+
+def _track_job(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision:
+    cluster = obs.cluster
+    if cluster is None or cluster.deleting:
+        what = "was deleted" if cluster is None else "is being deleted"
+        message = f"RayCluster {status.ray_cluster_name} {what} while the job was {status.phase}"
+        decision = _attempt_failed(job, status, obs, Reason.CLUSTER_LOST, message)
+        if _submitted(status) and decision.status.phase == Phase.FAILED:
+            # Best effort: the Ray job goes with its cluster, but a cluster being deleted may still run it.
+            decision = replace(decision, actions=(StopJob(status.submission_id), *decision.actions))
+        return decision
+
+    if obs.events or obs.log_offset is not None:
+        folded = fold_events(job, status, obs.events, now=obs.now)
+        status = folded.status
+        if obs.log_offset is not None:
+            status = replace(status, log_offset=obs.log_offset)
+        if folded.transport_failure:
+            running = obs.ray_job is not None and obs.ray_job.status not in RAY_TERMINAL
+            return _finish(
+                job, status, obs, Phase.FAILED, Reason.TRANSPORT_FALLBACK, folded.transport_failure, stop_job=running
+            )
+
+    info = obs.ray_job
+    if info is None:
+        if obs.ray_error:
+            return Decision(replace(status, reason=Reason.RAY_UNREACHABLE, message=f"Ray job API: {obs.ray_error}"))
+        if status.phase == Phase.RUNNING:
+            message = f"Ray no longer knows submission {status.submission_id} (head restarted?)"
+            return _attempt_failed(job, status, obs, Reason.RAY_JOB_LOST, message)
+        if obs.submit_error:
+            return _attempt_failed(job, status, obs, Reason.SUBMISSION_FAILED, obs.submit_error)
+        # Submitting and not known to Ray yet: (re)submit; "already exists" counts as success.
+        new = replace(status, reason=Reason.WORKERS_READY, message=f"submitting {status.submission_id}")
+        return Decision(new, (SubmitJob(render.submission(job, status.submission_id, package)),))
+
+    status = replace(status, ray_job_status=info.status)
+    if status.phase == Phase.SUBMITTING or _condition_status(status, ConditionType.JOB_SUBMITTED) != "True":
+        status = replace(
+            status,
+            conditions=set_condition(
+                status.conditions,
+                ConditionType.JOB_SUBMITTED,
+                "True",
+                "Accepted",
+                f"Ray accepted submission {info.submission_id}",
+                now=obs.now,
+                generation=job.generation,
+            ),
+        )
+    if info.status == RAY_SUCCEEDED:
+        steps = status.result.get("steps") or status.progress.get("step")
+        message = f"training finished after {steps} steps" if steps else "Ray job succeeded"
+        return _finish(job, status, obs, Phase.SUCCEEDED, Reason.COMPLETED, message, stop_job=False)
+    if info.status == RAY_FAILED:
+        message = f"Ray: {info.message or 'job failed'}"
+        if status.rank_failures:
+            first = status.rank_failures[0]
+            message += f"; rank {first.get('rank')}: {first.get('message')}"
+        return _attempt_failed(job, status, obs, Reason.RAY_JOB_FAILED, message)
+    if info.status == RAY_STOPPED:
+        message = f"the Ray job was stopped outside the operator: {info.message or 'no message'}"
+        return _finish(job, status, obs, Phase.FAILED, Reason.RAY_JOB_STOPPED, message, stop_job=False)
+    running_message = (
+        "Ray is preparing the job (runtime environment)" if info.status == RAY_PENDING else "training is running"
+    )
+    return Decision(replace(status, phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, message=running_message))
+
+
+def finalize_actions(
+    namespace: str, name: str, uid: str, status: JobStatus, cluster: ClusterView | None
+) -> tuple[Action, ...]:
+    """What deleting a job must do: stop its Ray job, then delete its RayCluster (whatever `cleanup` says).
+
+    The cluster name is derived again when status never recorded it, so a job deleted during its very
+    first pass leaves nothing behind either; a cluster controlled by another object is left alone.
+    """
+    actions: tuple[Action, ...] = ()
+    if status.submission_id and status.phase in (Phase.SUBMITTING, Phase.RUNNING) and cluster is not None:
+        actions += (StopJob(status.submission_id),)
+    if cluster is None or cluster.deleting or _foreign(cluster, uid):
+        return actions
+    return (*actions, DeleteRayCluster(namespace, status.ray_cluster_name or render.raycluster_name(name)))
+
+
+# --- events for transitions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Watched:
+    phase: Phase | None
+    reason: Reason | None
+    conditions: dict[str, str] = field(default_factory=dict)
+
+
+def _watched(status: JobStatus) -> _Watched:
+    return _Watched(status.phase, status.reason, {str(c["type"]): str(c.get("status")) for c in status.conditions})
+
+
+def _with_transition_events(old: JobStatus, decision: Decision) -> Decision:
+    """Add an Event for every phase or reason change and every condition turning False."""
+    new = decision.status
+    before, after = _watched(old), _watched(new)
+    events: list[Action] = []
+    if (before.phase, before.reason) != (after.phase, after.reason) and new.reason is not None:
+        warning = new.phase == Phase.FAILED or new.reason in WARNING_REASONS
+        text = f"{new.phase}: {new.message}" if new.phase != old.phase else new.message
+        events.append(PostEvent("Warning" if warning else "Normal", new.reason.value, text[:1024]))
+    for condition in new.conditions:
+        type_ = str(condition["type"])
+        turned_false = condition.get("status") == "False" and before.conditions.get(type_) != "False"
+        if turned_false and type_ in (ConditionType.TRANSPORT_VERIFIED, ConditionType.INTERCONNECT_HEALTHY):
+            reason, message = str(condition.get("reason", type_)), str(condition.get("message", ""))
+            events.append(PostEvent("Warning", reason, message))
+    if not events:
+        return decision
+    return replace(decision, actions=(*decision.actions, *events))

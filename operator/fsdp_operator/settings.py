@@ -1,0 +1,67 @@
+"""The operator's own knobs (`OperatorConfig`) and kopf's settings, applied in the one startup handler."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import fsdp_train
+import kopf
+
+from fsdp_operator import render
+
+FINALIZER = "fsdp.dev/finalizer"
+ANNOTATION_PREFIX = "fsdp.dev"
+
+
+def default_training_package() -> str:
+    """The local path of the `fsdp_train` package, shipped with each job as a runtime_env py_module."""
+    return str(Path(fsdp_train.__file__).parent)
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    interval: float = 5.0
+    """A live job is re-observed at least this often (seconds); child watches wake it sooner."""
+    progress_write_interval: float = 5.0
+    """At most one progress-only status write per job per this many seconds."""
+    error_backoff: float = 5.0
+    """Pause after a pass that could not reach the Kubernetes API."""
+    ray_timeout: float = 20.0
+    """Bound on each call to Ray's job API or dashboard."""
+    kube_timeout: float = 30.0
+    """Bound on each call to the Kubernetes API."""
+    finalize_timeout: float = 20.0
+    """On delete: how long to try to stop the Ray job when Ray does not answer, before going on."""
+    daemon_cancellation_timeout: float = 10.0
+    training_package: str = field(default_factory=default_training_package)
+    finalizer: str = FINALIZER
+    annotation_prefix: str = ANNOTATION_PREFIX
+
+
+def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    """Everything the operator changes in kopf's settings (called from the startup handler)."""
+    settings.persistence.finalizer = config.finalizer
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=config.annotation_prefix)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=config.annotation_prefix, key="last-handled-configuration"
+    )
+    # Watches that hang silently behind proxies and load balancers never recover by themselves; a
+    # server-side timeout makes the API server end them, and kopf reconnects (kopf issue #585).
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    # aiohttp's default (5 minutes) would let a hung request stall a handler for that long.
+    settings.networking.request_timeout = config.kube_timeout
+    # Kubernetes Events for handler errors and warnings; our own transition events are posted by the controller.
+    settings.posting.level = logging.WARNING
+    # A job loop exits within a moment of being signalled (it waits on the stop flag): give it that moment
+    # instead of re-checking only after the cancellation backoff, which would delay every deletion.
+    settings.background.instant_exit_timeout = 1.0
+    # One operator instance per cluster (the chart runs one replica): no peering objects needed.
+    settings.peering.standalone = True
+    # Only the children we made are watched (server-side selectors; pods can be many).
+    managed = f"{render.LABEL_MANAGED_BY}={render.MANAGED_BY}"
+    settings.watching.label_selectors["ray.io", "rayclusters"] = managed
+    settings.watching.label_selectors["v1", "pods"] = managed

@@ -1,0 +1,496 @@
+"""FSDPTrainingJob.status: phases, the closed reason enum, conditions, and folding the ranks' events into it.
+
+Pure data and pure functions. `reconcile.py` decides transitions; this module owns the shape that
+`kubectl get trainingjobs` reads (the printer columns of `schema.PRINTER_COLUMNS`) and how the training
+function's structured events (`fsdp_train.events`) become `ranks[]`, `progress`, `result`,
+`transport` and `interconnect`.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Transport
+
+from fsdp_operator import transport as transport_mod
+from fsdp_operator.spec import Job
+
+
+class Phase(StrEnum):
+    """The operator's lifecycle of a job (KubeRay's `jobDeploymentStatus` axis)."""
+
+    PENDING = "Pending"
+    """Identities (RayCluster name, submission id) recorded; nothing created yet."""
+    PROVISIONING = "Provisioning"
+    """RayCluster created; waiting for the head and every worker to join Ray."""
+    SUBMITTING = "Submitting"
+    """Every worker joined; the training function is being submitted to Ray's job API."""
+    RUNNING = "Running"
+    """Ray knows the job (its own state is mirrored in `rayJobStatus`)."""
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+    """`runPolicy.suspend`: Ray job stopped, RayCluster deleted; resumes as a new attempt."""
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
+class Reason(StrEnum):
+    """Why the job is in its phase: a closed set, paired with a free `message`."""
+
+    VALIDATION_FAILED = "ValidationFailed"
+    CREATED = "Created"
+    RESUMED = "Resumed"
+    CLUSTER_CREATING = "ClusterCreating"
+    WORKERS_NOT_READY = "WorkersNotReady"
+    UNSCHEDULABLE = "Unschedulable"
+    WORKERS_READY = "WorkersReady"
+    JOB_RUNNING = "JobRunning"
+    RAY_UNREACHABLE = "RayUnreachable"
+    RETRYING = "Retrying"
+    COMPLETED = "Completed"
+    SUBMISSION_FAILED = "SubmissionFailed"
+    RAY_JOB_FAILED = "RayJobFailed"
+    RAY_JOB_STOPPED = "RayJobStopped"
+    RAY_JOB_LOST = "RayJobLost"
+    DEADLINE_EXCEEDED = "DeadlineExceeded"
+    WAIT_FOR_WORKERS_TIMEOUT = "WaitForWorkersTimeout"
+    CLUSTER_LOST = "ClusterLost"
+    CLUSTER_CONFLICT = "ClusterConflict"
+    TRANSPORT_FALLBACK = transport_mod.FAILURE_REASON
+    SUSPENDED = "Suspended"
+
+
+# Reasons posted as Warning events (everything in phase Failed is a Warning too).
+WARNING_REASONS = frozenset({Reason.UNSCHEDULABLE, Reason.RAY_UNREACHABLE, Reason.RETRYING, Reason.WORKERS_NOT_READY})
+
+
+class ConditionType(StrEnum):
+    VALIDATED = "Validated"
+    WORKERS_READY = "WorkersReady"
+    JOB_SUBMITTED = "JobSubmitted"
+    TRANSPORT_VERIFIED = transport_mod.TRANSPORT_CONDITION
+    INTERCONNECT_HEALTHY = transport_mod.INTERCONNECT_CONDITION
+
+
+def is_terminal(phase: Phase | str | None) -> bool:
+    return phase in TERMINAL_PHASES
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with second precision, as the API server writes timestamps."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+Condition = dict[str, Any]
+
+
+def set_condition(
+    conditions: Iterable[Condition],
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    *,
+    now: datetime,
+    generation: int,
+) -> list[Condition]:
+    """The conditions with `type_` set; lastTransitionTime moves only when the status flips."""
+    result: list[Condition] = []
+    found = False
+    for condition in conditions:
+        if condition.get("type") != type_:
+            result.append(dict(condition))
+            continue
+        found = True
+        moved = condition.get("status") != status
+        result.append(
+            {
+                "type": type_,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": format_time(now) if moved else condition.get("lastTransitionTime", ""),
+                "observedGeneration": generation,
+            }
+        )
+    if not found:
+        result.append(
+            {
+                "type": type_,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": format_time(now),
+                "observedGeneration": generation,
+            }
+        )
+    return result
+
+
+def get_condition(conditions: Iterable[Condition], type_: str) -> Condition | None:
+    return next((c for c in conditions if c.get("type") == type_), None)
+
+
+@dataclass(slots=True)
+class JobStatus:
+    """The typed view of `status`; `to_dict()` is what the API server stores.
+
+    Lists and dicts inside are never mutated in place: every change goes through `replace()`.
+    """
+
+    phase: Phase | None = None
+    reason: Reason | None = None
+    message: str = ""
+    workers: str = ""
+    """`ready/desired` worker pods (printer column)."""
+    ray_cluster_name: str = ""
+    submission_id: str = ""
+    attempts: int = 0
+    """Submission ids handed out so far; the current one ends in `-<attempts>`."""
+    failed_attempts: int = 0
+    """Attempts that failed and count against `runPolicy.backoffLimit`."""
+    observed_generation: int = 0
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    provisioning_since: datetime | None = None
+    """When the current wait for workers began (`waitForWorkersTimeoutSeconds` counts from here)."""
+    ray_job_status: str = ""
+    """Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), apart from `phase`."""
+    log_offset: int = 0
+    """How much of the current submission's log has been folded in."""
+    conditions: list[Condition] = field(default_factory=list)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    progress: dict[str, Any] = field(default_factory=dict)
+    transport: dict[str, Any] = field(default_factory=dict)
+    interconnect: dict[str, Any] = field(default_factory=dict)
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    result: dict[str, Any] = field(default_factory=dict)
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    rank_failures: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def terminal(self) -> bool:
+        return is_terminal(self.phase)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "phase": self.phase.value if self.phase else None,
+            "reason": self.reason.value if self.reason else None,
+            "message": self.message,
+            "workers": self.workers,
+            "rayClusterName": self.ray_cluster_name,
+            "submissionId": self.submission_id,
+            "attempts": self.attempts,
+            "failedAttempts": self.failed_attempts,
+            "observedGeneration": self.observed_generation,
+            "startTime": format_time(self.start_time) if self.start_time else None,
+            "endTime": format_time(self.end_time) if self.end_time else None,
+            "provisioningSince": format_time(self.provisioning_since) if self.provisioning_since else None,
+            "rayJobStatus": self.ray_job_status,
+            "logOffset": self.log_offset,
+            "conditions": self.conditions,
+            "ranks": self.ranks,
+            "progress": self.progress,
+            "transport": self.transport,
+            "interconnect": self.interconnect,
+            "probes": self.probes,
+            "result": self.result,
+            "checkpoint": self.checkpoint,
+            "rankFailures": self.rank_failures,
+        }
+        # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
+        return copy.deepcopy({k: v for k, v in out.items() if v not in (None, "", [], {}, 0)})
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any] | None) -> JobStatus:
+        raw = raw or {}
+
+        def integer(key: str) -> int:
+            value = raw.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+        def mapping(key: str) -> dict[str, Any]:
+            value = raw.get(key)
+            return copy.deepcopy(dict(value)) if isinstance(value, Mapping) else {}
+
+        def listing(key: str) -> list[dict[str, Any]]:
+            value = raw.get(key)
+            return [copy.deepcopy(dict(v)) for v in value if isinstance(v, Mapping)] if isinstance(value, list) else []
+
+        phase_text, reason_text = str(raw.get("phase") or ""), str(raw.get("reason") or "")
+        return cls(
+            phase=Phase(phase_text) if phase_text in Phase._value2member_map_ else None,
+            reason=Reason(reason_text) if reason_text in Reason._value2member_map_ else None,
+            message=str(raw.get("message") or ""),
+            workers=str(raw.get("workers") or ""),
+            ray_cluster_name=str(raw.get("rayClusterName") or ""),
+            submission_id=str(raw.get("submissionId") or ""),
+            attempts=integer("attempts"),
+            failed_attempts=integer("failedAttempts"),
+            observed_generation=integer("observedGeneration"),
+            start_time=parse_time(raw.get("startTime")),
+            end_time=parse_time(raw.get("endTime")),
+            provisioning_since=parse_time(raw.get("provisioningSince")),
+            ray_job_status=str(raw.get("rayJobStatus") or ""),
+            log_offset=integer("logOffset"),
+            conditions=listing("conditions"),
+            ranks=listing("ranks"),
+            progress=mapping("progress"),
+            transport=mapping("transport"),
+            interconnect=mapping("interconnect"),
+            probes=listing("probes"),
+            result=mapping("result"),
+            checkpoint=mapping("checkpoint"),
+            rank_failures=listing("rankFailures"),
+        )
+
+
+def cleared_run_data(status: JobStatus) -> JobStatus:
+    """The status without anything a previous attempt's ranks reported (a new submission starts clean)."""
+    kept = [c for c in status.conditions if c.get("type") in (ConditionType.VALIDATED, ConditionType.WORKERS_READY)]
+    return replace(
+        status,
+        ray_job_status="",
+        log_offset=0,
+        conditions=kept,
+        ranks=[],
+        progress={},
+        transport={},
+        interconnect={},
+        probes=[],
+        result={},
+        checkpoint={},
+        rank_failures=[],
+    )
+
+
+# --- folding the training function's events -------------------------------------------------------------
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+def _rank_entry(ranks: list[dict[str, Any]], rank: int) -> dict[str, Any]:
+    for entry in ranks:
+        if entry.get("rank") == rank:
+            return entry
+    entry = {"rank": rank}
+    ranks.append(entry)
+    return entry
+
+
+def _transport_events(status: JobStatus) -> list[Transport]:
+    events: list[Transport] = []
+    for item in status.transport.get("ranks", []):
+        try:
+            events.append(
+                Transport(
+                    rank=int(item["rank"]),
+                    transport=item["transport"],
+                    plugin=str(item.get("plugin", "")),
+                    provider=str(item.get("provider", "")),
+                    evidence=str(item.get("evidence", "")),
+                    time=0.0,
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return events
+
+
+def _probe_events(status: JobStatus) -> list[Probe]:
+    probes: list[Probe] = []
+    for item in status.probes:
+        try:
+            probes.append(
+                Probe(
+                    rank=int(item.get("rank", 0)),
+                    scope=item["scope"],
+                    ranks=int(item["ranks"]),
+                    size_bytes=int(item["sizeBytes"]),
+                    allreduce_busbw_gbps=float(item["allreduceBusbwGBps"]),
+                    allgather_busbw_gbps=float(item["allgatherBusbwGBps"]),
+                    time=0.0,
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return probes
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """The status after folding events, and the transport verdict that came with it."""
+
+    status: JobStatus
+    transport_failure: str | None
+    """The failure message when `requireEFA` is set and a rank is not on EFA; None otherwise."""
+
+
+def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: datetime) -> Folded:
+    """Fold the ranks' structured events into `status` (idempotent: re-reading a log gives the same result)."""
+    ranks = [dict(r) for r in status.ranks]
+    progress = dict(status.progress)
+    result = dict(status.result)
+    checkpoint = dict(status.checkpoint)
+    probes = [dict(p) for p in status.probes]
+    failures = [dict(f) for f in status.rank_failures]
+    transports = _transport_events(status)
+    saw_transport = saw_probe = False
+
+    for event in events:
+        if isinstance(event, Placement):
+            entry = _rank_entry(ranks, event.rank)
+            entry.update(
+                localRank=event.local_rank,
+                nodeRank=event.node_rank,
+                nodeIP=event.node_ip,
+                pod=event.pod,
+                hostname=event.hostname,
+                device=event.device,
+            )
+            if event.device_uuid:
+                entry["deviceUUID"] = event.device_uuid
+        elif isinstance(event, Transport):
+            transports.append(event)
+            saw_transport = True
+            _rank_entry(ranks, event.rank)["transport"] = event.transport
+        elif isinstance(event, Probe):
+            probes = [p for p in probes if p.get("scope") != event.scope]
+            probes.append(
+                {
+                    "rank": event.rank,
+                    "scope": event.scope,
+                    "ranks": event.ranks,
+                    "sizeBytes": event.size_bytes,
+                    "allreduceBusbwGBps": _round(event.allreduce_busbw_gbps, 3),
+                    "allgatherBusbwGBps": _round(event.allgather_busbw_gbps, 3),
+                }
+            )
+            saw_probe = True
+        elif isinstance(event, Step):
+            if event.step < int(progress.get("step", 0)):
+                continue  # an older line re-read after a restart
+            progress = {
+                "step": event.step,
+                "totalSteps": event.total_steps,
+                "stepOfTotal": f"{event.step}/{event.total_steps}",
+                "loss": _round(event.loss),
+                # An integer: the printer column is typed integer.
+                "tokensPerSecond": round(event.tokens_per_second),
+                "tokensPerSecondPerDevice": round(event.tokens_per_second_per_device),
+            }
+            if event.mfu is not None:
+                progress["mfu"] = _round(event.mfu)
+            if event.step_seconds:
+                progress["stepSeconds"] = _round(event.step_seconds)
+            if event.peak_memory_bytes:
+                progress["peakMemoryBytes"] = event.peak_memory_bytes
+        elif isinstance(event, Checkpoint):
+            checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
+        elif isinstance(event, Summary):
+            if event.rank != 0:
+                continue  # rank 0's summary is the job's result
+            result = {
+                "steps": event.steps,
+                "firstLoss": _round(event.first_loss),
+                "finalLoss": _round(event.final_loss),
+                "tokensPerSecond": round(event.tokens_per_second),
+                "seconds": _round(event.seconds, 2),
+            }
+            if event.mfu is not None:
+                result["mfu"] = _round(event.mfu)
+            if event.sharding:
+                result["sharding"] = event.sharding
+            if event.resumed_from_step:
+                result["resumedFromStep"] = event.resumed_from_step
+        elif isinstance(event, Failure):
+            failure = {"rank": event.rank, "message": event.message[:1000]}
+            if failure not in failures:
+                failures.append(failure)
+
+    ranks.sort(key=lambda r: int(r.get("rank", 0)))
+    new = replace(
+        status,
+        ranks=ranks,
+        progress=progress,
+        result=result,
+        checkpoint=checkpoint,
+        probes=probes,
+        rank_failures=failures[-16:],
+    )
+    spec = job.spec
+    conditions = new.conditions
+    verdict: str | None = None
+    if saw_transport or status.transport:
+        seen = transport_mod.transport_status(
+            spec.network.transport, spec.network.require_efa, transports, spec.workers.world_size
+        )
+        new = replace(new, transport=seen.to_status())
+        conditions = _apply(conditions, seen.condition, now=now, generation=job.generation)
+        verdict = seen.failure_message if seen.fail else None
+    if saw_probe or status.interconnect:
+        link = transport_mod.interconnect_status(_probe_events(new), spec.network.min_cross_node_gbps)
+        new = replace(new, interconnect=link.to_status())
+        conditions = _apply(conditions, link.condition, now=now, generation=job.generation)
+    return Folded(replace(new, conditions=conditions), verdict)
+
+
+def _apply(
+    conditions: list[Condition], condition: Mapping[str, str], *, now: datetime, generation: int
+) -> list[Condition]:
+    return set_condition(
+        conditions,
+        condition["type"],
+        condition["status"],
+        condition["reason"],
+        condition["message"],
+        now=now,
+        generation=generation,
+    )
+
+
+# --- what to write ----------------------------------------------------------------------------------
+
+# Fields that change with every training step; writes that only touch these are rate-limited.
+PROGRESS_FIELDS = frozenset({"progress", "logOffset"})
+
+
+def progress_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """True when `new` differs from `old` only in per-step fields (or not at all)."""
+    keys = (set(old) | set(new)) - PROGRESS_FIELDS
+    return all(old.get(k) == new.get(k) for k in keys)
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The RFC 7386 merge patch that turns `old` into `new` (null removes a key)."""
+    patch: dict[str, Any] = {}
+    for key in set(old) | set(new):
+        if key not in new:
+            patch[key] = None
+        elif key not in old:
+            patch[key] = copy.deepcopy(new[key])
+        elif isinstance(old[key], Mapping) and isinstance(new[key], Mapping):
+            inner = merge_patch(old[key], new[key])
+            if inner:
+                patch[key] = inner
+        elif old[key] != new[key]:
+            patch[key] = copy.deepcopy(new[key])
+    return patch

@@ -1,0 +1,122 @@
+"""`fsdpctl run-local` end to end: emulated API server, real operator process, real Ray processes, real training.
+
+Assertions read the status the operator wrote (the FSDPTrainingJob that `--status-out` saves), not logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny-cpu.yaml"
+RAY_DAEMONS = ("raylet", "gcs_server", "ray::", "dashboard.py", "fsdp_operator.cli")
+
+pytestmark = pytest.mark.e2e
+
+
+def live_ray_processes() -> set[int]:
+    """Pids of Ray daemons and operator processes on this machine (zombies excluded)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and any(name in cmdline for name in RAY_DAEMONS):
+            found.add(int(entry.name))
+    return found
+
+
+def run_local(
+    job: Path, tmp_path: Path, timeout: float = 400
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    fsdpctl = Path(sys.executable).with_name("fsdpctl")
+    status_file = tmp_path / "job.json"
+    before = live_ray_processes()
+    proc = subprocess.run(
+        [str(fsdpctl), "run-local", "-f", str(job), "--status-out", str(status_file), "--timeout", "300"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    left = live_ray_processes() - before
+    assert not left, f"processes left behind: {left}\n{proc.stdout[-3000:]}"
+    job_object = json.loads(status_file.read_text()) if status_file.exists() else {}
+    return proc, job_object
+
+
+def test_tiny_cpu_job_succeeds_and_the_status_tells_what_happened(tmp_path: Path) -> None:
+    proc, job = run_local(EXAMPLE, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = job["status"]
+    assert status["phase"] == "Succeeded"
+
+    ranks = sorted(status["ranks"], key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    nodes = {r["nodeIP"] for r in ranks}
+    assert len(nodes) == 2
+    for node_ip in nodes:
+        on_node = [r for r in ranks if r["nodeIP"] == node_ip]
+        assert sorted(r["localRank"] for r in on_node) == [0, 1]
+        assert len({r["nodeRank"] for r in on_node}) == 1
+        assert len({r["pod"] for r in on_node}) == 1 and on_node[0]["pod"].startswith("tiny-cpu-ray-cpu-workers-worker")
+    assert sorted({r["nodeRank"] for r in ranks}) == [0, 1]
+
+    transport = status["transport"]
+    assert transport["requested"] == "socket"
+    assert sorted(r["rank"] for r in transport["ranks"]) == [0, 1, 2, 3]
+    assert all(r["transport"] == "socket" for r in transport["ranks"])
+    assert transport["summary"] == "socket"
+
+    interconnect = status["interconnect"]
+    for scope in ("allRanks", "crossNode"):
+        assert interconnect[scope]["allreduceBusbwGBps"] > 0
+        assert interconnect[scope]["allgatherBusbwGBps"] > 0
+
+    result = status["result"]
+    assert result["finalLoss"] < result["firstLoss"]
+    assert status["progress"]["step"] == status["progress"]["totalSteps"] == 20
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions["WorkersReady"] == "True" and conditions["TransportVerified"] == "True"
+    assert "tiny-cpu" in proc.stdout and "Succeeded" in proc.stdout
+
+
+def test_a_failing_training_ends_failed_with_rays_error(tmp_path: Path) -> None:
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"]["name"] = "tiny-broken"
+    # A model path that does not exist: the training function fails while loading it on every rank.
+    manifest["spec"]["model"] = {"name": "/nonexistent/model", "init": "pretrained"}
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    proc, job = run_local(path, tmp_path)
+    assert proc.returncode == 1, proc.stdout[-4000:]
+    status = job["status"]
+    assert status["phase"] == "Failed"
+    assert status["reason"] == "RayJobFailed"
+    assert "/nonexistent/model" in status["message"]
+    assert "job failed: RayJobFailed" in proc.stdout
+
+
+def test_bad_yaml_exits_2_and_starts_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("apiVersion: fsdp.dev/v1alpha1\nkind: FSDPTrainingJob\nmetadata: {name: x}\nspec: {workers: [\n")
+    fsdpctl = Path(sys.executable).with_name("fsdpctl")
+    before = live_ray_processes()
+    proc = subprocess.run([str(fsdpctl), "run-local", "-f", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "not valid YAML" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    assert live_ray_processes() - before == set()

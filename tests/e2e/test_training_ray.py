@@ -1,0 +1,232 @@
+"""End to end on CPU: ``python -m fsdp_train.ray_entry`` on a local Ray cluster of two "nodes".
+
+A head (no CPUs) and two worker nodes on 127.0.0.2 and 127.0.0.3 (Ray groups ranks into nodes by IP),
+each with its own temp dir. Every worker process has ``FSDP_TRAIN_FAIL_AT_STEP=10``, so a first attempt
+fails after its step-10 checkpoint: with ``max_failures: 1`` Ray restarts the worker group, which
+resumes from that checkpoint; with ``max_failures: 0`` the entrypoint exits 1 with a one-line error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsdp_train.events import Checkpoint, Event, Failure, Placement, Step, Summary, Transport, parse_line
+
+pytestmark = pytest.mark.e2e
+
+BIN = Path(sys.executable).parent
+TINY = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+}
+TRAIN = {
+    "model_overrides": TINY,
+    "steps": 14,
+    "seq_len": 32,
+    "batch_size_per_rank": 2,
+    "learning_rate": 1e-3,
+    "mixed_precision": "fp32",
+    "probe_size_bytes": 256 * 1024,
+    "sharding": "hybrid",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ray_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_TRAIN_", "RAY_"))}
+    # The Python that runs Ray's workers is the one on PATH when `ray start` ran.
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    if not (BIN / "ray").exists():
+        pytest.skip("the ray command is not installed next to this Python")
+    # Short paths: Ray's unix sockets live under the temp dir and must stay below 108 characters.
+    base = Path(tempfile.mkdtemp(prefix="fsdpray-"))
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    common = ["--block", "--disable-usage-stats", "--object-store-memory=80000000"]
+    commands = [
+        ["--head", f"--port={port}", "--num-cpus=0", "--node-ip-address=127.0.0.1", "--include-dashboard=false"],
+        [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.2"],
+        [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.3"],
+    ]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for index, args in enumerate(commands):
+            temp = base / f"n{index}"
+            log = (base / f"start{index}.log").open("wb")
+            procs.append(
+                subprocess.Popen(
+                    [str(BIN / "ray"), "start", *args, *common, f"--temp-dir={temp}"],
+                    env=ray_env(FSDP_TRAIN_FAIL_AT_STEP="10"),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+            if index == 0:
+                time.sleep(4)  # the head's GCS must be up before workers register
+        wait_for_nodes(address, 3, timeout=90)
+        yield address
+    finally:
+        # Each `ray start` leads its own session: stopping that process group stops exactly the Ray
+        # processes this fixture started (raylet, GCS, agents), and no other Ray on the machine.
+        stop_groups([proc.pid for proc in procs])
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def stop_groups(pgids: list[int], grace: float = 10.0) -> None:
+    """SIGTERM each process group, then SIGKILL whatever is left of them after ``grace`` seconds."""
+    alive = list(pgids)
+    for pgid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = [pgid for pgid in alive if group_exists(pgid)]
+    for pgid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for_nodes(address: str, count: int, timeout: float) -> None:
+    probe = "import ray; ray.init(); print(sum(n['Alive'] for n in ray.nodes()))"
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=ray_env(RAY_ADDRESS=address), capture_output=True, text=True
+        )
+        seen = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
+        if seen == str(count):
+            return
+        time.sleep(2)
+    raise AssertionError(f"Ray cluster did not reach {count} nodes: {seen}")
+
+
+def submit(address: str, job: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fsdp_train.ray_entry", "--config-json", json.dumps(job)],
+        env=ray_env(RAY_ADDRESS=address),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def is_actor_line(line: str) -> bool:
+    """A line Ray forwarded from an actor: ``(Name pid=...)``, possibly behind a colour code."""
+    return line.lstrip("\x1b[0123456789m").startswith("(")
+
+
+def events_of(output: str) -> list[Event]:
+    return [e for e in map(parse_line, output.splitlines()) if e is not None]
+
+
+def test_ray_entry_restarts_and_resumes_from_checkpoint(cluster: str, tmp_path: Path) -> None:
+    job = {
+        "train": {**TRAIN, "checkpoint_path": str(tmp_path / "ckpt"), "checkpoint_interval": 5},
+        "scaling": {"num_workers": 4, "use_gpu": False, "resources_per_worker": {"CPU": 1}},
+        "max_failures": 1,
+        "storage_path": str(tmp_path / "storage"),
+        "name": "resume-test",
+    }
+    proc = submit(cluster, job)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "fsdp_train: training finished" in proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if "FSDP_EVENT" in line]
+    others = [line for line in lines if "(RayTrainWorker pid=" not in line]
+    assert not others, others[:3]  # worker lines, each on its own (not dedup'd)
+    events = events_of(proc.stdout)
+
+    placements = sorted((e for e in events if isinstance(e, Placement)), key=lambda e: e.time)
+    assert len(placements) == 8, lines[:12]  # two attempts of four ranks
+    for p in placements:
+        assert p.node_ip in ("127.0.0.2", "127.0.0.3")
+        assert (p.world_size, p.local_world_size) == (4, 2)
+        assert p.node_rank == p.rank // 2 and p.local_rank == p.rank % 2
+    for attempt in (placements[:4], placements[4:]):  # Ray may number the nodes anew on restart
+        assert {(p.node_ip, p.node_rank) for p in attempt} in (
+            {("127.0.0.2", 0), ("127.0.0.3", 1)},
+            {("127.0.0.2", 1), ("127.0.0.3", 0)},
+        )
+    assert {t.transport for t in events if isinstance(t, Transport)} == {"socket"}
+
+    failures = [e for e in events if isinstance(e, Failure)]
+    assert failures and all("injected failure after step 10" in f.message for f in failures)
+    summaries = [e for e in events if isinstance(e, Summary)]
+    assert len(summaries) == 4 and {s.resumed_from_step for s in summaries} == {10}
+    assert {s.sharding for s in summaries} == {"hybrid"}
+    saved = [e.path for e in events if isinstance(e, Checkpoint)]
+    assert [Path(p).relative_to(tmp_path).as_posix() for p in saved] == [
+        f"storage/resume-test/step_{step:08d}" for step in (5, 10, 14)
+    ]
+    steps = [e.step for e in events if isinstance(e, Step)]
+    assert steps == list(range(1, 11)) + list(range(11, 15))
+    assert sorted(p.name for p in (tmp_path / "storage" / "resume-test").glob("step_*")) == [
+        "step_00000010",
+        "step_00000014",
+    ]
+
+
+def test_ray_entry_fails_with_one_line(cluster: str, tmp_path: Path) -> None:
+    job = {
+        "train": TRAIN,
+        "scaling": {"num_workers": 2, "use_gpu": False, "resources_per_worker": {"CPU": 1}},
+        "max_failures": 0,
+        "storage_path": str(tmp_path / "storage"),
+        "name": "failing",
+    }
+    proc = submit(cluster, job)
+    assert proc.returncode == 1
+    # Ray's actors may still print (prefixed "(ActorName pid=...)"); the entrypoint's own last line names the cause.
+    own = [line for line in proc.stderr.splitlines() if line.strip() and not is_actor_line(line)]
+    assert own[-1] == (
+        "fsdp_train: training failed: RuntimeError: FSDP_TRAIN_FAIL_AT_STEP=10: injected failure after step 10"
+    )
+    assert any(isinstance(e, Failure) for e in events_of(proc.stdout))
+
+
+def test_ray_entry_rejects_bad_config() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsdp_train.ray_entry", "--config-json", json.dumps({"train": {"seq_len": 0}})],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "fsdp_train: invalid config: training.seq_len must be greater than 0."

@@ -1,0 +1,478 @@
+"""The real operator (kopf, in-process) against the emulated API server over HTTP, a fake KubeRay and a fake Ray.
+
+Every test counts what must never be duplicated: RayClusters (by uid, as the fake KubeRay saw them)
+and submissions Ray accepted as new jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import requests
+from fsdp_operator import render, schema
+from fsdp_operator.controller import Runtime
+from fsdp_operator.handlers import build_registry
+from fsdp_operator.kube import AioKube
+from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.rayjobs import RAY_FAILED, FakeJob, FakeRay
+from fsdp_operator.settings import OperatorConfig
+from fsdp_operator.spec import parse_job
+from fsdp_train.events import Placement, Step, Summary, Transport
+from support.fake_kuberay import FakeKubeRay
+from support.kopf_runner import eventually, kopf_operator
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+NAMESPACE = "default"
+JOBS = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{NAMESPACE}/{schema.PLURAL}"
+CLUSTERS = f"/apis/ray.io/v1/namespaces/{NAMESPACE}/rayclusters"
+FAST = OperatorConfig(
+    interval=0.1,
+    progress_write_interval=0.5,
+    error_backoff=0.2,
+    ray_timeout=2,
+    kube_timeout=5,
+    finalize_timeout=1,
+    daemon_cancellation_timeout=2,
+)
+EFA_LINE = "NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 1 nics)"
+WATCHED = [(schema.PLURAL, schema.GROUP), ("rayclusters", "ray.io"), ("pods", "")]
+SOCKET_LINE = "NCCL INFO NET/Socket : Using [0]eth0:10.0.1.17<0>"
+
+
+def manifest(name: str = "qwen", *, steps: int = 3, **sections: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = {"workers": {"replicas": 2}, "training": {"steps": steps}, **sections}
+    return {"apiVersion": schema.API_VERSION, "kind": schema.KIND, "metadata": {"name": name}, "spec": spec}
+
+
+@dataclass
+class Script:
+    """What each fake Ray job prints: placement and transport per rank, steps, a summary; then it ends."""
+
+    steps: int = 3
+    world_size: int = 8
+    transport: Callable[[int], str] = lambda rank: "efa"
+    fail_attempts: set[int] = field(default_factory=set)
+    """Attempts (1-based, by submission id suffix) that end FAILED instead of SUCCEEDED."""
+    hold: bool = False
+    """While True, a job stops after its first step and waits."""
+
+    def __call__(self, ray: FakeRay, job: FakeJob) -> Iterator[None]:
+        sid = job.submission.submission_id
+        attempt = int(sid.rsplit("-", 1)[1])
+        yield  # Ray takes a moment to start the entrypoint (PENDING)
+        ray.emit(
+            sid,
+            *(
+                f"(RayTrainWorker pid={100 + r}, ip=10.0.0.{r // 4 + 1}) "
+                + Placement(
+                    rank=r,
+                    world_size=self.world_size,
+                    local_rank=r % 4,
+                    local_world_size=4,
+                    node_rank=r // 4,
+                    node_ip=f"10.0.0.{r // 4 + 1}",
+                    hostname=f"host-{r // 4}",
+                    pod=f"worker-{r // 4}",
+                    device="NVIDIA L4",
+                ).to_line()
+                for r in range(self.world_size)
+            ),
+        )
+        yield
+        for r in range(self.world_size):
+            kind = self.transport(r)
+            line = EFA_LINE if kind == "efa" else SOCKET_LINE
+            ray.emit(sid, Transport(rank=r, transport=kind, evidence=line).to_line())  # type: ignore[arg-type]
+        yield
+        for step in range(1, self.steps + 1):
+            ray.emit(sid, Step(rank=0, step=step, total_steps=self.steps, loss=5.0 / step, tokens_per_second=8192.4,
+                               tokens_per_second_per_device=1024).to_line())  # fmt: skip
+            yield
+            while self.hold:
+                yield
+        if attempt in self.fail_attempts:
+            ray.finish(sid, RAY_FAILED, f"attempt {attempt}: entrypoint exited with code 1")
+            return
+        ray.emit(sid, Summary(rank=0, steps=self.steps, final_loss=5.0 / self.steps, first_loss=5.0,
+                              tokens_per_second=8192.4).to_line())  # fmt: skip
+        ray.finish(sid)
+
+
+class World:
+    """The emulated cluster, the fake KubeRay and Ray, and the operator that can be started and stopped."""
+
+    def __init__(self, api: ThreadedApiServer, script: Script | None = None) -> None:
+        self.api = api
+        self.script = script or Script()
+        self.ray = FakeRay(script=self.script)
+        self.kuberay = FakeKubeRay(api.url, self.ray)
+        self.http = requests.Session()
+        for crd in (schema.crd(), RAYCLUSTER_CRD):
+            response = self.http.post(f"{api.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd)
+            assert response.status_code == 201, response.text
+
+    # --- the operator ---
+    @contextlib.asynccontextmanager
+    async def operator(self) -> AsyncIterator[Runtime]:
+        runtime = Runtime(FAST, kube=AioKube(self.api.url, timeout=FAST.kube_timeout), ray=self.ray.client)
+        watches = [self.api.count("watch", plural, group) for plural, group in WATCHED]
+        async with kopf_operator(build_registry(runtime, login=False), self.api.url):
+            # Ready means watching: stopping kopf in the middle of its discovery costs seconds at exit.
+            await eventually(
+                lambda: all(self.api.count("watch", p, g) > n for (p, g), n in zip(WATCHED, watches, strict=True)),
+                message="the operator never started watching",
+            )
+            yield runtime
+            # Let in-flight writes and their watch events settle: kopf may otherwise spawn a job's daemon
+            # again while it shuts down, and only cancels that one after 5 s.
+            await asyncio.sleep(0.2)
+
+    # --- acting like kubectl ---
+    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        response = self.http.request(
+            method, self.api.url + path, data=None if body is None else json.dumps(body),
+            headers={"Content-Type": content_type}, timeout=10,
+        )  # fmt: skip
+        assert response.status_code < 400, f"{method} {path}: {response.status_code} {response.text}"
+        return response.json() if response.content else None
+
+    def apply(self, m: dict[str, Any]) -> dict[str, Any]:
+        created: dict[str, Any] = self.call("POST", JOBS, m)
+        return created
+
+    def patch_spec(self, name: str, spec: dict[str, Any]) -> None:
+        self.call("PATCH", f"{JOBS}/{name}", {"spec": spec}, "application/merge-patch+json")
+
+    def patch_status(self, name: str, status: dict[str, Any]) -> None:
+        self.call("PATCH", f"{JOBS}/{name}/status", {"status": status}, "application/merge-patch+json")
+
+    def delete(self, path: str) -> None:
+        self.call("DELETE", path)
+
+    # --- looking ---
+    def job(self, name: str = "qwen") -> dict[str, Any] | None:
+        found = [j for j in self.api.store.find(schema.PLURAL, schema.GROUP) if j["metadata"]["name"] == name]
+        return found[0] if found else None
+
+    def status(self, name: str = "qwen") -> dict[str, Any]:
+        job = self.job(name)
+        return dict((job or {}).get("status") or {})
+
+    def clusters(self) -> list[dict[str, Any]]:
+        return list(self.api.store.find("rayclusters", "ray.io"))
+
+    def event_reasons(self, name: str = "qwen") -> list[str]:
+        events = [e for e in self.api.store.find("events") if e["involvedObject"]["name"] == name]
+        return [e["reason"] for e in sorted(events, key=lambda e: int(e["metadata"]["resourceVersion"]))]
+
+    async def phase(
+        self, phase: str, reason: str | None = None, *, name: str = "qwen", timeout: float = 10
+    ) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            status = self.status(name)
+            ok = status.get("phase") == phase and (reason is None or status.get("reason") == reason)
+            return status if ok else None
+
+        try:
+            found: dict[str, Any] = await eventually(reached, timeout=timeout)
+        except AssertionError:
+            raise AssertionError(f"never reached {phase}/{reason}; status: {self.status(name)}") from None
+        return found
+
+    def sid(self, attempt: int, name: str = "qwen") -> str:
+        job = self.job(name)
+        assert job is not None
+        return render.submission_id(name, job["metadata"]["uid"], attempt)
+
+    def assert_no_duplicates(self, clusters: int = 1, submissions: int = 1) -> None:
+        assert len(self.kuberay.seen_uids) == clusters, self.kuberay.seen_uids
+        assert len(self.ray.created) == submissions == len(set(self.ray.created)), self.ray.created
+
+
+def scenario(api: ThreadedApiServer, body: Callable[[World], Any], script: Script | None = None) -> World:
+    world = World(api, script)
+
+    async def main() -> None:
+        async with world.kuberay.running():
+            await body(world)
+
+    asyncio.run(main())
+    return world
+
+
+# --- happy path ------------------------------------------------------------------------------------------
+
+
+def test_happy_path(apiserver: ThreadedApiServer) -> None:
+    timing: dict[str, float] = {}
+
+    async def body(w: World) -> None:
+        async with w.operator():
+            started = time.monotonic()
+            w.apply(manifest(steps=12))
+            status = await w.phase("Succeeded", "Completed")
+            timing["run"] = time.monotonic() - started
+            await eventually(lambda: not w.clusters(), message="the RayCluster was not deleted (cleanup: Delete)")
+
+        assert status["rayClusterName"] == "qwen-ray" and status["submissionId"] == w.sid(1)
+        assert status["workers"] == "2/2" and status["attempts"] == 1
+        assert status["progress"]["stepOfTotal"] == "12/12" and status["progress"]["tokensPerSecond"] == 8192
+        assert status["result"]["steps"] == 12 and status["transport"]["summary"] == "efa"
+        assert [r["rank"] for r in status["ranks"]] == list(range(8))
+        assert {r["pod"] for r in status["ranks"]} == {"worker-0", "worker-1"}
+        conditions = {c["type"]: c["status"] for c in status["conditions"]}
+        assert conditions == {
+            "Validated": "True", "WorkersReady": "True", "JobSubmitted": "True", "TransportVerified": "True",
+        }  # fmt: skip
+        assert status["startTime"] <= status["endTime"]
+        reasons = w.event_reasons()
+        for reason in ("Created", "ClusterCreating", "WorkersReady", "JobRunning", "Completed"):
+            assert reason in reasons, reasons
+        w.assert_no_duplicates()
+
+    w = scenario(apiserver, body, Script(steps=12))
+    assert timing["run"] < 10, f"happy path took {timing['run']:.1f}s"
+    assert apiserver.count("create", "rayclusters", "ray.io") == 1
+    assert apiserver.count("delete", "rayclusters", "ray.io") >= 1  # explicit, not garbage collection
+    # Progress-only writes are rate-limited: 12 steps do not make 12 status writes.
+    patches = apiserver.count("patch", schema.PLURAL, schema.GROUP, "status")
+    assert patches < 12, patches
+    assert w.ray.submit_calls == [w.ray.created[0]]
+
+
+def test_ttl_after_finished_deletes_the_job(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest(runPolicy={"ttlSecondsAfterFinished": 1, "cleanup": "Keep"}))
+            await w.phase("Succeeded")
+            assert w.clusters(), "cleanup: Keep must leave the RayCluster"
+            await eventually(lambda: w.job() is None, timeout=5, message="the job was not deleted after its TTL")
+            await eventually(lambda: not w.clusters(), message="deleting the job must delete the kept cluster")
+
+    scenario(apiserver, body)
+
+
+# --- restarts --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("phase", ["Pending", "Provisioning", "Submitting", "Submitted", "Running", "Succeeded"])
+def test_restart_in_every_phase_never_duplicates(apiserver: ThreadedApiServer, phase: str) -> None:
+    """Stop the operator in `phase`, start a new one: one RayCluster and one submission in the end.
+
+    Submitting: stopped after the status said Submitting but before Ray got the job; Submitted: Ray
+    got the job but the status still says Submitting (the two sides of the write-then-act order).
+    """
+
+    async def body(w: World) -> None:
+        if phase == "Pending":
+            # What a first pass writes before anything exists: identities only.
+            created = w.apply(manifest())
+            uid = created["metadata"]["uid"]
+            w.patch_status("qwen", {"phase": "Pending", "reason": "Created", "attempts": 1,
+                                    "rayClusterName": render.raycluster_name("qwen"),
+                                    "submissionId": render.submission_id("qwen", uid, 1)})  # fmt: skip
+        else:
+            w.kuberay.never_ready = phase in ("Provisioning", "Submitting", "Submitted")
+            w.script.hold = phase == "Running"
+            async with w.operator():
+                w.apply(manifest())
+                if phase in ("Provisioning", "Submitting", "Submitted"):
+                    await w.phase("Provisioning", "WorkersNotReady")
+                else:
+                    await w.phase(phase)
+                if phase == "Running":
+                    await eventually(lambda: w.status().get("progress"))
+            if phase in ("Submitting", "Submitted"):
+                w.kuberay.never_ready = False
+                await eventually(lambda: w.kuberay.clusters and all(c.ready for c in w.kuberay.clusters.values()))
+                w.patch_status("qwen", {"phase": "Submitting", "reason": "WorkersReady"})
+                if phase == "Submitted":
+                    (address,) = [c.address for c in w.kuberay.clusters.values()]
+                    job = w.job()
+                    assert job is not None
+                    submission = render.submission(parse_job(job), w.sid(1), FAST.training_package)
+                    await w.ray.client(address).submit(submission)
+        w.script.hold = w.kuberay.never_ready = False
+        async with w.operator():
+            await w.phase("Succeeded", timeout=15)
+        w.assert_no_duplicates()
+        assert apiserver.count("create", "rayclusters", "ray.io") == 1
+
+    scenario(apiserver, body)
+
+
+# --- failures --------------------------------------------------------------------------------------------
+
+
+def test_workers_never_ready_times_out(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        w.kuberay.never_ready = True
+        async with w.operator():
+            w.apply(manifest(runPolicy={"waitForWorkersTimeoutSeconds": 1}))
+            status = await w.phase("Provisioning", "WorkersNotReady")
+            assert "0/2 worker pods ready" in status["message"] and status["workers"] == "0/2"
+            status = await w.phase("Failed", "WaitForWorkersTimeout")
+            assert "waitForWorkersTimeoutSeconds (1s) exceeded" in status["message"]
+            await eventually(lambda: not w.clusters())
+        assert "WaitForWorkersTimeout" in w.event_reasons()
+        w.assert_no_duplicates(submissions=0)
+
+    scenario(apiserver, body)
+
+
+def test_unschedulable_workers_show_the_schedulers_message(apiserver: ThreadedApiServer) -> None:
+    message = "0/3 nodes are available: 3 Insufficient vpc.amazonaws.com/efa. preemption: 0/3 nodes are available"
+
+    async def body(w: World) -> None:
+        w.kuberay.unschedulable = message
+        async with w.operator():
+            w.apply(manifest(runPolicy={"waitForWorkersTimeoutSeconds": 2}))
+            status = await w.phase("Provisioning", "Unschedulable")
+            assert message in status["message"]
+            status = await w.phase("Failed", "Unschedulable")
+            assert message in status["message"]
+        reasons = w.event_reasons()
+        assert reasons.count("Unschedulable") == 2, reasons  # while waiting (Warning), and the failure
+        w.assert_no_duplicates(submissions=0)
+
+    scenario(apiserver, body)
+
+
+def test_ray_job_failure_without_retries_fails(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest())
+            status = await w.phase("Failed", "RayJobFailed")
+            assert "attempt 1: entrypoint exited with code 1" in status["message"]
+        assert "RayJobFailed" in w.event_reasons()
+        w.assert_no_duplicates()
+
+    scenario(apiserver, body, Script(fail_attempts={1}))
+
+
+def test_backoff_retries_with_a_new_submission_on_the_same_cluster(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest(runPolicy={"backoffLimit": 2}))
+            status = await w.phase("Succeeded")
+        assert status["attempts"] == 3 and status["failedAttempts"] == 2
+        assert status["submissionId"] == w.sid(3)
+        assert w.ray.created == [w.sid(1), w.sid(2), w.sid(3)]
+        assert w.event_reasons().count("Retrying") == 2
+        w.assert_no_duplicates(clusters=1, submissions=3)
+
+    scenario(apiserver, body, Script(fail_attempts={1, 2}))
+
+
+def test_cluster_deleted_behind_the_operators_back(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        w.script.hold = True
+        async with w.operator():
+            w.apply(manifest())
+            await w.phase("Running")
+            w.delete(f"{CLUSTERS}/qwen-ray")
+            status = await w.phase("Failed", "ClusterLost")
+            assert "qwen-ray was deleted" in status["message"] or "is being deleted" in status["message"]
+        assert "ClusterLost" in w.event_reasons()
+        w.assert_no_duplicates()
+
+    scenario(apiserver, body)
+
+
+def test_socket_fallback_fails_the_job_promptly(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        w.script.hold = True
+        async with w.operator():
+            w.apply(manifest())
+            started = time.monotonic()
+            status = await w.phase("Failed", "TransportFallback")
+            assert time.monotonic() - started < 10
+            assert SOCKET_LINE in status["message"] and "ranks 4, 5, 6, 7" in status["message"]
+            assert w.ray.stopped == [w.sid(1)]
+            conditions = {c["type"]: c for c in status["conditions"]}
+            assert conditions["TransportVerified"]["status"] == "False"
+        assert {"TransportFallback", "SocketFallback"} <= set(w.event_reasons())
+
+    scenario(apiserver, body, Script(transport=lambda rank: "efa" if rank < 4 else "socket"))
+
+
+def test_socket_fallback_without_require_efa_keeps_running_with_a_warning(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        w.script.hold = True
+        async with w.operator():
+            w.apply(manifest(network={"transport": "efa", "requireEFA": False}))
+            status = await eventually(
+                lambda: (s := w.status()).get("transport", {}).get("summary") == "mixed" and s, timeout=10
+            )
+            assert status["phase"] == "Running"
+            assert {c["type"]: c["status"] for c in status["conditions"]}["TransportVerified"] == "False"
+            await eventually(lambda: "SocketFallback" in w.event_reasons())
+            w.script.hold = False
+            await w.phase("Succeeded")
+        assert w.ray.stopped == []
+
+    scenario(apiserver, body, Script(transport=lambda rank: "efa" if rank < 4 else "socket"))
+
+
+# --- suspend, delete -------------------------------------------------------------------------------------
+
+
+def test_suspend_and_resume(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        w.script.hold = True
+        async with w.operator():
+            w.apply(manifest())
+            await w.phase("Running")
+            w.patch_spec("qwen", {"runPolicy": {"suspend": True}})
+            await w.phase("Suspended", "Suspended")
+            assert w.ray.stopped == [w.sid(1)]
+            await eventually(lambda: not w.clusters(), message="suspend must delete the RayCluster")
+            w.script.hold = False
+            w.patch_spec("qwen", {"runPolicy": {"suspend": False}})
+            status = await w.phase("Succeeded")
+        assert status["attempts"] == 2 and status["submissionId"] == w.sid(2)
+        assert w.ray.created == [w.sid(1), w.sid(2)]
+        assert {"Suspended", "Resumed"} <= set(w.event_reasons())
+        w.assert_no_duplicates(clusters=2, submissions=2)
+
+    scenario(apiserver, body)
+
+
+@pytest.mark.parametrize("phase", ["FirstPass", "Provisioning", "Running", "Succeeded", "Suspended", "RayDown"])
+def test_delete_in_every_phase_leaves_nothing(apiserver: ThreadedApiServer, phase: str) -> None:
+    async def body(w: World) -> None:
+        w.kuberay.never_ready = phase == "Provisioning"
+        w.script.hold = phase in ("Running", "Suspended", "RayDown")
+        run_policy: dict[str, Any] = {"cleanup": "Keep"} if phase == "Succeeded" else {}
+        async with w.operator():
+            w.apply(manifest(runPolicy=run_policy))
+            first = w.sid(1)
+            if phase == "Suspended":
+                await w.phase("Running")
+                w.patch_spec("qwen", {"runPolicy": {"suspend": True}})
+            if phase == "FirstPass":
+                await eventually(lambda: w.status().get("submissionId"))
+            else:
+                await w.phase("Running" if phase == "RayDown" else phase)
+            if phase == "RayDown":
+                w.ray.down = True  # Ray does not answer: the delete must still finish, bounded
+            started = time.monotonic()
+            w.delete(f"{JOBS}/qwen")
+            await eventually(lambda: w.job() is None, timeout=10, message="the finalizer was never removed")
+            assert time.monotonic() - started < 5
+            await eventually(lambda: not w.clusters(), message="a RayCluster was left behind")
+        if phase == "Running":
+            assert w.ray.stopped == [first]
+        assert len(w.kuberay.seen_uids) <= 1
+        assert len(w.ray.created) <= 1
+
+    scenario(apiserver, body)

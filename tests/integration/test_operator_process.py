@@ -1,0 +1,57 @@
+"""`python -m fsdp_operator` as its own process: kubeconfig login, liveness, a reconcile, exit on SIGINT."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from fsdp_operator import render, schema
+from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_operator_process_reconciles_and_stops(apiserver: ThreadedApiServer, kubeconfig: Path) -> None:
+    http = requests.Session()
+    for crd in (schema.crd(), RAYCLUSTER_CRD):
+        assert http.post(f"{apiserver.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd).ok
+    port = _free_port()
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    command = [sys.executable, "-m", "fsdp_operator", "--namespace", "default", "--liveness",
+               f"http://127.0.0.1:{port}/healthz"]  # fmt: skip
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    jobs = f"{apiserver.url}/apis/{schema.GROUP}/{schema.VERSION}/namespaces/default/{schema.PLURAL}"
+    try:
+        job = {"apiVersion": schema.API_VERSION, "kind": schema.KIND, "metadata": {"name": "proc"}, "spec": {}}
+        assert http.post(jobs, json=job).status_code == 201
+        deadline = time.monotonic() + 30
+        status: dict[str, object] = {}
+        while time.monotonic() < deadline and process.poll() is None:
+            status = http.get(f"{jobs}/proc").json().get("status") or {}
+            if status.get("phase") == "Provisioning":
+                break
+            time.sleep(0.2)
+        assert status.get("phase") == "Provisioning", status
+        cluster = http.get(f"{apiserver.url}/apis/ray.io/v1/namespaces/default/rayclusters/proc-ray").json()
+        assert cluster["metadata"]["labels"][render.LABEL_JOB] == "proc"
+        assert http.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
+        finalizers = http.get(f"{jobs}/proc").json()["metadata"]["finalizers"]
+        assert finalizers == ["fsdp.dev/finalizer"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=20)
+    assert process.returncode == 0, output

@@ -1,0 +1,216 @@
+"""A test-side KubeRay: plays the RayCluster controller against the emulated API server, over HTTP.
+
+Level-triggered and task-free (an in-process kopf cancels tasks it did not see at startup): the test's
+world loop calls `sync()` every tick. For each RayCluster it writes the status KubeRay writes (desired
+and ready worker counts, `state: ready`, head service IP and dashboard endpoint), creates the head and
+worker pods, and registers the cluster's nodes with the `FakeRay` that plays Ray. Knobs make the
+workers slow, never ready, or unschedulable (Pending pods with the scheduler's FailedScheduling event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from fsdp_operator.rayjobs import FakeRay, RayNodes
+from fsdp_operator.spec import parse_quantity
+
+Obj = dict[str, Any]
+RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"
+
+
+@dataclass
+class _Cluster:
+    namespace: str
+    name: str
+    uid: str
+    address: str
+    service_ip: str
+    created: float
+    pods: list[str] = field(default_factory=list)
+    ready: bool = False
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class FakeKubeRay:
+    def __init__(self, api_url: str, ray: FakeRay) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.ray = ray
+        self.ready_delay = 0.0
+        """Seconds between seeing a cluster and its workers being ready."""
+        self.never_ready = False
+        """Worker pods are scheduled but never become ready."""
+        self.unschedulable = ""
+        """When set, worker pods stay Pending with this scheduler message."""
+        self.seen_uids: list[str] = []
+        """Every RayCluster (by uid) this controller ever saw: the duplicate check counts these."""
+        self.clusters: dict[str, _Cluster] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def _request(self, method: str, path: str, body: Obj | None = None, content_type: str = "") -> Obj:
+        assert self._session is not None, "use `async with kuberay.running()`"
+        headers = {"Content-Type": content_type or "application/json"}
+        async with self._session.request(method, self.api_url + path, json=body, headers=headers) as r:
+            payload: Obj = await r.json(content_type=None) if r.content_length != 0 else {}
+            if r.status >= 400 and r.status != 404:
+                raise RuntimeError(f"{method} {path}: {r.status} {payload.get('message')}")
+            return payload
+
+    async def _patch_status(self, c: _Cluster, status: Obj) -> None:
+        path = f"/apis/ray.io/v1/namespaces/{c.namespace}/rayclusters/{c.name}/status"
+        await self._request("PATCH", path, {"status": status}, "application/merge-patch+json")
+
+    async def _pod(self, c: _Cluster, name: str, labels: dict[str, str], status: Obj) -> None:
+        base = f"/api/v1/namespaces/{c.namespace}/pods"
+        if name not in c.pods:
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": c.namespace,
+                    "labels": labels,
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "ray.io/v1",
+                            "kind": "RayCluster",
+                            "name": c.name,
+                            "uid": c.uid,
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": {"containers": [{"name": "ray", "image": "fake"}]},
+            }
+            await self._request("POST", base, pod)
+            c.pods.append(name)
+        await self._request("PATCH", f"{base}/{name}/status", {"status": status}, "application/merge-patch+json")
+
+    @contextlib.asynccontextmanager
+    async def running(self, tick: float = 0.03) -> AsyncIterator[None]:
+        """Play KubeRay (and advance the fake Ray jobs) every `tick` seconds until the block exits.
+
+        Enter this before starting the operator, so kopf leaves this task alone at its shutdown.
+        """
+        self._session = aiohttp.ClientSession()
+
+        async def loop() -> None:
+            while True:
+                await self.sync()
+                self.ray.advance()
+                await asyncio.sleep(tick)
+
+        task = asyncio.create_task(loop(), name="fake kuberay")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await self._session.close()
+            self._session = None
+
+    async def sync(self) -> None:
+        listing = await self._request("GET", RAYCLUSTERS)
+        present: set[str] = set()
+        for rc in listing.get("items", []):
+            meta = rc["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            present.add(meta["uid"])
+            cluster = self.clusters.get(meta["uid"])
+            if cluster is None:
+                cluster = await self._adopt(rc)
+            waiting = not cluster.ready and not self.never_ready and not self.unschedulable
+            if waiting and time.monotonic() - cluster.created >= self.ready_delay:
+                await self._make_ready(cluster, rc)
+        for uid in set(self.clusters) - present:
+            await self._teardown(self.clusters.pop(uid))
+
+    async def _adopt(self, rc: Obj) -> _Cluster:
+        meta = rc["metadata"]
+        n = len(self.seen_uids) + 1
+        self.seen_uids.append(meta["uid"])
+        service_ip = f"10.96.{n // 250}.{n % 250 + 1}"
+        cluster = _Cluster(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta["uid"],
+            address=f"http://{service_ip}:8265",
+            service_ip=service_ip,
+            created=time.monotonic(),
+        )
+        self.clusters[cluster.uid] = cluster
+        group = rc["spec"]["workerGroupSpecs"][0]
+        replicas = int(group["replicas"])
+        await self._patch_status(
+            cluster,
+            {
+                "desiredWorkerReplicas": replicas,
+                "readyWorkerReplicas": 0,
+                "availableWorkerReplicas": 0,
+                "head": {"serviceIP": service_ip, "serviceName": f"{cluster.name}-head-svc"},
+                "endpoints": {"dashboard": "8265", "client": "10001", "gcs-server": "6379"},
+                "lastUpdateTime": _now(),
+            },
+        )
+        labels = {"ray.io/cluster": cluster.name, **(meta.get("labels") or {})}
+        await self._pod(cluster, f"{cluster.name}-head", {**labels, "ray.io/node-type": "head"}, {"phase": "Running"})
+        for i in range(replicas):
+            name = f"{cluster.name}-{group['groupName']}-worker-{i:05d}"
+            status: Obj = {"phase": "Pending"}
+            if self.unschedulable:
+                status["conditions"] = [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                     "message": self.unschedulable, "lastTransitionTime": _now()},
+                ]  # fmt: skip
+            await self._pod(cluster, name, {**labels, "ray.io/node-type": "worker"}, status)
+            if self.unschedulable:
+                await self._failed_scheduling(cluster, name)
+        return cluster
+
+    async def _failed_scheduling(self, c: _Cluster, pod: str) -> None:
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{pod}.", "namespace": c.namespace},
+            "involvedObject": {"kind": "Pod", "name": pod, "namespace": c.namespace, "apiVersion": "v1"},
+            "reason": "FailedScheduling",
+            "message": self.unschedulable,
+            "type": "Warning",
+            "source": {"component": "default-scheduler"},
+            "firstTimestamp": _now(),
+            "lastTimestamp": _now(),
+            "count": 1,
+        }
+        await self._request("POST", f"/api/v1/namespaces/{c.namespace}/events", event)
+
+    async def _make_ready(self, c: _Cluster, rc: Obj) -> None:
+        group = rc["spec"]["workerGroupSpecs"][0]
+        replicas = int(group["replicas"])
+        gpus = float(group.get("rayStartParams", {}).get("num-gpus") or 0)
+        limits = group["template"]["spec"]["containers"][0]["resources"]["limits"]
+        cpus = float(parse_quantity(limits["cpu"]))
+        for name in c.pods:
+            if "-worker-" in name:
+                await self._pod(c, name, {}, {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]})
+        self.ray.add_cluster(c.address, RayNodes(alive_workers=replicas, gpus=gpus * replicas, cpus=cpus * replicas))
+        await self._patch_status(
+            c,
+            {"state": "ready", "readyWorkerReplicas": replicas, "availableWorkerReplicas": replicas,
+             "lastUpdateTime": _now()},
+        )  # fmt: skip
+        c.ready = True
+
+    async def _teardown(self, c: _Cluster) -> None:
+        self.ray.remove_cluster(c.address)
+        for name in c.pods:
+            await self._request("DELETE", f"/api/v1/namespaces/{c.namespace}/pods/{name}")

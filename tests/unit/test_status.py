@@ -1,0 +1,186 @@
+"""The status shape: conditions, round trips, folding the ranks' events, what gets written and when."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from fsdp_operator import schema
+from fsdp_operator.spec import Job, parse_job
+from fsdp_operator.status import (
+    ConditionType,
+    JobStatus,
+    Phase,
+    Reason,
+    fold_events,
+    get_condition,
+    is_terminal,
+    merge_patch,
+    progress_only,
+    set_condition,
+)
+from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Transport, parse_lines
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+def job(**network: Any) -> Job:
+    spec: dict[str, Any] = {"workers": {"replicas": 2}}
+    if network:
+        spec["network"] = network
+    return parse_job(
+        {
+            "apiVersion": schema.API_VERSION,
+            "kind": schema.KIND,
+            "metadata": {"name": "qwen", "namespace": "ml", "uid": "u1", "generation": 3},
+            "spec": spec,
+        }
+    )
+
+
+def step(n: int, **extra: Any) -> Step:
+    return Step(rank=0, step=n, total_steps=100, loss=5.0 - n / 100, tokens_per_second=1000.6 * n,
+                tokens_per_second_per_device=125.2 * n, **extra)  # fmt: skip
+
+
+def test_phases_and_terminal() -> None:
+    assert [is_terminal(p) for p in Phase] == [False, False, False, False, True, True, False]
+    assert not is_terminal(None)
+
+
+def test_condition_transition_time_moves_only_when_status_flips() -> None:
+    first = set_condition([], "WorkersReady", "False", "WorkersNotReady", "0/2", now=NOW, generation=1)
+    later = NOW + timedelta(seconds=30)
+    same = set_condition(first, "WorkersReady", "False", "WorkersNotReady", "1/2", now=later, generation=2)
+    assert same[0]["lastTransitionTime"] == "2026-11-29T12:00:00Z" and same[0]["message"] == "1/2"
+    assert same[0]["observedGeneration"] == 2
+    flipped = set_condition(same, "WorkersReady", "True", "AllWorkersJoined", "2/2", now=later, generation=2)
+    assert flipped[0]["lastTransitionTime"] == "2026-11-29T12:00:30Z"
+    both = set_condition(flipped, "Validated", "True", "Valid", "", now=NOW, generation=2)
+    assert [c["type"] for c in both] == ["WorkersReady", "Validated"] and get_condition(both, "Validated")
+
+
+def test_round_trip_and_empty_fields_left_out() -> None:
+    assert JobStatus().to_dict() == {}
+    status = JobStatus(
+        phase=Phase.RUNNING,
+        reason=Reason.JOB_RUNNING,
+        ray_cluster_name="qwen-ray",
+        submission_id="qwen-1234-1",
+        attempts=1,
+        start_time=NOW,
+        progress={"step": 1, "stepOfTotal": "1/100"},
+    )
+    raw = status.to_dict()
+    assert raw["startTime"] == "2026-11-29T12:00:00Z" and "endTime" not in raw and "ranks" not in raw
+    assert JobStatus.from_dict(raw) == status
+    # What someone else wrote by hand does not crash the operator.
+    odd = JobStatus.from_dict({"phase": "Exploded", "reason": 7, "attempts": "two", "ranks": ["x", {"rank": 0}]})
+    assert odd.phase is None and odd.reason is None and odd.attempts == 0 and odd.ranks == [{"rank": 0}]
+
+
+def test_printer_columns_read_what_status_writes() -> None:
+    status = JobStatus(phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, workers="2/2")
+    folded = fold_events(job(), status, [step(12), Transport(rank=0, transport="efa")], now=NOW).status
+    raw = {"status": folded.to_dict()}
+    for column in schema.PRINTER_COLUMNS:
+        path = column["jsonPath"].lstrip(".").split(".")
+        if path[0] != "status":
+            continue
+        value: Any = raw
+        for part in path:
+            value = value[part]
+        assert value not in (None, ""), column["name"]
+        if column["type"] == "integer":
+            assert isinstance(value, int) and not isinstance(value, bool), column["name"]
+    assert raw["status"]["progress"]["stepOfTotal"] == "12/100"
+    assert raw["status"]["progress"]["tokensPerSecond"] == 12007
+
+
+def placement(rank: int, node_rank: int) -> Placement:
+    return Placement(rank=rank, world_size=8, local_rank=rank % 4, local_world_size=4, node_rank=node_rank,
+                     node_ip=f"10.0.0.{node_rank + 1}", hostname=f"host-{node_rank}", pod=f"pod-{node_rank}",
+                     device="NVIDIA L4", device_uuid=f"GPU-{rank}")  # fmt: skip
+
+
+def test_fold_ranks_progress_checkpoint_result_failures() -> None:
+    events: list[Event] = [
+        placement(4, 1),
+        placement(0, 0),
+        step(10),
+        step(12, mfu=0.41),
+        step(11),  # an older line re-read after a restart
+        Checkpoint(rank=0, step=12, path="s3://bucket/ckpt/12", seconds=3.21),
+        Summary(rank=1, steps=100, final_loss=9.0, first_loss=9.0, tokens_per_second=1),
+        Summary(rank=0, steps=100, final_loss=1.5, first_loss=6.0, tokens_per_second=20000.2, mfu=0.4, sharding="full"),
+        Failure(rank=2, message="boom"),
+        Failure(rank=2, message="boom"),
+    ]
+    status = fold_events(job(), JobStatus(), events, now=NOW).status
+    assert [r["rank"] for r in status.ranks] == [0, 4]
+    assert status.ranks[1] == {
+        "rank": 4,
+        "localRank": 0,
+        "nodeRank": 1,
+        "nodeIP": "10.0.0.2",
+        "pod": "pod-1",
+        "hostname": "host-1",
+        "device": "NVIDIA L4",
+        "deviceUUID": "GPU-4",
+    }
+    assert status.progress["step"] == 12 and status.progress["mfu"] == 0.41
+    assert status.checkpoint == {"step": 12, "path": "s3://bucket/ckpt/12", "seconds": 3.21}
+    assert status.result["finalLoss"] == 1.5 and status.result["sharding"] == "full"
+    assert status.rank_failures == [{"rank": 2, "message": "boom"}]
+
+
+def test_fold_is_idempotent_for_a_re_read_log() -> None:
+    events: list[Event] = [placement(0, 0), Transport(rank=0, transport="efa"), step(3)]
+    once = fold_events(job(), JobStatus(), events, now=NOW).status
+    twice = fold_events(job(), once, events, now=NOW).status
+    assert twice == once
+
+
+def test_fold_transport_and_interconnect_through_transport_module() -> None:
+    socket = Transport(rank=1, transport="socket", evidence="NET/Socket : Using [0]eth0")
+    folded = fold_events(job(), JobStatus(), [Transport(rank=0, transport="efa"), socket], now=NOW)
+    assert folded.transport_failure and "NET/Socket" in folded.transport_failure
+    assert folded.status.transport["summary"] == "mixed"
+    assert folded.status.ranks == [{"rank": 0, "transport": "efa"}, {"rank": 1, "transport": "socket"}]
+    assert get_condition(folded.status.conditions, ConditionType.TRANSPORT_VERIFIED)["status"] == "False"  # type: ignore[index]
+
+    lenient = fold_events(job(requireEFA=False), JobStatus(), [socket], now=NOW)
+    assert lenient.transport_failure is None
+
+    probe = Probe(rank=0, scope="cross-node", ranks=2, size_bytes=1 << 26, allreduce_busbw_gbps=3.3,
+                  allgather_busbw_gbps=2.1)  # fmt: skip
+    slow = fold_events(job(), JobStatus(), [probe], now=NOW).status
+    assert slow.interconnect["crossNode"]["allreduceBusbwGBps"] == 3.3 and slow.interconnect["floorGBps"] == 5.0
+    healthy = get_condition(slow.conditions, ConditionType.INTERCONNECT_HEALTHY)
+    assert healthy is not None and healthy["status"] == "False" and healthy["reason"] == "BelowFloor"
+    # The probe survives a round trip through the API server and is folded again the same way.
+    assert fold_events(job(), JobStatus.from_dict(slow.to_dict()), [], now=NOW).status == slow
+
+
+def test_events_parsed_from_ray_worker_lines() -> None:
+    lines = [
+        "(RayTrainWorker pid=123, ip=10.0.0.1) " + step(7).to_line(),
+        "some other output",
+        "(RayTrainWorker pid=124, ip=10.0.0.2) FSDP_EVENT {broken",
+    ]
+    status = fold_events(job(), JobStatus(), parse_lines(lines), now=NOW).status
+    assert status.progress["stepOfTotal"] == "7/100"
+
+
+def test_progress_only_and_merge_patch() -> None:
+    old = {"phase": "Running", "progress": {"step": 1}, "logOffset": 10, "conditions": [{"type": "A"}]}
+    assert progress_only(old, {**old, "progress": {"step": 2}, "logOffset": 20})
+    assert not progress_only(old, {**old, "phase": "Succeeded"})
+    assert not progress_only(old, {**old, "ranks": [{"rank": 0}]})
+
+    new = {"phase": "Running", "progress": {"step": 2}, "conditions": [{"type": "A"}, {"type": "B"}]}
+    patch = merge_patch(old, new)
+    assert patch == {"progress": {"step": 2}, "logOffset": None, "conditions": [{"type": "A"}, {"type": "B"}]}
+    nested = merge_patch({"transport": {"summary": "efa", "evidence": "x"}}, {"transport": {"summary": "efa"}})
+    assert nested == {"transport": {"evidence": None}}
+    assert merge_patch(new, new) == {}

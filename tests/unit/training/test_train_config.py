@@ -1,0 +1,79 @@
+"""Unit tests of the training function's config: defaults, field-named errors, types, JSON/file entry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fsdp_train.__main__ import parse_args
+from fsdp_train.config import TrainConfig
+
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512}
+
+
+def test_defaults_and_round_trip() -> None:
+    cfg = TrainConfig.from_dict({})
+    assert cfg.model == "Qwen/Qwen2.5-1.5B"
+    assert cfg.sharding == "auto"
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_known_fields_are_taken() -> None:
+    cfg = TrainConfig.from_dict(
+        {"model_overrides": TINY, "steps": 20, "seq_len": 32, "learning_rate": 1, "sharding": "hybrid"}
+    )
+    assert (cfg.steps, cfg.seq_len, cfg.sharding) == (20, 32, "hybrid")
+    assert cfg.learning_rate == 1.0 and isinstance(cfg.learning_rate, float)
+    assert cfg.model_overrides == TINY
+    assert cfg.tokens_per_rank_per_step == 32
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"seq_len": 0}, "training.seq_len must be greater than 0."),
+        ({"steps": -1}, "training.steps must be greater than 0."),
+        ({"grad_accum": 0}, "training.grad_accum must be greater than 0."),
+        ({"checkpoint_interval": -5}, "training.checkpoint_interval must be 0 or greater."),
+        ({"learning_rate": 0.0}, "training.learning_rate must be greater than 0."),
+        ({"min_cross_node_gbps": -1.0}, "training.min_cross_node_gbps must be 0 or greater."),
+        ({"sharding": "zero3"}, "training.sharding must be one of full, hybrid, auto; got 'zero3'."),
+        ({"mixed_precision": "fp16"}, "training.mixed_precision must be one of bf16, fp32"),
+        ({"model_init": "weights"}, "training.model_init must be one of pretrained, random"),
+        ({"lr_schedule": "linear"}, "training.lr_schedule must be one of constant, cosine"),
+        ({"data": "s3://bucket"}, "training.data must be one of random"),
+        ({"seq_len": "2048"}, "training.seq_len must be an integer, got '2048'."),
+        ({"steps": True}, "training.steps must be an integer, got True."),
+        ({"steps": 2.5}, "training.steps must be an integer, got 2.5."),
+        ({"compile": 1}, "training.compile must be true or false, got 1."),
+        ({"learning_rate": "fast"}, "training.learning_rate must be a number"),
+        ({"model_overrides": [1]}, "training.model_overrides must be a mapping"),
+        ({"model": ""}, "training.model must not be empty."),
+        ({"warmup_steps": 10, "steps": 10}, "training.warmup_steps must be less than training.steps"),
+        ({"seqlen": 5}, "training.seqlen is not a known field"),
+    ],
+)
+def test_bad_values_name_the_field(patch: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        TrainConfig.from_dict(patch)
+    assert str(info.value).startswith(message)
+
+
+def test_not_a_mapping() -> None:
+    with pytest.raises(ValueError, match="training must be a mapping"):
+        TrainConfig.from_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_command_line_json_and_file(tmp_path: Path) -> None:
+    assert parse_args(["--config-json", '{"steps": 3}']).steps == 3
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"seq_len": 64}))
+    assert parse_args(["--config", str(path)]).seq_len == 64
+
+
+def test_command_line_rejects_bad_config(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--config-json", '{"seq_len": 0}'])
+    assert info.value.code == 2
+    assert "training.seq_len must be greater than 0." in capsys.readouterr().err

@@ -1,0 +1,39 @@
+"""torchrun entry: ``torchrun --nproc-per-node N -m fsdp_train --config-json '{...}'`` (or ``--config FILE``).
+
+Runs the same per-rank loop as the Ray entrypoint. Node rank comes from torchrun (GROUP_RANK);
+``FSDP_TRAIN_RANKS_PER_NODE=N`` regroups every N consecutive ranks into one fake node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fsdp_train.config import TrainConfig
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    parser = argparse.ArgumentParser(prog="python -m fsdp_train", description=__doc__)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config-json", help="the TrainConfig as one JSON object")
+    source.add_argument("--config", help="a file holding the TrainConfig as JSON")
+    args = parser.parse_args(argv)
+    try:
+        if args.config_json is not None:
+            return TrainConfig.from_json(args.config_json)
+        return TrainConfig.from_file(args.config)
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+        raise  # parser.error exits; this line only tells type checkers so
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse_args(argv)
+    from fsdp_train.loop import run_from_env  # torch is imported only once the config is valid
+
+    run_from_env(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

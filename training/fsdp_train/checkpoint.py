@@ -1,0 +1,169 @@
+"""Sharded checkpoints with ``torch.distributed.checkpoint``: where they go and how a run resumes.
+
+Two stores share one interface: a directory (or fsspec URI) of ``step_NNNNNNNN`` snapshots under
+torchrun, and Ray Train's checkpoint API under Ray (``ray.train.report`` / ``ray.train.get_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.optim import Optimizer
+
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+KEEP_LAST = 2
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def app_state(model: nn.Module, optimizer: Optimizer, step: int) -> dict[str, Any]:
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {"model": model_sd, "optim": optim_sd, "train": {"step": step}}
+
+
+def load_into(model: nn.Module, optimizer: Optimizer, checkpoint_id: str) -> None:
+    """Load a DCP snapshot in place: a directory, or a URI (DCP picks its fsspec reader by itself)."""
+    state = app_state(model, optimizer, 0)
+    dcp_load(state, checkpoint_id=checkpoint_id)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+class Checkpointer(Protocol):
+    def restore(self, model: nn.Module, optimizer: Optimizer) -> int:
+        """Load the latest checkpoint into model and optimizer; return its step (0 when none)."""
+        ...
+
+    def save(self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any]) -> str:
+        """Save a snapshot after ``step``; return where it went."""
+        ...
+
+
+@dataclass(slots=True)
+class NoCheckpoints:
+    def restore(self, model: nn.Module, optimizer: Optimizer) -> int:
+        return 0
+
+    def save(self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any]) -> str:
+        return ""
+
+
+@dataclass(slots=True)
+class DirectoryCheckpoints:
+    """``<root>/step_NNNNNNNN`` snapshots; one is complete once DCP wrote its ``.metadata``."""
+
+    root: str
+
+    @property
+    def is_uri(self) -> bool:
+        return "://" in self.root
+
+    def _fs(self) -> Any:
+        from fsspec.core import url_to_fs  # type: ignore[import-untyped]
+
+        return url_to_fs(self.root)[0]
+
+    def complete_steps(self) -> list[int]:
+        steps = []
+        if self.is_uri:
+            fs = self._fs()
+            if not fs.exists(self.root):
+                return []
+            for entry in fs.ls(self.root, detail=False):
+                m = STEP_DIR.match(entry.rstrip("/").rsplit("/", 1)[-1])
+                if m and fs.exists(f"{entry.rstrip('/')}/.metadata"):
+                    steps.append(int(m.group(1)))
+        else:
+            root = Path(self.root)
+            if not root.is_dir():
+                return []
+            for entry in root.iterdir():
+                m = STEP_DIR.match(entry.name)
+                if m and (entry / ".metadata").is_file():
+                    steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def _path(self, step: int) -> str:
+        return f"{self.root.rstrip('/')}/{step_dir_name(step)}"
+
+    def restore(self, model: nn.Module, optimizer: Optimizer) -> int:
+        steps = self.complete_steps()
+        # Rank 0 decides, so that ranks that list the directory at different moments still agree.
+        chosen = [steps[-1] if steps else 0]
+        dist.broadcast_object_list(chosen, src=0)
+        step = int(chosen[0])
+        if step:
+            load_into(model, optimizer, self._path(step))
+        return step
+
+    def save(self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any]) -> str:
+        path = self._path(step)
+        if not self.is_uri:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        dcp_save(app_state(model, optimizer, step), checkpoint_id=path)
+        dist.barrier()
+        if dist.get_rank() == 0:
+            self._prune()
+        return path
+
+    def _prune(self) -> None:
+        for old in self.complete_steps()[:-KEEP_LAST]:
+            if self.is_uri:
+                self._fs().rm(self._path(old), recursive=True)
+            else:
+                shutil.rmtree(self._path(old))
+
+
+@dataclass(slots=True)
+class RayCheckpoints:
+    """Ray Train's checkpoint API: every rank writes its DCP shard to a local staging directory and
+    reports it; Ray merges the ranks' files into one checkpoint in the run's storage and hands the
+    latest back through ``ray.train.get_checkpoint()`` after a worker-group restart."""
+
+    def restore(self, model: nn.Module, optimizer: Optimizer) -> int:
+        import ray.train
+
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is None:
+            return 0
+        with checkpoint.as_directory() as directory:
+            m = STEP_DIR.match(Path(directory).name)
+            if m is None:
+                raise ValueError(f"checkpoint {directory} is not named step_NNNNNNNN")
+            load_into(model, optimizer, directory)
+            return int(m.group(1))
+
+    def save(self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any]) -> str:
+        import ray.train
+
+        with _staging() as staging:
+            dcp_save(app_state(model, optimizer, step), checkpoint_id=staging)
+            ray.train.report(
+                metrics,
+                checkpoint=ray.train.Checkpoint.from_directory(staging),
+                checkpoint_dir_name=step_dir_name(step),
+            )
+        storage = ray.train.get_context().get_storage()
+        return str(storage.build_checkpoint_path_from_name(step_dir_name(step)))
+
+
+@contextlib.contextmanager
+def _staging() -> Iterator[str]:
+    directory = tempfile.mkdtemp(prefix="fsdp-ckpt-")
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,167 @@
+"""The training function's typed configuration, built from the job's ``training`` parameters.
+
+Pure Python (no torch): the operator may import it to validate a spec before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+DEFAULT_MODEL = "Qwen/Qwen2.5-1.5B"
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "model_init": ("pretrained", "random"),
+    "lr_schedule": ("constant", "cosine"),
+    "sharding": ("full", "hybrid", "auto"),
+    "mixed_precision": ("bf16", "fp32"),
+    "data": ("random",),
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """What one training run does; every rank builds the same one."""
+
+    PREFIX: ClassVar[str] = "training"
+
+    model: str = DEFAULT_MODEL
+    """A Hugging Face model id or a local directory holding ``config.json`` (and weights)."""
+    model_init: str = "random"
+    """``pretrained`` loads the weights; ``random`` builds the architecture only, with random init.
+    For the ids in ``fsdp_train.model.KNOWN_CONFIGS`` the architecture is built without any network access."""
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    """Hugging Face config fields to override (``{"num_hidden_layers": 2}``)."""
+    steps: int = 100
+    """Optimizer steps to run in total (a resumed run counts the steps already done)."""
+    seq_len: int = 2048
+    """Tokens per sample."""
+    batch_size_per_rank: int = 1
+    """Samples per rank per micro-batch."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    learning_rate: float = 2e-5
+    """Peak learning rate of AdamW."""
+    lr_schedule: str = "cosine"
+    """``constant`` after warm-up, or ``cosine`` decay to zero at ``steps``."""
+    warmup_steps: int = 0
+    """Steps of linear warm-up from zero to ``learning_rate``."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+    sharding: str = "auto"
+    """``full``: shard over every rank. ``hybrid``: shard inside a node, replicate across nodes (HSDP).
+    ``auto``: ``hybrid`` when there are two or more nodes and the measured cross-node all-reduce bus
+    bandwidth is below ``min_cross_node_gbps`` (or was not measured), else ``full``."""
+    mixed_precision: str = "bf16"
+    """``bf16``: fp32 master weights, bf16 compute, fp32 gradient reduction. ``fp32``: fp32 throughout."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder block's activations in the backward pass."""
+    compile: bool = False
+    """``torch.compile`` each decoder block."""
+    seed: int = 0
+    """Seed of the weight init and of the random data."""
+    data: str = "random"
+    """Where the tokens come from; ``random``: uniform random token ids, the same for every run with one seed."""
+    checkpoint_path: str = ""
+    """Directory or fsspec URI for ``torch.distributed.checkpoint`` snapshots; empty: no checkpoints."""
+    checkpoint_interval: int = 0
+    """Save every N steps; 0: only after the last step."""
+    probe_size_bytes: int = 64 * 1024 * 1024
+    """Bytes of the all-reduce / all-gather probe before training; 0 skips the probe."""
+    min_cross_node_gbps: float = 25.0
+    """Cross-node all-reduce bus bandwidth (GB/s) below which ``sharding=auto`` picks ``hybrid``."""
+
+    def __post_init__(self) -> None:
+        p = self.PREFIX
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(f"{p}.{name} must be one of {', '.join(choices)}; got {value!r}.")
+        if not self.model:
+            raise ValueError(f"{p}.model must not be empty.")
+        for name in ("steps", "seq_len", "batch_size_per_rank", "grad_accum"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{p}.{name} must be greater than 0.")
+        for name in ("warmup_steps", "checkpoint_interval", "probe_size_bytes", "seed"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{p}.{name} must be 0 or greater.")
+        if self.warmup_steps >= self.steps and self.warmup_steps > 0:
+            raise ValueError(f"{p}.warmup_steps must be less than {p}.steps ({self.warmup_steps} >= {self.steps}).")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            raise ValueError(f"{p}.learning_rate must be greater than 0.")
+        for name in ("weight_decay", "max_grad_norm", "min_cross_node_gbps"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{p}.{name} must be 0 or greater.")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """Build from snake_case keys; unknown keys and values of the wrong type raise ``ValueError``."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{cls.PREFIX} must be a mapping, got {type(d).__name__}.")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise ValueError(f"{cls.PREFIX}.{unknown[0]} is not a known field (known: {', '.join(sorted(known))}).")
+        defaults = cls()
+        kwargs = {key: _coerce(f"{cls.PREFIX}.{key}", value, getattr(defaults, key)) for key, value in d.items()}
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, text: str) -> TrainConfig:
+        try:
+            d = json.loads(text)
+        except ValueError as e:
+            raise ValueError(f"{cls.PREFIX} is not valid JSON: {e}") from e
+        return cls.from_dict(d)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> TrainConfig:
+        return cls.from_json(Path(path).read_text())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def learning_rate_at(self, step: int) -> float:
+        """Learning rate of optimizer step ``step`` (1-based): linear warm-up, then constant or cosine to 0."""
+        if self.warmup_steps and step <= self.warmup_steps:
+            return self.learning_rate * step / self.warmup_steps
+        if self.lr_schedule == "constant":
+            return self.learning_rate
+        decay_steps = max(1, self.steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
+        return self.learning_rate * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    @property
+    def tokens_per_rank_per_step(self) -> int:
+        return self.batch_size_per_rank * self.grad_accum * self.seq_len
+
+
+def _coerce(name: str, value: Any, default: Any) -> Any:
+    """Check ``value`` against the type of the field's default; ints are accepted for floats."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}.")
+        return value
+    if isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}.")
+        return value
+    if isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name} must be a number, got {value!r}.")
+        return float(value)
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ValueError(f"{name} must be a string, got {value!r}.")
+        return value
+    if isinstance(default, dict):
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ValueError(f"{name} must be a mapping with string keys, got {value!r}.")
+        return dict(value)
+    raise AssertionError(f"no coercion for {name}")  # a new field type needs a branch above

@@ -1,0 +1,282 @@
+"""The per-rank training loop: plain ``torch.distributed``, the same under torchrun and Ray Train.
+
+``train()`` is what every rank runs; ``fsdp_train.__main__`` (torchrun) and ``fsdp_train.ray_entry``
+(Ray Train) only build its ``Topology`` and ``Checkpointer``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from fsdp_train import report
+from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
+from fsdp_train.config import TrainConfig
+from fsdp_train.events import Checkpoint, Failure, Probe, Summary, as_dict, emit
+from fsdp_train.metrics import Backend, EventsBackend, Metrics, StepMetrics, flops_per_token, peak_flops
+from fsdp_train.model import (
+    build_meta_model,
+    decoder_blocks,
+    hf_config,
+    init_weights,
+    load_pretrained_weights,
+)
+from fsdp_train.parallelize import Topology, build_mesh, parallelize, resolve_sharding
+
+FAIL_AT_STEP_ENV = "FSDP_TRAIN_FAIL_AT_STEP"
+"""Fault injection: raise after step N (and its checkpoint) unless the run resumed at or past N."""
+
+
+def random_tokens(
+    *, seed: int, step: int, micro: int, first_sample: int, samples: int, seq_len: int, vocab: int
+) -> torch.Tensor:
+    """Uniform random token ids; sample ``i`` of a step depends only on (seed, step, micro, i).
+
+    So the global batch is the same whatever the number of ranks, and a resumed run sees the same
+    data as an uninterrupted one.
+    """
+    rows = []
+    for i in range(first_sample, first_sample + samples):
+        digest = hashlib.sha256(f"{seed}:{step}:{micro}:{i}".encode()).digest()
+        gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+        rows.append(torch.randint(0, vocab, (seq_len,), generator=gen))
+    return torch.stack(rows)
+
+
+@dataclass(slots=True)
+class Host:
+    """What differs between torchrun and Ray Train: node address, checkpoints, extra metric backends."""
+
+    node_ip: str
+    checkpointer: Checkpointer = field(default_factory=NoCheckpoints)
+    backends: list[Backend] = field(default_factory=list)
+    env: MutableMapping[str, str] = field(default_factory=lambda: os.environ)
+
+
+def train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
+    """Run the whole job on this rank; return the ``Summary`` as a dict. Failures emit ``Failure``."""
+    try:
+        return _train(cfg, topo, host)
+    except BaseException as e:
+        emit(Failure(rank=topo.rank, message=f"{type(e).__name__}: {e}"))
+        raise
+
+
+def _device(topo: Topology) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(topo.device_index)
+        return torch.device("cuda", topo.device_index)
+    return torch.device("cpu")
+
+
+def _train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
+    env = host.env
+    device = _device(topo)
+    if device.type == "cuda":
+        report.prepare_nccl_debug(env)
+    owns_group = not dist.is_initialized()  # under Ray Train, Ray made the group and tears it down
+    if owns_group:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    summary = _run(cfg, topo, host, device)
+    # Only after success: a failed rank must exit, not wait in a barrier its peers may never reach
+    # (torchrun then stops the others). gloo can abort at exit without this barrier (environment.md).
+    if owns_group:
+        dist.barrier()
+        dist.destroy_process_group()
+    return summary
+
+
+def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> dict[str, Any]:
+    env = host.env
+    started = time.perf_counter()
+    emit(report.placement(topo, node_ip=host.node_ip, device=device, env=env))
+
+    # The first collective creates the NCCL communicator, whose log says which transport it chose.
+    first = torch.ones(1, device=device)
+    dist.all_reduce(first)
+    if first.item() != topo.world_size:
+        raise RuntimeError(f"first all-reduce gave {first.item()}, expected {topo.world_size}")
+    if device.type == "cuda":
+        emit(report.transport_from_nccl_log(topo.rank, env))
+    else:
+        emit(report.gloo_transport(topo.rank))
+
+    cross_node_gbps = _probe(cfg, topo, device)
+    sharding = resolve_sharding(cfg.sharding, topo.num_nodes, cross_node_gbps, cfg.min_cross_node_gbps)
+
+    model, optimizer, config = build(cfg, topo, sharding, device)
+    resumed_from = host.checkpointer.restore(model, optimizer)
+
+    device_name, _ = report.device_identity(device)
+    metrics = Metrics(
+        rank=topo.rank,
+        world_size=topo.world_size,
+        total_steps=cfg.steps,
+        flops_per_token=flops_per_token(config, cfg.seq_len),
+        peak=peak_flops(device_name) if device.type == "cuda" else None,
+        backends=[EventsBackend(), *host.backends],
+    )
+    fail_at = int(env.get(FAIL_AT_STEP_ENV, "0") or 0)
+    tokens_per_step = topo.world_size * cfg.tokens_per_rank_per_step
+    for step in range(resumed_from + 1, cfg.steps + 1):
+        t0 = time.perf_counter()
+        loss = train_step(cfg, topo, model, optimizer, step, sharding, device, config.vocab_size)
+        step_seconds = time.perf_counter() - t0
+        peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+        event = metrics.log(StepMetrics(step, loss, step_seconds, tokens_per_step, peak_mem))
+        if cfg.checkpoint_path and (
+            step == cfg.steps or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
+        ):
+            t1 = time.perf_counter()
+            where = host.checkpointer.save(model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu})
+            if topo.rank == 0:
+                emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
+        if fail_at and step == fail_at and resumed_from < fail_at:
+            raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
+
+    last_loss = metrics.last.loss if metrics.last else float("nan")
+    summary = Summary(
+        rank=topo.rank,
+        steps=cfg.steps,
+        final_loss=last_loss,
+        first_loss=metrics.first_loss if metrics.first_loss is not None else float("nan"),
+        tokens_per_second=metrics.mean_tokens_per_second,
+        mfu=metrics.mean_mfu,
+        seconds=time.perf_counter() - started,
+        sharding=sharding,
+        resumed_from_step=resumed_from,
+    )
+    emit(summary)
+    return as_dict(summary)
+
+
+def build(
+    cfg: TrainConfig, topo: Topology, sharding: str, device: torch.device
+) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """The sharded, initialised model, its AdamW optimizer and its Hugging Face config."""
+    config = hf_config(cfg)
+    model = build_meta_model(config)
+    mesh = build_mesh(topo, sharding, device.type)
+    parallelize(
+        model,
+        decoder_blocks(model),
+        mesh,
+        mixed_precision=cfg.mixed_precision,
+        activation_checkpointing=cfg.activation_checkpointing,
+        compile_blocks=cfg.compile,
+    )
+    if cfg.model_init == "pretrained":
+        load_pretrained_weights(model, cfg, device)
+    else:
+        init_weights(model, config, cfg.seed, device)
+    model.train()
+    # fused: one kernel for the whole update on GPU (DTensor parameters are supported by FSDP2).
+    on_gpu = device.type == "cuda"
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=cfg.learning_rate,
+        weight_decay=cfg.weight_decay,
+        fused=True if on_gpu else None,
+        foreach=None if on_gpu else True,
+    )
+    return model, optimizer, config
+
+
+def _probe(cfg: TrainConfig, topo: Topology, device: torch.device) -> float | None:
+    """Run the collective probes; return the cross-node all-reduce bus bandwidth when measured."""
+    if topo.world_size < 2 or not cfg.probe_size_bytes:
+        return None
+    result = report.probe(
+        rank=topo.rank,
+        scope="all",
+        group=None,
+        group_ranks=topo.world_size,
+        size_bytes=cfg.probe_size_bytes,
+        device=device,
+    )
+    _emit_from_rank0(topo, result)
+    if topo.num_nodes < 2:
+        return None
+    leaders = [node * topo.local_world_size for node in range(topo.num_nodes)]
+    group = dist.new_group(leaders)  # every rank must take part in creating the group
+    cross: Probe | None = None
+    if topo.rank in leaders:
+        cross = report.probe(
+            rank=topo.rank,
+            scope="cross-node",
+            group=group,
+            group_ranks=len(leaders),
+            size_bytes=cfg.probe_size_bytes,
+            device=device,
+        )
+        _emit_from_rank0(topo, cross)
+    # Everyone needs the same number for sharding=auto: rank 0 (a leader) tells the rest.
+    shared = [cross.allreduce_busbw_gbps if cross else None]
+    dist.broadcast_object_list(shared, src=0)
+    dist.destroy_process_group(group)
+    return float(shared[0]) if shared[0] is not None else None
+
+
+def _emit_from_rank0(topo: Topology, event: Probe) -> None:
+    if topo.rank == 0:
+        emit(event)
+
+
+def train_step(
+    cfg: TrainConfig,
+    topo: Topology,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    sharding: str,
+    device: torch.device,
+    vocab: int,
+) -> float:
+    """One optimizer step over ``grad_accum`` micro-batches; returns the loss averaged over all ranks."""
+    lr = cfg.learning_rate_at(step)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    total = torch.zeros((), device=device)
+    for micro in range(cfg.grad_accum):
+        last = micro == cfg.grad_accum - 1
+        if sharding == "hybrid" and cfg.grad_accum > 1:
+            # HSDP: reduce-scatter inside the node every micro-batch, all-reduce across nodes once.
+            model.set_requires_all_reduce(last)  # type: ignore[operator]
+        tokens = random_tokens(
+            seed=cfg.seed,
+            step=step,
+            micro=micro,
+            first_sample=topo.rank * cfg.batch_size_per_rank,
+            samples=cfg.batch_size_per_rank,
+            seq_len=cfg.seq_len,
+            vocab=vocab,
+        ).to(device, non_blocking=True)
+        loss = model(input_ids=tokens, labels=tokens).loss / cfg.grad_accum
+        loss.backward()
+        total += loss.detach()
+    if cfg.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    dist.all_reduce(total, op=dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
+    if device.type != "cuda":
+        total /= topo.world_size  # gloo has no AVG
+    return float(total.item())
+
+
+def run_from_env(cfg: TrainConfig) -> dict[str, Any]:
+    """Entry for torchrun: topology from torchrun's variables, checkpoints in ``cfg.checkpoint_path``."""
+    from fsdp_train.checkpoint import DirectoryCheckpoints
+
+    topo = Topology.from_torchrun_env(os.environ)
+    checkpointer: Checkpointer = DirectoryCheckpoints(cfg.checkpoint_path) if cfg.checkpoint_path else NoCheckpoints()
+    host = Host(node_ip=report.guess_node_ip(os.environ), checkpointer=checkpointer)
+    return train(cfg, topo, host)

@@ -1,0 +1,145 @@
+"""Training metrics as one component: the loop calls ``Metrics.log``; backends turn it into output.
+
+MFU follows ``docs/performance.md``: tokens/s/device x FLOPs/token / the device's dense bf16 peak.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fsdp_train.events import Step, emit
+
+# Dense bf16 tensor-core peaks in FLOP/s, matched against the CUDA device name (first match wins).
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H100", 989e12),
+    ("H200", 989e12),
+    ("H20", 148e12),
+    ("A100", 312e12),
+    ("A10G", 125e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+)
+
+
+def count_params(config: Any) -> int:
+    """Parameters of a Qwen2-style decoder (tied embedding counted once), from the config alone."""
+    d = config.hidden_size
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or d // heads
+    kv = config.num_key_value_heads * head_dim
+    q = heads * head_dim
+    attn = d * q + q + 2 * (d * kv + kv) + q * d  # q/k/v projections carry a bias, o_proj none
+    mlp = 3 * d * config.intermediate_size
+    block = attn + mlp + 2 * d  # two RMSNorm weights
+    embed = config.vocab_size * d
+    head = 0 if config.tie_word_embeddings else config.vocab_size * d
+    return int(config.num_hidden_layers * block + embed + head + d)  # + final norm
+
+
+def flops_per_token(config: Any, seq_len: int) -> float:
+    """Model FLOPs per trained token: 6·N + 12·L·d·s (docs/performance.md, PaLM appendix B).
+
+    N counts the tied embedding once, since it is the lm_head matmul; 12·L·d·s is attention's
+    score and value matmuls, forward and backward.
+    """
+    n = count_params(config)
+    return float(6 * n + 12 * config.num_hidden_layers * config.hidden_size * seq_len)
+
+
+def bus_bandwidth_gbps(kind: str, size_bytes: int, seconds: float, ranks: int) -> float:
+    """nccl-tests' bus bandwidth in GB/s: all-reduce size/t·2(n-1)/n, all-gather size/t·(n-1)/n."""
+    if seconds <= 0 or ranks < 2:
+        return 0.0
+    factor = {"all_reduce": 2 * (ranks - 1) / ranks, "all_gather": (ranks - 1) / ranks}[kind]
+    return size_bytes / seconds * factor / 1e9
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The dense bf16 peak of a device, or None for a CPU or an unknown GPU (then no MFU is reported)."""
+    for key, peak in PEAK_BF16_FLOPS:
+        if key in device_name:
+            return peak
+    return None
+
+
+def mfu(tokens_per_second_per_device: float, flops_per_token: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation in 0..1, or None without a known peak."""
+    if peak is None or peak <= 0:
+        return None
+    return tokens_per_second_per_device * flops_per_token / peak
+
+
+@dataclass(slots=True)
+class StepMetrics:
+    step: int
+    loss: float
+    step_seconds: float
+    tokens: int
+    """Tokens processed by all ranks in this step."""
+    peak_memory_bytes: int = 0
+
+
+class Backend(Protocol):
+    def log(self, step: Step) -> None: ...
+
+
+@dataclass(slots=True)
+class EventsBackend:
+    """Prints one ``Step`` event per step on rank 0."""
+
+    def log(self, step: Step) -> None:
+        emit(step)
+
+
+@dataclass(slots=True)
+class Metrics:
+    """Turns raw step timings into the ``Step`` event and keeps what the summary needs."""
+
+    rank: int
+    world_size: int
+    total_steps: int
+    flops_per_token: float
+    peak: float | None
+    backends: list[Backend] = field(default_factory=list)
+    first_loss: float | None = None
+    last: Step | None = None
+    _steps: int = 0
+    _tokens: int = 0
+    _seconds: float = 0.0
+
+    def log(self, m: StepMetrics) -> Step:
+        tps = m.tokens / m.step_seconds if m.step_seconds > 0 else 0.0
+        per_device = tps / self.world_size
+        event = Step(
+            rank=self.rank,
+            step=m.step,
+            total_steps=self.total_steps,
+            loss=m.loss,
+            tokens_per_second=tps,
+            tokens_per_second_per_device=per_device,
+            mfu=mfu(per_device, self.flops_per_token, self.peak),
+            step_seconds=m.step_seconds,
+            peak_memory_bytes=m.peak_memory_bytes,
+        )
+        if self.first_loss is None:
+            self.first_loss = m.loss
+        self.last = event
+        # The first step of a run pays for compilation and allocator warm-up; the mean leaves it out.
+        self._steps += 1
+        if self._steps == 2:
+            self._tokens, self._seconds = 0, 0.0
+        self._tokens += m.tokens
+        self._seconds += m.step_seconds
+        if self.rank == 0:
+            for backend in self.backends:
+                backend.log(event)
+        return event
+
+    @property
+    def mean_tokens_per_second(self) -> float:
+        return self._tokens / self._seconds if self._seconds > 0 else 0.0
+
+    @property
+    def mean_mfu(self) -> float | None:
+        return mfu(self.mean_tokens_per_second / self.world_size, self.flops_per_token, self.peak)

@@ -1,0 +1,141 @@
+"""Model construction for the training function: the architecture on the meta device, then sharded init."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, cast
+
+import torch
+from torch import nn
+
+from fsdp_train.config import TrainConfig
+
+# Qwen/Qwen2.5-1.5B's config.json, kept in code so that ``model_init: random`` needs no network access.
+QWEN25_1_5B: dict[str, Any] = {
+    "model_type": "qwen2",
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 1536,
+    "initializer_range": 0.02,
+    "intermediate_size": 8960,
+    "max_position_embeddings": 131072,
+    "max_window_layers": 28,
+    "num_attention_heads": 12,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+KNOWN_CONFIGS: dict[str, dict[str, Any]] = {"Qwen/Qwen2.5-1.5B": QWEN25_1_5B}
+
+
+def hf_config(cfg: TrainConfig) -> Any:
+    """The Hugging Face config of the model to train, with ``model_overrides`` applied."""
+    from transformers import AutoConfig, Qwen2Config
+
+    overrides = dict(cfg.model_overrides)
+    if cfg.model in KNOWN_CONFIGS and cfg.model_init == "random":
+        merged = {k: v for k, v in KNOWN_CONFIGS[cfg.model].items() if k != "model_type"} | overrides
+        for token in ("bos_token_id", "eos_token_id"):
+            # A shrunken vocabulary (tests) no longer holds the special tokens; they play no part here.
+            if token not in overrides and merged[token] >= merged["vocab_size"]:
+                merged[token] = None
+        config = Qwen2Config(**merged)
+    else:
+        config = AutoConfig.from_pretrained(cfg.model, **overrides)
+    config.use_cache = False
+    return config
+
+
+def build_meta_model(config: Any) -> nn.Module:
+    """The model on the meta device: no memory, no init; ``parallelize`` shards it, then ``init_weights``."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+            config, attn_implementation="sdpa", dtype=torch.float32
+        )
+    return cast(nn.Module, model)
+
+
+def decoder_blocks(model: nn.Module) -> nn.ModuleList:
+    """The transformer blocks of a Hugging Face causal LM (``model.model.layers``)."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"training.model: {type(model).__name__} has no model.layers to shard per block.")
+    return layers
+
+
+def canonical_name(name: str) -> str:
+    """The parameter's name as in the plain model, without wrapper prefixes (checkpointing, compile)."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
+def _param_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, config: Any, seed: int, device: torch.device) -> None:
+    """Materialize a meta (possibly sharded) model on ``device`` and give it its random init.
+
+    Each parameter's full value comes from a generator seeded by (seed, name), and each rank keeps
+    its own shard of it, so the weights do not depend on how the model is sharded: an FSDP run and a
+    single-process run start from the same point. Init follows Hugging Face's for Qwen2: normal(0,
+    initializer_range) for matrices and embeddings, zero biases, ones for RMSNorm.
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    model.to_empty(device=device)
+    std = float(config.initializer_range)
+    for name, param in model.named_parameters():
+        shape = param.shape
+        if name.endswith("bias"):
+            full = torch.zeros(shape, device=device)
+        elif "norm" in name:
+            full = torch.ones(shape, device=device)
+        else:
+            gen = torch.Generator(device=device).manual_seed(_param_seed(seed, canonical_name(name)))
+            full = torch.empty(shape, device=device).normal_(0.0, std, generator=gen)
+        if isinstance(param, DTensor):
+            # src_data_rank=None: every rank holds the same full tensor; slice locally, no broadcast.
+            shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+            param.to_local().copy_(shard.to_local())
+        else:
+            param.copy_(full)
+    _rebuild_rotary(model, config, device)
+
+
+def _rebuild_rotary(model: nn.Module, config: Any, device: torch.device) -> None:
+    # Rotary frequencies are non-persistent buffers: meta -> to_empty leaves them uninitialised.
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child).__name__.endswith("RotaryEmbedding"):
+                with torch.device(device):  # transformers >= 5.17 deprecates its ``device`` argument
+                    setattr(parent, child_name, type(child)(config=config))
+
+
+def load_pretrained_weights(model: nn.Module, cfg: TrainConfig, device: torch.device) -> None:
+    """Materialize the sharded model and fill it from ``cfg.model``'s weights, read by rank 0 only."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    model.to_empty(device=device)
+    full: dict[str, Any] = {}
+    if dist.get_rank() == 0:
+        loaded = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32, **cfg.model_overrides)
+        full = loaded.state_dict()
+    set_model_state_dict(
+        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    )
+    _rebuild_rotary(model, model.config, device)

@@ -1,0 +1,187 @@
+"""Ray job entrypoint: ``python -m fsdp_train.ray_entry --config-json '<JSON>'`` runs the loop in TorchTrainer.
+
+The JSON: ``{"train": {TrainConfig}, "scaling": {"num_workers": 4, "use_gpu": false,
+"resources_per_worker": {"CPU": 1}}, "max_failures": 0, "storage_path": "/shared/or/s3://..." | null,
+"name": "job-name"}``. Ray's checkpoints go to ``storage_path`` (or, when that is null, to the training
+config's ``checkpoint_path``) under ``name``; a restarted worker group resumes from the latest one.
+Exits 1 with a one-line ``fsdp_train: training failed: ...`` on stderr when training fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsdp_train.config import TrainConfig
+
+# Per-rank event lines survive Ray's log handling only without dedup and without Train's print patch
+# (../shared/notes/environment.md). Train V2 passes RAY_TRAIN_* variables from driver to workers.
+RAY_LOG_ENV = {"RAY_DEDUP_LOGS": "0", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
+
+_TOP_KEYS = {"train", "scaling", "max_failures", "storage_path", "name"}
+_SCALING_KEYS = {"num_workers", "use_gpu", "resources_per_worker"}
+
+
+@dataclass(kw_only=True, slots=True)
+class RayJobConfig:
+    """The entrypoint's whole input: the training config plus how Ray should run it."""
+
+    train: TrainConfig
+    num_workers: int = 1
+    use_gpu: bool = False
+    resources_per_worker: dict[str, float] = field(default_factory=dict)
+    max_failures: int = 0
+    """Worker-group restarts Ray may make before the job fails."""
+    storage_path: str | None = None
+    name: str = "fsdp-train"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RayJobConfig:
+        if not isinstance(d, dict):
+            raise ValueError("the entrypoint config must be a JSON object.")
+        unknown = sorted(set(d) - _TOP_KEYS)
+        if unknown:
+            raise ValueError(f"{unknown[0]} is not a known entrypoint field (known: {', '.join(sorted(_TOP_KEYS))}).")
+        scaling = d.get("scaling") or {}
+        if not isinstance(scaling, dict):
+            raise ValueError("scaling must be a mapping.")
+        unknown = sorted(set(scaling) - _SCALING_KEYS)
+        if unknown:
+            raise ValueError(f"scaling.{unknown[0]} is not a known field (known: {', '.join(sorted(_SCALING_KEYS))}).")
+        num_workers = scaling.get("num_workers", 1)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers <= 0:
+            raise ValueError(f"scaling.num_workers must be an integer greater than 0, got {num_workers!r}.")
+        use_gpu = scaling.get("use_gpu", False)
+        if not isinstance(use_gpu, bool):
+            raise ValueError(f"scaling.use_gpu must be true or false, got {use_gpu!r}.")
+        resources = scaling.get("resources_per_worker") or {}
+        if not isinstance(resources, dict) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in resources.values()
+        ):
+            raise ValueError(f"scaling.resources_per_worker must map names to numbers, got {resources!r}.")
+        max_failures = d.get("max_failures", 0)
+        if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < -1:
+            raise ValueError(f"max_failures must be an integer of -1 (unlimited) or more, got {max_failures!r}.")
+        storage_path = d.get("storage_path")
+        if storage_path is not None and not isinstance(storage_path, str):
+            raise ValueError(f"storage_path must be a string or null, got {storage_path!r}.")
+        name = d.get("name") or "fsdp-train"
+        if not isinstance(name, str):
+            raise ValueError(f"name must be a string, got {name!r}.")
+        return cls(
+            train=TrainConfig.from_dict(d.get("train") or {}),
+            num_workers=num_workers,
+            use_gpu=use_gpu,
+            resources_per_worker={k: float(v) for k, v in resources.items()},
+            max_failures=max_failures,
+            storage_path=storage_path or None,
+            name=name,
+        )
+
+    @property
+    def run_storage(self) -> str | None:
+        """Where Ray keeps the run's checkpoints; None: Ray's default (``~/ray_results``)."""
+        return self.storage_path or self.train.checkpoint_path or None
+
+
+def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
+    """What each Ray Train worker runs: the torchrun loop with Ray's topology and checkpoints."""
+    import ray.train
+    import ray.util
+
+    from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, RayCheckpoints
+    from fsdp_train.loop import Host, train
+    from fsdp_train.parallelize import Topology
+
+    cfg = TrainConfig.from_dict(loop_config["train"])
+    ctx = ray.train.get_context()
+    device_index = None
+    if loop_config.get("use_gpu"):
+        import ray.train.torch
+
+        device_index = ray.train.torch.get_device().index
+    topo = Topology.from_values(
+        rank=ctx.get_world_rank(),
+        world_size=ctx.get_world_size(),
+        local_rank=ctx.get_local_rank(),
+        local_world_size=ctx.get_local_world_size(),
+        node_rank=ctx.get_node_rank(),
+        device_index=device_index,
+    )
+    checkpointer: Checkpointer = RayCheckpoints() if cfg.checkpoint_path else NoCheckpoints()
+    node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+    host = Host(node_ip=node_ip, checkpointer=checkpointer)
+    return train(cfg, topo, host)
+
+
+def one_line(error: BaseException) -> str:
+    """The root cause in one line: the last ``SomeError: message`` line of the text, else its first line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if head.endswith(("Error", "Exception", "Interrupt")) and " " not in head:
+            return line
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def run(job: RayJobConfig) -> dict[str, Any]:
+    """Fit the TorchTrainer; return rank 0's summary. ``RAY_LOG_ENV`` must be in the environment already."""
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    if not ray.is_initialized():
+        ray.init()
+    trainer = TorchTrainer(
+        train_fn_per_worker,  # type: ignore[arg-type]  # Train V2 hands rank 0's return value back
+        train_loop_config={"train": job.train.to_dict(), "use_gpu": job.use_gpu},
+        scaling_config=ScalingConfig(
+            num_workers=job.num_workers,
+            use_gpu=job.use_gpu,
+            resources_per_worker=job.resources_per_worker or None,
+        ),
+        run_config=RunConfig(
+            name=job.name,
+            storage_path=job.run_storage,
+            failure_config=FailureConfig(max_failures=job.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+        ),
+    )
+    try:
+        result = trainer.fit()
+    finally:
+        # Disconnect first, so that Ray's own shutdown chatter comes before the job's last line.
+        ray.shutdown()
+    if result.error is not None:
+        raise result.error
+    summary = getattr(result, "return_value", None)
+    return summary if isinstance(summary, dict) else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Before Ray is imported: it reads RAY_DEDUP_LOGS once, at import.
+    os.environ.update(RAY_LOG_ENV)
+    parser = argparse.ArgumentParser(prog="python -m fsdp_train.ray_entry", description=__doc__)
+    parser.add_argument("--config-json", required=True, help="the entrypoint config as one JSON object")
+    args = parser.parse_args(argv)
+    try:
+        job = RayJobConfig.from_dict(json.loads(args.config_json))
+    except ValueError as e:  # json.JSONDecodeError is a ValueError too
+        print(f"fsdp_train: invalid config: {e}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        summary = run(job)
+    except Exception as e:
+        print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        print(f"fsdp_train: training failed: {one_line(e)}", file=sys.stderr, flush=True)
+        return 1
+    print(f"fsdp_train: training finished: {json.dumps(summary, sort_keys=True)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
