@@ -7,35 +7,31 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from fsdp_operator.local.kuberay import marked_processes
+from fsdp_operator.local.run import RUN_MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-cpu.yaml"
-RAY_DAEMONS = ("raylet", "gcs_server", "ray::", "dashboard.py", "fsdp_operator.cli")
 
 pytestmark = pytest.mark.e2e
 
 
-def live_ray_processes() -> set[int]:
-    """Pids of Ray daemons and operator processes on this machine (zombies excluded)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and any(name in cmdline for name in RAY_DAEMONS):
-            found.add(int(entry.name))
-    return found
+def assert_nothing_left(output: str) -> None:
+    match = re.search(r"work dir (\S+)", output)
+    assert match, output[-2000:]
+    deadline = time.monotonic() + 10
+    while (left := marked_processes(f"{RUN_MARKER}={match.group(1)}")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"processes left behind: {left}"
 
 
 def run_local(
@@ -43,7 +39,6 @@ def run_local(
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     fsdpctl = Path(sys.executable).with_name("fsdpctl")
     status_file = tmp_path / "job.json"
-    before = live_ray_processes()
     proc = subprocess.run(
         [str(fsdpctl), "run-local", "-f", str(job), "--status-out", str(status_file), "--timeout", "300"],
         capture_output=True,
@@ -52,8 +47,7 @@ def run_local(
         check=False,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    left = live_ray_processes() - before
-    assert not left, f"processes left behind: {left}\n{proc.stdout[-3000:]}"
+    assert_nothing_left(proc.stdout)
     job_object = json.loads(status_file.read_text()) if status_file.exists() else {}
     return proc, job_object
 
@@ -114,9 +108,7 @@ def test_bad_yaml_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("apiVersion: fsdp.dev/v1alpha1\nkind: FSDPTrainingJob\nmetadata: {name: x}\nspec: {workers: [\n")
     fsdpctl = Path(sys.executable).with_name("fsdpctl")
-    before = live_ray_processes()
     proc = subprocess.run([str(fsdpctl), "run-local", "-f", str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "not valid YAML" in proc.stderr and "Traceback" not in proc.stderr
-    assert proc.stdout == ""
-    assert live_ray_processes() - before == set()
+    assert proc.stdout == ""  # nothing started: no API server, no work dir, no Ray

@@ -91,6 +91,9 @@ def now_rfc3339() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+NODE_MARKER = "FSDP_LOCAL_RAY_NODE"
+
+
 @dataclass
 class RayNode:
     """One `ray start --block` process group: a head or a worker 'pod'."""
@@ -99,6 +102,12 @@ class RayNode:
     ip: str
     process: asyncio.subprocess.Process
     log_path: Path
+    temp_dir: Path
+
+    @property
+    def marker(self) -> str:
+        """The environment entry every process of this node inherits."""
+        return f"{NODE_MARKER}={self.temp_dir}"
 
     @property
     def pgid(self) -> int:
@@ -144,6 +153,9 @@ class LocalKubeRay:
         self.workdir = workdir
         self.max_worker_cpus = max_worker_cpus
         self.clusters: dict[tuple[str, str], LocalCluster] = {}
+        self.started: list[RayNode] = []
+        """Every Ray node ever started, to verify that none outlives its cluster."""
+        self._teardowns: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
         self._next_ip = 2  # 127.0.0.1 stays free for the API server and the operator
         # The Ray a job runs with is the one on PATH when `ray start` ran: this interpreter's.
@@ -227,7 +239,9 @@ class LocalKubeRay:
         if kind == "DELETED" or meta.get("deletionTimestamp"):
             cluster = self.clusters.pop(key, None)
             if cluster is not None:
-                asyncio.get_running_loop().create_task(self._teardown(cluster))
+                task = asyncio.get_running_loop().create_task(self._teardown(cluster))
+                self._teardowns.add(task)
+                task.add_done_callback(self._teardowns.discard)
         elif key not in self.clusters:
             workdir = self.workdir / f"c{len(self.clusters)}"  # short: Ray socket paths max 107 bytes
             cluster = LocalCluster(meta["namespace"], meta["name"], meta.get("uid", ""), workdir)
@@ -254,6 +268,7 @@ class LocalKubeRay:
         log_path = cluster.workdir / f"{pod_name}.log"
         process_env = {**os.environ, **env, "PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', '')}"}
         process_env["RAY_USAGE_STATS_ENABLED"] = "0"
+        process_env[NODE_MARKER] = str(temp_dir)
         command = [
             str(self._bin / "ray"),
             "start",
@@ -270,8 +285,9 @@ class LocalKubeRay:
             process = await asyncio.create_subprocess_exec(
                 *command, stdout=out, stderr=asyncio.subprocess.STDOUT, env=process_env, start_new_session=True
             )
-        node = RayNode(pod_name, ip, process, log_path)
+        node = RayNode(pod_name, ip, process, log_path, temp_dir)
         cluster.nodes.append(node)
+        self.started.append(node)
         return node
 
     async def _alive_nodes(self, cluster: LocalCluster) -> list[Obj]:
@@ -385,17 +401,20 @@ class LocalKubeRay:
             with contextlib.suppress(RuntimeError, aiohttp.ClientError):
                 await self._request("DELETE", f"/api/v1/namespaces/{cluster.namespace}/pods/{node.pod_name}")
 
+    @property
+    def busy(self) -> bool:
+        """Clusters exist, or some are still being torn down."""
+        return bool(self.clusters or self._teardowns)
+
     async def close(self) -> None:
-        """Stop every cluster's processes (what a cluster teardown would do), then the HTTP session."""
+        """Finish teardowns in flight, stop every remaining cluster's processes, then the HTTP session."""
         clusters, self.clusters = list(self.clusters.values()), {}
-        for cluster in clusters:
-            await self._teardown(cluster)
+        await asyncio.gather(*self._teardowns, *(self._teardown(c) for c in clusters))
+        # Belt and braces: nothing this stand-in started may outlive it.
+        await stop_nodes([n for n in self.started if marked_processes(n.marker)])
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    def pids(self) -> list[int]:
-        return [n.process.pid for c in self.clusters.values() for n in c.nodes if n.process.returncode is None]
 
 
 async def stop_nodes(nodes: list[RayNode]) -> None:
@@ -408,23 +427,32 @@ async def stop_nodes(nodes: list[RayNode]) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(node.process.wait(), max(0.1, deadline - time.monotonic()))
     for node in nodes:
-        # Ray's daemons (gcs_server, raylet, workers) share the group and can outlive `ray start`.
+        # Ray's daemons (gcs_server, raylet) share the group and can outlive `ray start`.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(node.pgid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             await node.process.wait()
+        # Ray's worker processes start sessions of their own; they still carry the node's marker.
+        kill_marked(node.marker)
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process of this process group still exists (zombies excluded)."""
+def marked_processes(marker: str) -> list[int]:
+    """Live processes (zombies excluded) whose environment holds `marker` (a `NAME=value` string)."""
+    wanted, found = marker.encode(), []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            stat = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            return True
-    return False
+        if state != "Z" and wanted in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def kill_marked(marker: str) -> None:
+    for pid in marked_processes(marker):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)

@@ -26,12 +26,13 @@ import yaml
 
 from fsdp_operator import schema
 from fsdp_operator.local.apiserver import ApiServer
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, group_alive
+from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, marked_processes
 
 Obj = dict[str, Any]
 
 EXIT_SUCCEEDED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 TERMINAL_PHASES = {"Succeeded", "Failed"}
+RUN_MARKER = "FSDP_RUN_LOCAL"
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 
 
@@ -205,15 +206,13 @@ class LocalRun:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             code, _ = await self._get(self.job_path)
-            if code == 404 and not self.kuberay.clusters:
+            if code == 404 and not self.kuberay.busy:
                 return True
             await asyncio.sleep(0.5)
         return False
 
     async def stop(self) -> list[int]:
-        """Stop everything started here; return the process groups that were still alive afterwards."""
-        groups = [self.operator.pid] if self.operator else []
-        groups += [n.pgid for c in self.kuberay.clusters.values() for n in c.nodes]
+        """Stop everything started here; return the pids that were still alive afterwards."""
         if self.operator is not None and self.operator.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.operator.pid, signal.SIGTERM)
@@ -230,11 +229,13 @@ class LocalRun:
         if self.http is not None:
             await self.http.close()
         await self.api.stop()
-        return [g for g in groups if group_alive(g)]
+        return marked_processes(f"{RUN_MARKER}={self.workdir}")
 
 
 async def _run(manifest: Obj, keep: bool, timeout: float, out: TextIO, status_out: str | None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="fsdp-local-"))
+    # Every process started below inherits this marker, so a leftover can be traced to its run.
+    os.environ[RUN_MARKER] = str(workdir)
     run = LocalRun(manifest, workdir, out)
     started = time.monotonic()
     progress = Progress(out, started)
@@ -288,7 +289,7 @@ async def _run(manifest: Obj, keep: bool, timeout: float, out: TextIO, status_ou
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         if left:
-            progress.line(f"warning: process groups still alive after stop: {left}")
+            progress.line(f"warning: processes still alive after stop: {left}")
         else:
             progress.line("stopped every process this run started")
         stand_in_log.removeHandler(handler)
