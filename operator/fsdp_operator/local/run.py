@@ -71,6 +71,8 @@ class Progress:
 
     def show(self, status: Obj) -> None:
         phase = status.get("phase", "")
+        if not phase:
+            return  # the operator has not written a status yet
         reason, message = status.get("reason", ""), status.get("message", "")
         self.once(f"phase-{phase}-{reason}", f"phase {phase}" + (f" ({reason}: {message})" if reason else ""))
         if workers := status.get("workers"):
@@ -100,6 +102,16 @@ class Progress:
                 progress.get("loss"),
                 progress.get("tokensPerSecond"),
             )
+
+
+# The fields a reader looks for first, in this order; the rest follow as the operator wrote them.
+STATUS_ORDER = ("phase", "reason", "message", "workers", "startTime", "endTime", "attempts", "result", "progress",
+                "transport", "interconnect", "ranks", "conditions")  # fmt: skip
+
+
+def readable(status: Obj) -> Obj:
+    first = {key: status[key] for key in STATUS_ORDER if key in status}
+    return {**first, **{key: value for key, value in status.items() if key not in first}}
 
 
 def format_table(table: Obj) -> str:
@@ -266,7 +278,7 @@ async def _run(manifest: Obj, keep: bool, timeout: float, out: TextIO, status_ou
         status = job.get("status", {})
         if status_out:
             Path(status_out).write_text(json.dumps(job, indent=2))
-        out.write("\n--- final status ---\n" + yaml.safe_dump(status, sort_keys=False, width=120))
+        out.write("\n--- final status ---\n" + yaml.safe_dump(readable(status), sort_keys=False, width=120))
         out.write("\n" + await run.table() + "\n")
         code = EXIT_SUCCEEDED if status.get("phase") == "Succeeded" else EXIT_FAILED
         if code == EXIT_FAILED:
