@@ -1,21 +1,25 @@
 """Training throughput benchmark (GPU, torchrun): the reference sample's recipe against ours, side by side.
 
-    torchrun --nproc-per-node 2 bench/train_throughput.py --seq-len 2048 --batch 8 --steps 12 --warmup 4
+    torchrun --nproc-per-node 2 bench/train_throughput.py --seq-len 2048 --batch 8 --steps 12 --warmup 4 \
+        --recipes seed,ours,ours-final
 
-Every recipe runs in the same invocation on the same GPUs with the same seed and the same random
-token ids, one after the other (memory is freed in between). Recipes:
+Every recipe runs in the same invocation on the same GPUs with the same seed, the same initial weights
+(``fsdp_train.model.init_weights``: each parameter from a generator seeded by its name) and the same
+random token ids, one after the other (memory is freed in between). Recipes:
 
 - ``seed``: the reference sample, as ``docs/performance.md`` defines it: FSDP1 FULL_SHARD with a
   size-based wrap at 1e7 parameters, bf16 weights and AdamW state (no mixed-precision policy),
   ``torch.optim.AdamW(lr=2e-5)``, ``loss = model(input_ids=x, labels=x).loss``.
-- ``ours``: ``fsdp_train``'s loop step: FSDP2 per decoder block + root, fp32 master weights with
-  bf16 compute and fp32 gradient reduction, fused AdamW, gradient clipping.
-- ``ours-compile``: the same with ``torch.compile`` per block.
-- ``ours-ac``: the same as ``ours`` with activation checkpointing.
+- ``ours...``: ``fsdp_train``'s own ``build`` and ``train_step`` (FSDP2 per decoder block + root, fp32
+  master weights with bf16 compute and fp32 gradient reduction, fused AdamW, gradient clipping), with
+  the ``TrainConfig`` fields that ``VARIANTS`` names; ``ours-final`` is the recommended GPU setting.
 
-Printed per recipe: median tokens/s/GPU over the timed steps, MFU (6·N + 12·L·d·s FLOPs per token,
-989 TFLOP/s peak for H100/H200), peak memory, the loss after the last step, and the ratio to the
-first recipe. Needs torch and transformers only (no Ray).
+A suffix sets the batch per GPU and the micro-batches per step: ``ours-final@b16``, ``ours-final@b8a2``.
+
+Printed per recipe: median tokens/s/GPU over the timed steps (each step timed on its slowest rank),
+MFU (6·N + 12·L·d·s FLOPs per token, 989 TFLOP/s peak for H100/H200), peak memory, the loss after
+the last step, and the ratio to the first recipe. ``--json`` also keeps every step's loss. Needs
+torch and transformers only (no Ray).
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,29 +44,75 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from fsdp_train.config import TrainConfig
 from fsdp_train.loop import build, random_tokens, train_step
 from fsdp_train.metrics import flops_per_token, mfu, peak_flops
-from fsdp_train.model import hf_config
+from fsdp_train.model import hf_config, init_weights
 from fsdp_train.parallelize import Topology
 
-RECIPES = ("seed", "ours", "ours-compile", "ours-ac")
+VARIANTS: dict[str, dict[str, Any]] = {
+    # the first measured table's recipes: Hugging Face's loss, eager or per-block compile
+    "ours": {"compile": False, "loss_chunk_tokens": 0},
+    "ours-compile": {"compile": True, "loss_chunk_tokens": 0},
+    # levers, one at a time on top of ours-compile
+    "ours-chunked": {"compile": True, "loss_chunk_tokens": 4096},
+    "ours-chunked8k": {"compile": True, "loss_chunk_tokens": 8192},
+    "ours-gathered": {"compile": True, "loss_chunk_tokens": 0, "reshard_after_forward": False},
+    "ours-ac": {"compile": True, "activation_checkpointing": True},
+    "ours-eager-chunked": {"compile": False, "loss_chunk_tokens": 4096},
+    # what docs/performance.md recommends on GPUs
+    "ours-final": {"compile": True, "loss_chunk_tokens": 4096, "reshard_after_forward": False},
+}
+RECIPES = ("seed", *VARIANTS)
 
 
 @dataclass
 class Result:
     recipe: str
+    batch: int
+    grad_accum: int
     tokens_per_s_per_gpu: float
     mfu: float | None
     peak_memory_gib: float
     final_loss: float
     median_step_s: float
+    losses: list[float] = field(default_factory=list)
 
 
-def _tokens(args: argparse.Namespace, rank: int, step: int, vocab: int, device: torch.device) -> torch.Tensor:
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    """``seed`` or a key of ``VARIANTS``."""
+    batch: int
+    grad_accum: int = 1
+
+    @property
+    def label(self) -> str:
+        return self.name + (f"@b{self.batch}" + (f"a{self.grad_accum}" if self.grad_accum > 1 else ""))
+
+
+def parse_recipe(text: str, default_batch: int) -> Recipe:
+    """``name`` or ``name@bB`` or ``name@bBaA`` (batch per GPU B, A micro-batches per step)."""
+    name, _, suffix = text.partition("@")
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; choose from {', '.join(RECIPES)}")
+    batch, accum = default_batch, 1
+    if suffix:
+        head, _, tail = suffix.partition("a")
+        if not head.startswith("b") or not head[1:].isdigit() or (tail and not tail.isdigit()):
+            raise ValueError(f"bad recipe suffix {suffix!r}: want bB or bBaA, e.g. b16 or b8a2")
+        batch, accum = int(head[1:]), int(tail or 1)
+    if name == "seed" and accum != 1:
+        raise ValueError("the seed recipe has no gradient accumulation")
+    return Recipe(name, batch, accum)
+
+
+def _tokens(
+    args: argparse.Namespace, batch: int, rank: int, step: int, vocab: int, device: torch.device
+) -> torch.Tensor:
     return random_tokens(
         seed=args.seed,
         step=step,
         micro=0,
-        first_sample=rank * args.batch,
-        samples=args.batch,
+        first_sample=rank * batch,
+        samples=batch,
         seq_len=args.seq_len,
         vocab=vocab,
     ).to(device)
@@ -78,15 +129,19 @@ def _global_mean(value: torch.Tensor) -> float:
     return float(value.item()) / dist.get_world_size()
 
 
-def run_seed(args: argparse.Namespace, topo: Topology, device: torch.device) -> tuple[list[float], float]:
+def run_seed(
+    args: argparse.Namespace, recipe: Recipe, topo: Topology, device: torch.device
+) -> tuple[list[float], list[float]]:
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
     from transformers import AutoModelForCausalLM
 
     config = hf_config(TrainConfig(model=args.model, seq_len=args.seq_len, model_overrides=args.overrides))
-    torch.manual_seed(args.seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
-    model = model.to(device)  # ray.train.torch.prepare_model moves the model first, then wraps it
+    # from_config(dtype=bfloat16) in the sample; here the same architecture from the meta device, then
+    # the name-seeded init that ours uses, rounded to bf16: both recipes start from the same weights.
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    init_weights(model, config, args.seed, device)
     model = FullyShardedDataParallel(
         model,
         auto_wrap_policy=partial(size_based_auto_wrap_policy, min_num_params=int(1e7)),
@@ -94,9 +149,9 @@ def run_seed(args: argparse.Namespace, topo: Topology, device: torch.device) -> 
         **({"device_id": device} if device.type == "cpu" else {}),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
-    times, loss_value = [], float("nan")
+    times, losses = [], []
     for step in range(1, args.warmup + args.steps + 1):
-        x = _tokens(args, topo.rank, step, config.vocab_size, device)
+        x = _tokens(args, recipe.batch, topo.rank, step, config.vocab_size, device)
         _sync(device)
         t0 = time.perf_counter()
         loss = model(input_ids=x, labels=x).loss
@@ -106,40 +161,40 @@ def run_seed(args: argparse.Namespace, topo: Topology, device: torch.device) -> 
         _sync(device)
         if step > args.warmup:
             times.append(time.perf_counter() - t0)
-        loss_value = _global_mean(loss)
+        losses.append(_global_mean(loss))
     del model, optimizer
-    return times, loss_value
+    return times, losses
 
 
 def run_ours(
-    args: argparse.Namespace, topo: Topology, device: torch.device, *, compile_blocks: bool, ac: bool
-) -> tuple[list[float], float]:
+    args: argparse.Namespace, recipe: Recipe, topo: Topology, device: torch.device
+) -> tuple[list[float], list[float]]:
     cfg = TrainConfig(
         model=args.model,
         seq_len=args.seq_len,
-        batch_size_per_rank=args.batch,
+        batch_size_per_rank=recipe.batch,
+        grad_accum=recipe.grad_accum,
         steps=args.warmup + args.steps,
         learning_rate=2e-5,
         lr_schedule="constant",
         sharding="full",
         mixed_precision="bf16",
-        compile=compile_blocks,
-        activation_checkpointing=ac,
         seed=args.seed,
         probe_size_bytes=0,
         model_overrides=args.overrides,
+        **VARIANTS[recipe.name],
     )
     model, optimizer, config = build(cfg, topo, "full", device)
-    times, loss_value = [], float("nan")
+    times, losses = [], []
     for step in range(1, cfg.steps + 1):
         _sync(device)
         t0 = time.perf_counter()
-        loss_value = train_step(cfg, topo, model, optimizer, step, "full", device, config.vocab_size)
+        losses.append(train_step(cfg, topo, model, optimizer, step, "full", device, config.vocab_size))
         _sync(device)
         if step > args.warmup:
             times.append(time.perf_counter() - t0)
     del model, optimizer
-    return times, loss_value
+    return times, losses
 
 
 def main() -> int:
@@ -150,16 +205,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=12, help="timed steps (the median is reported)")
     parser.add_argument("--warmup", type=int, default=4, help="untimed steps first")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--recipes", default="seed,ours,ours-compile", help=f"comma-separated of {RECIPES}")
+    parser.add_argument(
+        "--recipes", default="seed,ours-final", help=f"comma-separated of {RECIPES}, each with an optional @bBaA"
+    )
     parser.add_argument("--json", default="", help="also write the results to this file (rank 0)")
     parser.add_argument(
         "--overrides", type=json.loads, default={}, help="JSON of Hugging Face config overrides (smaller models)"
     )
     args = parser.parse_args()
-    recipes = [r for r in args.recipes.split(",") if r]
-    unknown = [r for r in recipes if r not in RECIPES]
-    if unknown:
-        parser.error(f"unknown recipe {unknown[0]!r}; choose from {', '.join(RECIPES)}")
+    try:
+        recipes = [parse_recipe(r, args.batch) for r in args.recipes.split(",") if r]
+    except ValueError as e:
+        parser.error(str(e))
     topo = Topology.from_torchrun_env(os.environ)
     if torch.cuda.is_available():
         torch.cuda.set_device(topo.device_index)
@@ -173,45 +230,60 @@ def main() -> int:
     config = hf_config(TrainConfig(model=args.model, seq_len=args.seq_len, model_overrides=args.overrides))
     fpt = flops_per_token(config, args.seq_len)
     peak = peak_flops(device_name) if device.type == "cuda" else None
-    tokens_per_gpu_step = args.batch * args.seq_len
     if topo.rank == 0:
+        import transformers
+
         print(
-            f"# {topo.world_size}x {device_name}, torch {torch.__version__}, "
-            f"seq {args.seq_len}, batch {args.batch}/GPU ({tokens_per_gpu_step} tokens/GPU/step), "
+            f"# {topo.world_size}x {device_name}, torch {torch.__version__}, transformers "
+            f"{transformers.__version__}, seq {args.seq_len}, default batch {args.batch}/GPU, "
             f"{args.warmup} warm-up + {args.steps} timed steps, {fpt / 1e9:.2f} GFLOP/token",
             flush=True,
         )
 
     results: list[Result] = []
     for recipe in recipes:
+        # Fresh compile caches per recipe: dynamo's recompile limit must not turn a later recipe eager.
+        torch._dynamo.reset()
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        if recipe == "seed":
-            times, loss = run_seed(args, topo, device)
-        else:
-            times, loss = run_ours(args, topo, device, compile_blocks=recipe == "ours-compile", ac=recipe == "ours-ac")
+        run = run_seed if recipe.name == "seed" else run_ours
+        times, losses = run(args, recipe, topo, device)
         peak_mem = torch.tensor(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0, device=device)
         dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
         slowest = torch.tensor(times, device=device, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
         median = statistics.median(slowest.tolist())
-        tps = tokens_per_gpu_step / median
-        result = Result(recipe, tps, mfu(tps, fpt, peak), peak_mem.item() / 2**30, loss, median)
+        tps = recipe.batch * recipe.grad_accum * args.seq_len / median
+        result = Result(
+            recipe.label,
+            recipe.batch,
+            recipe.grad_accum,
+            tps,
+            mfu(tps, fpt, peak),
+            peak_mem.item() / 2**30,
+            losses[-1],
+            median,
+            losses,
+        )
         results.append(result)
         if topo.rank == 0:
-            print(f"# done {recipe}: {json.dumps(asdict(result))}", flush=True)
+            brief = {k: v for k, v in asdict(result).items() if k != "losses"}
+            print(f"# done {recipe.label}: {json.dumps(brief)}", flush=True)
         gc.collect()
 
     if topo.rank == 0:
         base = results[0].tokens_per_s_per_gpu
-        print(f"\n| recipe | tokens/s/GPU | MFU | peak memory | loss after {args.warmup + args.steps} steps | ratio |")
-        print("|---|---|---|---|---|---|")
+        print(f"\n{topo.world_size} GPU(s), seq {args.seq_len}, {args.warmup} + {args.steps} steps")
+        print(
+            f"| recipe | tokens/GPU/step | tokens/s/GPU | MFU | peak memory | loss after {len(losses)} steps | ratio |"
+        )
+        print("|---|---|---|---|---|---|---|")
         for r in results:
             m = f"{r.mfu * 100:.1f} %" if r.mfu is not None else "n/a"
             print(
-                f"| {r.recipe} | {r.tokens_per_s_per_gpu:,.0f} | {m} | {r.peak_memory_gib:.1f} GiB "
-                f"| {r.final_loss:.4f} | {r.tokens_per_s_per_gpu / base:.3f} |"
+                f"| {r.recipe} | {r.batch * r.grad_accum * args.seq_len:,} | {r.tokens_per_s_per_gpu:,.0f} | {m} "
+                f"| {r.peak_memory_gib:.1f} GiB | {r.final_loss:.4f} | {r.tokens_per_s_per_gpu / base:.3f} |"
             )
         if args.json:
             Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=2))

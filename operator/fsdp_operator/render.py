@@ -226,12 +226,13 @@ def train_config(job: Job) -> dict[str, Any]:
         "mixed_precision": t.mixed_precision,
         "activation_checkpointing": t.activation_checkpointing,
         "compile": t.compile,
+        "reshard_after_forward": t.reshard_after_forward,
+        "loss_chunk_tokens": t.loss_chunk_tokens,
         "seed": t.seed,
         "data": "random",
         "checkpoint_path": t.checkpoint.storage,
         "checkpoint_interval": t.checkpoint.interval_steps,
         "probe_size_bytes": t.probe_size_bytes,
-        "min_cross_node_gbps": spec.network.min_cross_node_gbps,
     }
 
 

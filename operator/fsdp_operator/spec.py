@@ -124,6 +124,8 @@ class Training:
     mixed_precision: Literal["bf16", "fp32"]
     activation_checkpointing: bool
     compile: bool
+    reshard_after_forward: bool
+    loss_chunk_tokens: int
     seed: int
     probe_size_bytes: int
     checkpoint: Checkpoint
@@ -418,6 +420,8 @@ def parse_spec(raw: dict[str, Any]) -> Spec:
             mixed_precision=t["mixedPrecision"],
             activation_checkpointing=t["activationCheckpointing"],
             compile=t["compile"],
+            reshard_after_forward=t["reshardAfterForward"],
+            loss_chunk_tokens=t["lossChunkTokens"],
             seed=t["seed"],
             probe_size_bytes=t["probeSizeBytes"],
             checkpoint=Checkpoint(storage=storage, interval_steps=t["checkpoint"]["intervalSteps"]),

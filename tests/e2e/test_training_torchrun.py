@@ -129,6 +129,12 @@ def test_fsdp2_matches_single_process(single_process: dict[int, float], fsdp_run
     assert summaries[0].final_loss == losses(events)[STEPS]
 
 
+def test_gathered_weights_and_hugging_face_loss_train_the_same(single_process: dict[int, float]) -> None:
+    """The reference (chunked loss, resharded weights) against Hugging Face's loss with weights kept gathered."""
+    events = launch(2, config(2, sharding="full", reshard_after_forward=False, loss_chunk_tokens=0))
+    assert_same_losses(losses(events), single_process)
+
+
 def test_resume_follows_the_uninterrupted_run(fsdp_run: tuple[list[Event], Path], tmp_path: Path) -> None:
     events, ckpt = fsdp_run
     saved = sorted(e.step for e in events if isinstance(e, Checkpoint))

@@ -21,7 +21,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-@pytest.mark.parametrize("example", ["qwen2.5-1.5b-efa.yaml", "tiny-cpu.yaml"])
+@pytest.mark.parametrize("example", ["qwen2.5-1.5b-efa.yaml", "qwen2.5-1.5b-efa-tuned.yaml", "tiny-cpu.yaml"])
 def test_validate_accepts_the_examples(capsys: pytest.CaptureFixture[str], example: str) -> None:
     code, out, _ = run(capsys, "validate", "-f", str(EXAMPLES / example))
     assert code == 0 and "valid FSDPTrainingJob" in out

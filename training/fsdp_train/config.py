@@ -62,7 +62,14 @@ class TrainConfig:
     activation_checkpointing: bool = False
     """Recompute each decoder block's activations in the backward pass."""
     compile: bool = False
-    """``torch.compile`` each decoder block."""
+    """``torch.compile`` each decoder block (and the loss's per-chunk softmax)."""
+    loss_chunk_tokens: int = 4096
+    """Tokens per chunk of the fused lm_head + cross-entropy (``fsdp_train.loss``), which never holds
+    more than one chunk of logits; 0: Hugging Face's own loss over the full fp32 logits."""
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward and gather them again in backward
+    (FSDP's memory saving). ``false`` keeps them gathered from forward to backward: one all-gather
+    per block per micro-batch instead of two, for the memory of the whole bf16 model on every rank."""
     seed: int = 0
     """Seed of the weight init and of the random data."""
     data: str = "random"
@@ -87,7 +94,7 @@ class TrainConfig:
         for name in ("steps", "seq_len", "batch_size_per_rank", "grad_accum"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{p}.{name} must be greater than 0.")
-        for name in ("warmup_steps", "checkpoint_interval", "probe_size_bytes", "seed"):
+        for name in ("warmup_steps", "checkpoint_interval", "probe_size_bytes", "seed", "loss_chunk_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{p}.{name} must be 0 or greater.")
         if self.warmup_steps >= self.steps and self.warmup_steps > 0:

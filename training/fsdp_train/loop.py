@@ -21,6 +21,7 @@ from fsdp_train import report
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
 from fsdp_train.config import TrainConfig
 from fsdp_train.events import Checkpoint, Failure, Probe, Summary, as_dict, emit
+from fsdp_train.loss import use_chunked_loss
 from fsdp_train.metrics import Backend, EventsBackend, Metrics, StepMetrics, flops_per_token, peak_flops
 from fsdp_train.model import (
     build_meta_model,
@@ -172,7 +173,9 @@ def build(
         mixed_precision=cfg.mixed_precision,
         activation_checkpointing=cfg.activation_checkpointing,
         compile_blocks=cfg.compile,
+        reshard_after_forward=cfg.reshard_after_forward,
     )
+    use_chunked_loss(model, chunk_tokens=cfg.loss_chunk_tokens, compiled=cfg.compile)
     if cfg.model_init == "pretrained":
         load_pretrained_weights(model, cfg, device)
     else:

@@ -95,7 +95,7 @@ def init_weights(model: nn.Module, config: Any, seed: int, device: torch.device)
     """
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    model.to_empty(device=device)
+    to_empty_keeping_ties(model, device)
     std = float(config.initializer_range)
     for name, param in model.named_parameters():
         shape = param.shape
@@ -113,6 +113,25 @@ def init_weights(model: nn.Module, config: Any, seed: int, device: torch.device)
         else:
             param.copy_(full)
     _rebuild_rotary(model, config, device)
+
+
+def to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:
+    """``model.to_empty(device)``, then share again the parameters that were shared (a tied lm_head).
+
+    On a plain module, ``to_empty`` from meta makes a new parameter per module that held the shared
+    one, so the tied embedding and lm_head would be initialised and trained apart. (FSDP2 keeps the
+    tie itself; for it this is a no-op.)
+    """
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            holders.setdefault(id(param), []).append((module, name))
+    model.to_empty(device=device)
+    for refs in holders.values():
+        first = getattr(refs[0][0], refs[0][1])
+        for module, name in refs[1:]:
+            if getattr(module, name) is not first:
+                setattr(module, name, first)
 
 
 def _rebuild_rotary(model: nn.Module, config: Any, device: torch.device) -> None:

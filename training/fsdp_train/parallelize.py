@@ -129,6 +129,7 @@ def parallelize(
     mixed_precision: str,
     activation_checkpointing: bool,
     compile_blocks: bool,
+    reshard_after_forward: bool = True,
 ) -> nn.Module:
     """Apply activation checkpointing, per-block compile and FSDP2 to ``model`` (still on meta) in place."""
     import torch
@@ -147,7 +148,7 @@ def parallelize(
         if compile_blocks:
             wrapped.compile()
         # The last block's parameters are needed again at once by backward: keep them gathered.
-        reshard = index < len(blocks) - 1
+        reshard = reshard_after_forward and index < len(blocks) - 1
         fully_shard(wrapped, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
         blocks[index] = wrapped
     # The root unit holds what is left: the tied embedding / lm_head and the final norm, used at both

@@ -16,6 +16,7 @@ def test_defaults_and_round_trip() -> None:
     cfg = TrainConfig.from_dict({})
     assert cfg.model == "Qwen/Qwen2.5-1.5B"
     assert cfg.sharding == "auto"
+    assert (cfg.loss_chunk_tokens, cfg.reshard_after_forward) == (4096, True)
     assert TrainConfig.from_dict(cfg.to_dict()) == cfg
 
 
@@ -47,6 +48,8 @@ def test_known_fields_are_taken() -> None:
         ({"steps": True}, "training.steps must be an integer, got True."),
         ({"steps": 2.5}, "training.steps must be an integer, got 2.5."),
         ({"compile": 1}, "training.compile must be true or false, got 1."),
+        ({"loss_chunk_tokens": -1}, "training.loss_chunk_tokens must be 0 or greater."),
+        ({"reshard_after_forward": "no"}, "training.reshard_after_forward must be true or false, got 'no'."),
         ({"learning_rate": "fast"}, "training.learning_rate must be a number"),
         ({"model_overrides": [1]}, "training.model_overrides must be a mapping"),
         ({"model": ""}, "training.model must not be empty."),
