@@ -45,11 +45,21 @@ def load_manifest(path: str) -> Any:
 
 def load_job(path: str) -> Job:
     """A typed job from a file; InputError when it is not a job, SpecError when the job is invalid."""
-    manifest = load_manifest(path)
+    return load_job_from(path, load_manifest(path))
+
+
+def load_job_from(path: str, manifest: Any) -> Job:
     try:
         return parse_job(manifest)
     except NotAJobError as e:
         raise InputError(f"{path}: {e}") from e
+
+
+def print_problems(source: str, problems: list[str]) -> None:
+    count = len(problems)
+    print(f"{source}: invalid FSDPTrainingJob, {count} problem{'' if count == 1 else 's'}:", file=sys.stderr)
+    for problem in problems:
+        print(f"  {problem}", file=sys.stderr)
 
 
 def _dump(obj: Any, output: str) -> str:
@@ -93,7 +103,14 @@ def cmd_operator(args: argparse.Namespace) -> int:
 def cmd_run_local(args: argparse.Namespace) -> int:
     from fsdp_operator.local.run import run_local
 
-    return run_local(args.file, keep=args.keep, timeout=args.timeout, status_out=args.status_out)
+    manifest = load_manifest(args.file)  # read once: `-` is stdin
+    try:
+        load_job_from(args.file, manifest)
+    except SpecError as e:
+        # Nothing is started for a job that cannot run: bad input, like a file that is not YAML.
+        print_problems(args.file, e.problems)
+        return EXIT_BAD_INPUT
+    return run_local(manifest, keep=args.keep, timeout=args.timeout, status_out=args.status_out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,11 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except SpecError as e:
-        source = getattr(args, "file", "spec")
-        count = len(e.problems)
-        print(f"{source}: invalid FSDPTrainingJob, {count} problem{'' if count == 1 else 's'}:", file=sys.stderr)
-        for problem in e.problems:
-            print(f"  {problem}", file=sys.stderr)
+        print_problems(getattr(args, "file", "spec"), e.problems)
         return EXIT_FINDING
     except KeyboardInterrupt:
         return 130

@@ -94,3 +94,15 @@ def test_console_script_end_to_end(tmp_path: Path) -> None:
         check=False,
     )
     assert good.returncode == 0 and yaml.safe_load(good.stdout)["kind"] == "RayCluster"
+
+
+def test_run_local_refuses_an_invalid_job_before_starting_anything(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: fsdp.dev/v1alpha1\nkind: FSDPTrainingJob\nmetadata: {name: j}\nspec: {workers: {replicas: 0}}\n"
+    )
+    code, out, err = run(capsys, "run-local", "-f", str(bad))
+    assert code == 2 and out == ""
+    assert "spec.workers.replicas: must be at least 1, got 0" in err

@@ -3,7 +3,8 @@
 An emulated API server (real HTTP), the local KubeRay stand-in (real Ray processes), and the operator
 itself in its own process (`fsdpctl operator`, unchanged, given a kubeconfig for the emulator). The job
 is applied like `kubectl apply` would, its status is shown as it changes, and everything started here
-is stopped again, by process group, on success, failure and Ctrl-C.
+is stopped again on success, failure and Ctrl-C: by process group, then by an environment marker that
+every child inherits (Ray's worker processes start sessions of their own).
 """
 
 from __future__ import annotations
@@ -314,21 +315,12 @@ async def _run(manifest: Obj, keep: bool, timeout: float, out: TextIO, status_ou
 
 
 def run_local(
-    path: str, *, keep: bool = False, timeout: float = 600.0, status_out: str | None = None, out: TextIO = sys.stdout
+    manifest: Obj,
+    *,
+    keep: bool = False,
+    timeout: float = 600.0,
+    status_out: str | None = None,
+    out: TextIO = sys.stdout,
 ) -> int:
-    """Run one job end to end; 0 when it succeeded, 1 when it failed, 2 for bad input (nothing started)."""
-    from fsdp_operator.cli import InputError, load_job, load_manifest
-    from fsdp_operator.spec import SpecError
-
-    try:
-        load_job(path)
-        manifest = load_manifest(path)
-    except InputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except SpecError as e:
-        print(f"{path}: invalid FSDPTrainingJob:", file=sys.stderr)
-        for problem in e.problems:
-            print(f"  {problem}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    """Run one validated job manifest end to end; 0 when it succeeded, 1 when it failed or timed out."""
     return asyncio.run(_run(manifest, keep, timeout, out, status_out))
