@@ -148,10 +148,10 @@ def _cpus(container: Obj, fallback: int) -> int:
 class LocalKubeRay:
     """Plays the KubeRay controller for every RayCluster on one emulated API server."""
 
-    def __init__(self, api_url: str, workdir: Path, *, max_worker_cpus: int | None = None) -> None:
+    def __init__(self, api_url: str, workdir: Path) -> None:
         self.api_url = api_url.rstrip("/")
         self.workdir = workdir
-        self.max_worker_cpus = max_worker_cpus
+        self._materialized = 0  # numbers each cluster's folder: a re-created cluster never reuses one
         self.clusters: dict[tuple[str, str], LocalCluster] = {}
         self.started: list[RayNode] = []
         """Every Ray node ever started, to verify that none outlives its cluster."""
@@ -243,7 +243,8 @@ class LocalKubeRay:
                 self._teardowns.add(task)
                 task.add_done_callback(self._teardowns.discard)
         elif key not in self.clusters:
-            workdir = self.workdir / f"c{len(self.clusters)}"  # short: Ray socket paths max 107 bytes
+            self._materialized += 1
+            workdir = self.workdir / f"c{self._materialized}"  # short: Ray socket paths max 107 bytes
             cluster = LocalCluster(meta["namespace"], meta["name"], meta.get("uid", ""), workdir)
             self.clusters[key] = cluster
             cluster.task = asyncio.get_running_loop().create_task(self._materialize(cluster, obj))
@@ -356,8 +357,6 @@ class LocalKubeRay:
 
         worker_container = group["template"]["spec"]["containers"][0]
         cpus = _cpus(worker_container, 1)
-        if self.max_worker_cpus:
-            cpus = min(cpus, self.max_worker_cpus)
         workers: list[RayNode] = []
         for i in range(replicas):
             pod_name = f"{cluster.name}-{group['groupName']}-worker-{i:05d}"[-63:]
