@@ -252,6 +252,7 @@ def test_init_lines_only_single_node_is_none() -> None:
     v = classify_text("\n".join(lines[: cut + 1]))
     assert v.transport == "none"
     assert "nNodes 1" in v.evidence
+    assert v.evidence in v.evidence_lines  # the deciding line is listed with the others
 
 
 def test_init_lines_only_multi_node_follows_the_selected_network() -> None:

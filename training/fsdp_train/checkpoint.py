@@ -100,8 +100,9 @@ class DirectoryCheckpoints:
         return f"{self.root.rstrip('/')}/{step_dir_name(step)}"
 
     def restore(self, model: nn.Module, optimizer: Optimizer) -> int:
-        steps = self.complete_steps()
-        # Rank 0 decides, so that ranks that list the directory at different moments still agree.
+        # Rank 0 lists and decides: ranks listing at different moments could disagree, and on object
+        # storage every listing costs requests.
+        steps = self.complete_steps() if dist.get_rank() == 0 else []
         chosen = [steps[-1] if steps else 0]
         dist.broadcast_object_list(chosen, src=0)
         step = int(chosen[0])
@@ -137,14 +138,7 @@ class RayCheckpoints:
         import ray.train
 
         checkpoint = ray.train.get_checkpoint()
-        if checkpoint is None:
-            return 0
-        with checkpoint.as_directory() as directory:
-            m = STEP_DIR.match(Path(directory).name)
-            if m is None:
-                raise ValueError(f"checkpoint {directory} is not named step_NNNNNNNN")
-            load_into(model, optimizer, directory)
-            return int(m.group(1))
+        return 0 if checkpoint is None else restore_ray_checkpoint(checkpoint, model, optimizer)
 
     def save(self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any]) -> str:
         import ray.train
@@ -158,6 +152,20 @@ class RayCheckpoints:
             )
         storage = ray.train.get_context().get_storage()
         return str(storage.build_checkpoint_path_from_name(step_dir_name(step)))
+
+
+def restore_ray_checkpoint(checkpoint: Any, model: nn.Module, optimizer: Optimizer) -> int:
+    """Load a ``ray.train.Checkpoint`` into model and optimizer; return its step.
+
+    The step comes from the checkpoint's name in storage: from remote storage (S3, GCS) Ray downloads
+    it to a temporary directory of another name.
+    """
+    m = STEP_DIR.match(str(checkpoint.path).rstrip("/").rsplit("/", 1)[-1])
+    if m is None:
+        raise ValueError(f"checkpoint {checkpoint.path} is not named step_NNNNNNNN")
+    with checkpoint.as_directory() as directory:
+        load_into(model, optimizer, directory)
+    return int(m.group(1))
 
 
 @contextlib.contextmanager

@@ -5,15 +5,17 @@ MFU follows ``docs/performance.md``: tokens/s/device x FLOPs/token / the device'
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fsdp_train.events import Step, emit
 
-# Dense bf16 tensor-core peaks in FLOP/s, matched against the CUDA device name (first match wins).
+# Dense bf16 tensor-core peaks in FLOP/s, matched as a whole word of the CUDA device name.
 PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("H100", 989e12),
     ("H200", 989e12),
+    ("GH200", 989e12),
     ("H20", 148e12),
     ("A100", 312e12),
     ("A10G", 125e12),
@@ -58,7 +60,7 @@ def bus_bandwidth_gbps(kind: str, size_bytes: int, seconds: float, ranks: int) -
 def peak_flops(device_name: str) -> float | None:
     """The dense bf16 peak of a device, or None for a CPU or an unknown GPU (then no MFU is reported)."""
     for key, peak in PEAK_BF16_FLOPS:
-        if key in device_name:
+        if re.search(rf"\b{key}\b", device_name):
             return peak
     return None
 

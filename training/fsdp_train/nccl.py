@@ -174,6 +174,8 @@ class _Process:
             signal = self._new_path(m.group(1))
         if m := _NNODES.search(line):
             if m.group(1) == "1":
+                # The first one may decide the verdict (rule 4), so it is a signal line.
+                signal = signal or not self.single_node_line
                 self.single_node_line = self.single_node_line or line
             else:
                 self.multi_node = True

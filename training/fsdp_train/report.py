@@ -86,7 +86,8 @@ def prepare_nccl_debug(env: MutableMapping[str, str]) -> None:
         env["NCCL_DEBUG_FILE"] = str(log_dir / "nccl.%h.%p.log")
     else:
         # NCCL does not create the folder; without it the log goes to stderr and the verdict is lost.
-        Path(env["NCCL_DEBUG_FILE"]).parent.mkdir(parents=True, exist_ok=True)
+        # It expands %h and %p in the whole path, folders included.
+        Path(nccl_debug_path(env["NCCL_DEBUG_FILE"])).parent.mkdir(parents=True, exist_ok=True)
 
 
 def nccl_debug_path(pattern: str, *, hostname: str | None = None, pid: int | None = None) -> str:

@@ -43,6 +43,10 @@ def test_mfu_from_the_seed_baseline() -> None:
     assert mfu(36_130, flops_per_token(QWEN, 2048), peak) == pytest.approx(0.377, abs=0.0005)
     assert peak_flops("NVIDIA L4") == 121e12
     assert peak_flops("cpu") is None
+    # Whole model names only: an L40 is no L4, an H20 no H200.
+    assert peak_flops("NVIDIA L40") is None
+    assert (peak_flops("NVIDIA L40S"), peak_flops("NVIDIA H20")) == (362e12, 148e12)
+    assert (peak_flops("NVIDIA A100-SXM4-80GB"), peak_flops("NVIDIA GH200 480GB")) == (312e12, 989e12)
     assert mfu(1000.0, 1e9, None) is None
 
 
@@ -116,9 +120,14 @@ def test_nccl_debug_file_naming(tmp_path: Path) -> None:
     assert env["NCCL_DEBUG"] == "INFO"
     assert env["NCCL_DEBUG_FILE"] == str(tmp_path / "nccl" / "nccl.%h.%p.log")
     assert (tmp_path / "nccl").is_dir()
-    kept = {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/y/%p"}
+    kept = {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": str(tmp_path / "y" / "%p")}
     prepare_nccl_debug(kept)
-    assert kept == {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": "/y/%p"}
+    assert kept == {"NCCL_DEBUG": "WARN", "NCCL_DEBUG_FILE": str(tmp_path / "y" / "%p")}
+    assert (tmp_path / "y").is_dir()
+    # NCCL expands %h and %p in the folders too: the folder it will write to is the one to create.
+    per_host = {"NCCL_DEBUG_FILE": str(tmp_path / "logs-%h" / "nccl.%p.log")}
+    prepare_nccl_debug(per_host)
+    assert Path(nccl_debug_path(per_host["NCCL_DEBUG_FILE"])).parent.is_dir()
     assert pod_name({"POD_NAME": "w-1", "HOSTNAME": "h"}) == "w-1"
     assert pod_name({"HOSTNAME": "h"}) == ""
     assert pod_name({"HOSTNAME": "h", "KUBERNETES_SERVICE_HOST": "10.0.0.1"}) == "h"
