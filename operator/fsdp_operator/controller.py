@@ -103,7 +103,7 @@ class JobLoop:
         self.name = name
         self.log = logger
         self.status: JobStatus | None = None
-        """The status this loop computed last (ahead of the stored one while progress writes wait)."""
+        """The status this loop last wrote or deferred (ahead of the stored one while progress writes wait)."""
         self.pending_write = False
         self.last_write = float("-inf")
         self.submit_error = ""
@@ -247,18 +247,21 @@ class JobLoop:
 
     # --- writing ---
     async def write(self, stored: Obj, status: JobStatus) -> None:
-        """Patch status when it changed; progress-only changes at most once per `progress_write_interval`."""
-        self.status = status
+        """Patch status when it changed; progress-only changes at most once per `progress_write_interval`.
+
+        `self.status` moves on only once the write is done (or deliberately deferred): when the patch fails,
+        the next pass decides again from the old status, so the transition's actions and events are not lost.
+        """
         new = status.to_dict()
         if new == stored:
-            self.pending_write = False
+            self.status, self.pending_write = status, False
             return
         now = time.monotonic()
         if progress_only(stored, new) and now - self.last_write < self.rt.config.progress_write_interval:
-            self.pending_write = True  # the loop comes back when the write is due
+            self.status, self.pending_write = status, True  # the loop comes back when the write is due
             return
         await self.rt.kube.patch_job_status(self.namespace, self.name, merge_patch(stored, new))
-        self.pending_write, self.last_write = False, now
+        self.status, self.pending_write, self.last_write = status, False, now
 
     # --- acting ---
     async def act(self, obj: Obj, decision: Decision) -> None:

@@ -94,8 +94,18 @@ class RayJobsClient:
             # Imported here: the import is heavy and only needed once a cluster exists.
             from ray.job_submission import JobSubmissionClient
 
+            timeout = self.timeout
+
+            class BoundedClient(JobSubmissionClient):
+                # The SDK sends every request without a timeout: a head that accepts and never answers would
+                # hold the worker thread forever (`_call` gives up waiting, the thread does not), and enough of
+                # those exhaust the executor that every job's Ray calls share.
+                def _do_request(self, *args: Any, **kwargs: Any) -> Any:
+                    kwargs.setdefault("timeout", timeout)
+                    return super()._do_request(*args, **kwargs)
+
             try:
-                self._client = JobSubmissionClient(self.address)
+                self._client = BoundedClient(self.address)
             except (ConnectionError, RuntimeError, OSError) as e:
                 raise RayUnavailable(f"{self.address}: {e}") from e
         return self._client

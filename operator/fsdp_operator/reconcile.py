@@ -47,7 +47,7 @@ class ClusterView:
 
     name: str
     state: str = ""
-    """KubeRay's `status.state` (`ready`, `suspended`, ...); empty before KubeRay wrote one."""
+    """KubeRay's `status.state` (`ready`, `failed`, `suspended`, ...); empty before KubeRay wrote one."""
     ready_workers: int = 0
     desired_workers: int = 0
     deleting: bool = False
@@ -55,6 +55,8 @@ class ClusterView:
     """The uid in the controller ownerReference; empty when the cluster has none."""
     dashboard_url: str = ""
     """Ray's dashboard / job API, from `status.head` and `status.endpoints` as KubeRay writes them."""
+    reason: str = ""
+    """KubeRay's `status.reason`: why the state is what it is (set with `failed`)."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> ClusterView:
@@ -69,6 +71,7 @@ class ClusterView:
             deleting=bool(meta.get("deletionTimestamp")),
             owner_uid=str(owner.get("uid", "")),
             dashboard_url=dashboard_url(obj),
+            reason=str(status.get("reason") or ""),
         )
 
 
@@ -210,8 +213,9 @@ def _decide(manifest: Mapping[str, Any], status: JobStatus, obs: Observed, packa
 def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems: str, now: datetime) -> Decision:
     generation = int((manifest.get("metadata") or {}).get("generation") or 0)
     already = status.phase == Phase.FAILED and status.reason == Reason.VALIDATION_FAILED
+    # Not `done` (kopf never restarts a daemon that returned): a fixed spec must start the job over.
     if already and status.observed_generation == generation:
-        return Decision(status, done=True)
+        return Decision(status)
     if status.terminal and not already:
         return Decision(status, done=True)  # a finished run stays as it ended, whatever the spec says now
     message = "invalid spec: " + problems.replace("\n", "; ")
@@ -234,7 +238,7 @@ def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems:
     if status.ray_cluster_name:
         meta = manifest.get("metadata") or {}
         actions += (DeleteRayCluster(str(meta.get("namespace") or "default"), status.ray_cluster_name),)
-    return Decision(new, actions, done=not actions)
+    return Decision(new, actions)
 
 
 def _record_identity(job: Job, status: JobStatus, now: datetime) -> Decision:
@@ -326,6 +330,14 @@ def _finished(job: Job, status: JobStatus, obs: Observed) -> Decision:
     return Decision(status, actions, requeue_after=left)
 
 
+def _next_attempt(job: Job, status: JobStatus) -> JobStatus:
+    """A new attempt (retry or resume): a new submission id, nothing left of what the last one's ranks said."""
+    attempts = status.attempts + 1
+    return replace(
+        cleared_run_data(status), attempts=attempts, submission_id=render.submission_id(job.name, job.uid, attempts)
+    )
+
+
 def _submitted(status: JobStatus) -> bool:
     """A Ray job may exist for the current submission id."""
     return status.phase in (Phase.SUBMITTING, Phase.RUNNING)
@@ -339,14 +351,12 @@ def _check_suspend(job: Job, status: JobStatus, obs: Observed, package: str) -> 
             lingering = obs.cluster is not None and not obs.cluster.deleting
             again = (DeleteRayCluster(job.namespace, status.ray_cluster_name),) if lingering else ()
             return Decision(status, again)
-        attempts = status.attempts + 1
+        fresh = _next_attempt(job, status)
         resumed = replace(
-            cleared_run_data(status),
+            fresh,
             phase=Phase.PENDING,
             reason=Reason.RESUMED,
-            message=f"resumed as attempt {attempts}",
-            attempts=attempts,
-            submission_id=render.submission_id(job.name, job.uid, attempts),
+            message=f"resumed as attempt {fresh.attempts}",
             # activeDeadlineSeconds counts from the resume, as for a Kubernetes Job.
             start_time=obs.now,
             workers="",
@@ -416,6 +426,9 @@ def _workers_gap(job: Job, cluster: ClusterView, nodes: RayNodes | None, ray_err
     workers = job.spec.workers
     if cluster.state != "ready" or cluster.ready_workers < workers.replicas:
         state = cluster.state or "no state yet"
+        if cluster.reason:
+            # Shown, not acted on: KubeRay also writes `failed` for errors it retries; the timeout decides.
+            state += f": {cluster.reason}"
         return f"{cluster.ready_workers}/{workers.replicas} worker pods ready (RayCluster state: {state})"
     if nodes is None:
         return "worker pods ready; waiting for Ray's API on the head" + (f" ({ray_error})" if ray_error else "")
@@ -433,7 +446,15 @@ def _workers_gap(job: Job, cluster: ClusterView, nodes: RayNodes | None, ray_err
 
 def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision:
     cluster = obs.cluster
+    since = status.provisioning_since or obs.now
+    waited = (obs.now - since).total_seconds()
+    timeout = job.spec.run_policy.wait_for_workers_timeout_seconds
     if cluster is None or cluster.deleting:
+        if waited >= timeout:
+            # A create the API server keeps refusing (quota, admission, RBAC) ends here too.
+            what = "does not exist" if cluster is None else "is being deleted"
+            message = f"waitForWorkersTimeoutSeconds ({timeout}s) exceeded: RayCluster {status.ray_cluster_name} {what}"
+            return _finish(job, status, obs, Phase.FAILED, Reason.WAIT_FOR_WORKERS_TIMEOUT, message, stop_job=False)
         # Not there (yet, or any more) while provisioning: creating it again is idempotent.
         return Decision(
             replace(status, reason=Reason.CLUSTER_CREATING, message="creating RayCluster"),
@@ -445,9 +466,6 @@ def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str) 
     desired = job.spec.workers.replicas
     workers = f"{min(cluster.ready_workers, desired)}/{desired}"
     gap = _workers_gap(job, cluster, obs.ray_nodes, obs.ray_error)
-    since = status.provisioning_since or obs.now
-    waited = (obs.now - since).total_seconds()
-    timeout = job.spec.run_policy.wait_for_workers_timeout_seconds
 
     if gap:
         if waited >= timeout:
@@ -507,17 +525,16 @@ def _attempt_failed(job: Job, status: JobStatus, obs: Observed, reason: Reason, 
         if limit:
             message = f"{message} (attempt {status.attempts}; backoffLimit {limit} reached)"
         return _finish(job, replace(status, failed_attempts=failed), obs, Phase.FAILED, reason, message, stop_job=False)
-    attempts = status.attempts + 1
+    fresh = _next_attempt(job, status)
     retry = replace(
-        cleared_run_data(status),
+        fresh,
         phase=Phase.PROVISIONING,
         reason=Reason.RETRYING,
-        message=f"attempt {status.attempts} failed ({reason}: {message}); retry {failed}/{limit} as attempt {attempts}",
-        attempts=attempts,
+        message=f"attempt {status.attempts} failed ({reason}: {message}); "
+        f"retry {failed}/{limit} as attempt {fresh.attempts}",
         failed_attempts=failed,
-        submission_id=render.submission_id(job.name, job.uid, attempts),
         provisioning_since=obs.now,
-        conditions=_job_submitted_false(status, reason, message, obs.now, job.generation),
+        conditions=_job_submitted_false(fresh, reason, message, obs.now, job.generation),
     )
     # The RayCluster is reused when it is still there (409 on create); a lost one is created again.
     return Decision(retry, (CreateRayCluster(render.raycluster(job)),))
@@ -622,12 +639,18 @@ def _watched(status: JobStatus) -> _Watched:
 
 
 def _with_transition_events(old: JobStatus, decision: Decision) -> Decision:
-    """Add an Event for every phase or reason change and every condition turning False."""
+    """Add an Event for every phase or reason change and every condition turning False.
+
+    A return from a Warning reason to a Normal one within the same phase (Ray answering again after
+    `RayUnreachable`) posts nothing: the Warning said what went wrong, the phase's own event was posted
+    when it began, and a flaky API would otherwise post two events per blip.
+    """
     new = decision.status
     before, after = _watched(old), _watched(new)
     events: list[Action] = []
-    if (before.phase, before.reason) != (after.phase, after.reason) and new.reason is not None:
-        warning = new.phase == Phase.FAILED or new.reason in WARNING_REASONS
+    warning = new.phase == Phase.FAILED or new.reason in WARNING_REASONS
+    recovered = new.phase == old.phase and old.reason in WARNING_REASONS and not warning
+    if (before.phase, before.reason) != (after.phase, after.reason) and new.reason is not None and not recovered:
         text = f"{new.phase}: {new.message}" if new.phase != old.phase else new.message
         events.append(PostEvent("Warning" if warning else "Normal", new.reason.value, text[:1024]))
     for condition in new.conditions:

@@ -261,6 +261,20 @@ def test_ttl_after_finished_deletes_the_job(apiserver: ThreadedApiServer) -> Non
     scenario(apiserver, body)
 
 
+def test_a_fixed_spec_starts_the_job_over(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest(workers={"replicas": 2, "gpusPerWorker": 5}))
+            status = await w.phase("Failed", "ValidationFailed")
+            assert "gpusPerWorker" in status["message"] and not w.clusters()
+            w.patch_spec("qwen", {"workers": {"gpusPerWorker": 4}})
+            status = await w.phase("Succeeded")
+        assert status["observedGeneration"] == 2 and status["submissionId"] == w.sid(1)
+        w.assert_no_duplicates()
+
+    scenario(apiserver, body)
+
+
 # --- restarts --------------------------------------------------------------------------------------------
 
 
@@ -397,7 +411,8 @@ def test_socket_fallback_fails_the_job_promptly(apiserver: ThreadedApiServer) ->
             status = await w.phase("Failed", "TransportFallback")
             assert time.monotonic() - started < 10
             assert SOCKET_LINE in status["message"] and "ranks 4, 5, 6, 7" in status["message"]
-            assert w.ray.stopped == [w.sid(1)]
+            # The status is written before the stop is sent: the stop may land a moment after it is seen.
+            await eventually(lambda: w.ray.stopped == [w.sid(1)], message="the Ray job was not stopped")
             conditions = {c["type"]: c for c in status["conditions"]}
             assert conditions["TransportVerified"]["status"] == "False"
         assert {"TransportFallback", "SocketFallback"} <= set(w.event_reasons())
@@ -434,7 +449,7 @@ def test_suspend_and_resume(apiserver: ThreadedApiServer) -> None:
             await w.phase("Running")
             w.patch_spec("qwen", {"runPolicy": {"suspend": True}})
             await w.phase("Suspended", "Suspended")
-            assert w.ray.stopped == [w.sid(1)]
+            await eventually(lambda: w.ray.stopped == [w.sid(1)], message="the Ray job was not stopped")
             await eventually(lambda: not w.clusters(), message="suspend must delete the RayCluster")
             w.script.hold = False
             w.patch_spec("qwen", {"runPolicy": {"suspend": False}})

@@ -133,16 +133,18 @@ def test_first_pass_records_identity_and_nothing_else() -> None:
     assert events(d) == [("Normal", "Created")]
 
 
-def test_invalid_spec_fails_with_every_problem_and_stops() -> None:
+def test_invalid_spec_fails_with_every_problem_and_waits_for_a_fix() -> None:
     m = manifest()
     m["spec"]["workers"]["gpusPerWorker"] = 5
     d = run(m, JobStatus())
     assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.VALIDATION_FAILED)
     assert "spec.workers.gpusPerWorker: 5 GPUs requested" in d.status.message
     assert condition(d.status, ConditionType.VALIDATED) == "False"
-    assert d.done and kinds(d) == [] and events(d) == [("Warning", "ValidationFailed")]
+    assert kinds(d) == [] and events(d) == [("Warning", "ValidationFailed")]
     again = run(m, d.status)
-    assert again.done and again.actions == () and again.status == d.status
+    assert again.actions == () and again.status == d.status
+    # Not done: the job's loop must still be there when the spec is fixed (see the next test).
+    assert not d.done and not again.done
 
 
 def test_fixed_spec_starts_over_after_validation_failure() -> None:
@@ -616,3 +618,50 @@ def test_ray_nodes_count_alive_workers_only() -> None:
         {"state": "DEAD", "is_head_node": False, "resources_total": {"CPU": 48.0, "GPU": 4.0}},
     ]
     assert summarize_nodes(records) == RayNodes(alive_workers=2, gpus=8.0, cpus=96.0)
+
+
+# --- found in review: each failed before its fix --------------------------------------------------------------
+
+
+def test_a_retry_forgets_the_previous_attempts_transport_conditions() -> None:
+    m = manifest(backoffLimit=1)
+    verified = run(m, at(Phase.RUNNING, reason=Reason.JOB_RUNNING), **running(events=(EFA,)))
+    assert condition(verified.status, ConditionType.TRANSPORT_VERIFIED) == "Unknown"
+    d = run(m, verified.status, **running(ray_job=RayJobInfo(sid(1), "FAILED", "boom")))
+    assert d.status.reason == Reason.RETRYING and d.status.transport == {}
+    # Attempt 2 has not reported its transport: no condition may speak for it.
+    assert condition(d.status, ConditionType.TRANSPORT_VERIFIED) == ""
+    assert condition(d.status, ConditionType.JOB_SUBMITTED) == "False"
+
+
+def test_a_cluster_that_never_appears_still_times_out() -> None:
+    """A create the API server keeps refusing (quota, admission, RBAC) must not wait forever."""
+    m = manifest(waitForWorkersTimeoutSeconds=30)
+    d = run(m, at(Phase.PROVISIONING, reason=Reason.CLUSTER_CREATING, started=31), cluster=None)
+    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.WAIT_FOR_WORKERS_TIMEOUT)
+    assert f"RayCluster {CLUSTER} does not exist" in d.status.message
+    assert run(m, at(Phase.PROVISIONING, started=29), cluster=None).status.phase == Phase.PROVISIONING
+
+
+def test_a_failed_raycluster_says_why_while_waiting() -> None:
+    obj = {"metadata": {"name": CLUSTER}, "status": {"state": "failed", "reason": "head did not start, see head.log"}}
+    d = run(manifest(), at(Phase.PROVISIONING), cluster=ClusterView.from_object(obj))
+    assert (d.status.phase, d.status.reason) == (Phase.PROVISIONING, Reason.WORKERS_NOT_READY)
+    assert "RayCluster state: failed: head did not start, see head.log" in d.status.message
+
+
+@pytest.mark.parametrize(
+    ("phase", "normal"),
+    [(Phase.RUNNING, Reason.JOB_RUNNING), (Phase.SUBMITTING, Reason.WORKERS_READY)],
+)
+def test_flaky_ray_warns_once_per_outage_and_recovers_quietly(phase: Phase, normal: Reason) -> None:
+    ray_job = RayJobInfo(sid(1), "RUNNING") if phase == Phase.RUNNING else None
+    status = at(phase, reason=normal)
+    posted: list[tuple[str, str]] = []
+    for _ in range(3):
+        down = run(manifest(), status, cluster=cluster(), ray_error="connection refused")
+        up = run(manifest(), down.status, **running(ray_job=ray_job))
+        assert (up.status.phase, up.status.reason) == (phase, normal)
+        posted += events(down) + events(up)
+        status = up.status
+    assert posted == [("Warning", "RayUnreachable")] * 3

@@ -1,0 +1,84 @@
+"""The operator's loop and its Ray client where the other side misbehaves: a refused write, a silent Ray head.
+
+No kopf here: the tests step one job's loop (`JobLoop`) themselves against the emulated API server, a fake
+KubeRay and a fake Ray, so they can make the API server refuse exactly one write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from fsdp_operator.controller import JobLoop, Runtime
+from fsdp_operator.kube import AioKube, KubeError
+from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.rayjobs import RayJobsClient, RayUnavailable
+from test_operator import FAST, NAMESPACE, Script, World, manifest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+
+class RefusesFirstFailedWrite(AioKube):
+    """The real client; the API server answers 500 to the first status write that sets phase Failed."""
+
+    refused = False
+
+    async def patch_job_status(self, namespace: str, name: str, status_patch: dict[str, Any]) -> dict[str, Any]:
+        if status_patch.get("phase") == "Failed" and not self.refused:
+            self.refused = True
+            raise KubeError(500, "etcdserver: request timed out")
+        return await super().patch_job_status(namespace, name, status_patch)
+
+
+def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: ThreadedApiServer) -> None:
+    """The pass whose write failed did not act: the next pass must still stop the Ray job and post the event."""
+    w = World(apiserver, Script(transport=lambda rank: "efa" if rank < 4 else "socket", hold=True))
+    kube = RefusesFirstFailedWrite(apiserver.url, timeout=FAST.kube_timeout)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+
+    async def main() -> None:
+        async with w.kuberay.running():
+            # cleanup: Keep, so only the explicit stop ends the Ray job (deleting the cluster would too).
+            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+            for _ in range(300):
+                if w.status().get("phase") == "Failed":
+                    break
+                try:
+                    await loop.pass_once()
+                except KubeError:
+                    assert kube.refused
+                await asyncio.sleep(0.02)
+            await kube.close()
+
+    asyncio.run(main())
+    status = w.status()
+    assert kube.refused and (status["phase"], status["reason"]) == ("Failed", "TransportFallback")
+    assert w.ray.stopped == [w.sid(1)], "the Ray job kept running after the job was marked Failed"
+    assert "TransportFallback" in w.event_reasons()
+
+
+def test_a_ray_head_that_never_answers_does_not_keep_a_thread() -> None:
+    """Ray's SDK sets no HTTP timeout; `RayJobsClient` must, or each pass would strand one more thread."""
+    importlib.import_module("ray.job_submission")  # the import's own time must not count below
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # connections queue in the kernel; nothing ever reads or answers them
+    address = f"http://127.0.0.1:{server.getsockname()[1]}"
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+        try:
+            with pytest.raises(RayUnavailable):
+                await RayJobsClient(address, timeout=0.3).info("raysubmit_1")
+            # The one worker thread comes free once the request itself times out.
+            assert await asyncio.wait_for(loop.run_in_executor(None, lambda: "free"), timeout=5) == "free"
+        finally:
+            server.close()  # resets the queued connections, so a stuck thread ends and the loop can close
+
+    asyncio.run(main())
