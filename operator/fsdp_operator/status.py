@@ -9,6 +9,7 @@ function's structured events (`fsdp_train.events`) become `ranks[]`, `progress`,
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -284,7 +285,13 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
 
 
 def _round(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(float(value), digits)
+    """Rounded for the status; None for NaN and infinities, which JSON (and so the API server) cannot carry."""
+    return round(float(value), digits) if value is not None and math.isfinite(value) else None
+
+
+def _whole(value: float) -> int | None:
+    """A count for an integer-typed printer column; None when not finite (a diverged or zero-time step)."""
+    return round(value) if math.isfinite(value) else None
 
 
 def _rank_entry(ranks: list[dict[str, Any]], rank: int) -> dict[str, Any]:
@@ -394,8 +401,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 "stepOfTotal": f"{event.step}/{event.total_steps}",
                 "loss": _round(event.loss),
                 # An integer: the printer column is typed integer.
-                "tokensPerSecond": round(event.tokens_per_second),
-                "tokensPerSecondPerDevice": round(event.tokens_per_second_per_device),
+                "tokensPerSecond": _whole(event.tokens_per_second),
+                "tokensPerSecondPerDevice": _whole(event.tokens_per_second_per_device),
             }
             if event.mfu is not None:
                 progress["mfu"] = _round(event.mfu)
@@ -412,7 +419,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 "steps": event.steps,
                 "firstLoss": _round(event.first_loss),
                 "finalLoss": _round(event.final_loss),
-                "tokensPerSecond": round(event.tokens_per_second),
+                "tokensPerSecond": _whole(event.tokens_per_second),
                 "seconds": _round(event.seconds, 2),
             }
             if event.mfu is not None:

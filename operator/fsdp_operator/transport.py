@@ -20,6 +20,7 @@ and ``unknown`` ranks never fail it (nothing proves a fallback), they leave the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -236,12 +237,17 @@ class InterconnectStatus:
         return status
 
 
+def _finite(value: float) -> float | None:
+    # JSON, and so the API server, has no NaN or infinity (a probe timed at zero seconds gives one).
+    return round(value, 3) if math.isfinite(value) else None
+
+
 def _probe_status(probe: Probe) -> dict[str, Any]:
     return {
         "ranks": probe.ranks,
         "sizeBytes": probe.size_bytes,
-        "allreduceBusbwGBps": round(probe.allreduce_busbw_gbps, 3),
-        "allgatherBusbwGBps": round(probe.allgather_busbw_gbps, 3),
+        "allreduceBusbwGBps": _finite(probe.allreduce_busbw_gbps),
+        "allgatherBusbwGBps": _finite(probe.allgather_busbw_gbps),
     }
 
 

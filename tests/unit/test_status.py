@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -184,3 +185,21 @@ def test_progress_only_and_merge_patch() -> None:
     nested = merge_patch({"transport": {"summary": "efa", "evidence": "x"}}, {"transport": {"summary": "efa"}})
     assert nested == {"transport": {"evidence": None}}
     assert merge_patch(new, new) == {}
+
+
+def test_non_finite_numbers_never_reach_the_api_server() -> None:
+    """A diverged loss or a probe timed at zero is NaN or infinity: JSON has neither, the API server refuses both."""
+    nan, inf = float("nan"), float("inf")
+    lines = [
+        Step(
+            rank=0, step=1, total_steps=2, loss=nan, tokens_per_second=inf, tokens_per_second_per_device=nan
+        ).to_line(),
+        Probe(
+            rank=0, scope="cross-node", ranks=2, size_bytes=1, allreduce_busbw_gbps=inf, allgather_busbw_gbps=nan
+        ).to_line(),
+        Summary(rank=0, steps=0, final_loss=nan, first_loss=nan, tokens_per_second=nan).to_line(),
+    ]
+    status = fold_events(job(), JobStatus(), list(parse_lines(lines)), now=NOW).status
+    json.dumps(status.to_dict(), allow_nan=False)  # raises on NaN or infinity
+    assert status.progress["loss"] is None and status.progress["tokensPerSecond"] is None
+    assert status.result["finalLoss"] is None
