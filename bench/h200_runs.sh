@@ -3,6 +3,7 @@
 #
 #   bench/h200_runs.sh levers OUTDIR   # each throughput lever on 2 GPUs, and the slow-link pair
 #   bench/h200_runs.sh final OUTDIR    # seed vs final at seq 2048 and 4096, 1 GPU, slow link, transport
+#   bench/h200_runs.sh verify OUTDIR   # the headline rows again (target 1, transport pair), for a release
 #
 # Needs torch and transformers (no Ray, no install: the package is put on PYTHONPATH). Every run has
 # its own time limit, so one hang costs one row. Logs go to OUTDIR/logs; the tables to stdout.
@@ -64,6 +65,11 @@ final)
     train slow-full 80 "{$slow,$gathered,\"sharding\":\"full\"}" "${sockets[@]}"
     train nvlink-default 60 '{"steps":3,"seq_len":2048,"batch_size_per_rank":4,"probe_size_bytes":268435456,"lr_schedule":"constant"}'
     bench final-2048-b16 2 60 --seq-len 2048 --batch 16 --warmup 3 --steps 8 --recipes ours-final
+    ;;
+verify)
+    bench final-2048 2 150 --seq-len 2048 --batch 8 --warmup 4 --steps 46 --recipes seed,ours-final
+    train nvlink-default 60 '{"steps":3,"seq_len":2048,"batch_size_per_rank":4,"probe_size_bytes":268435456,"lr_schedule":"constant"}'
+    train slow-auto 70 "{$slow,$gathered,\"sharding\":\"auto\"}" "${sockets[@]}"
     ;;
 *)
     echo "unknown mode $mode" >&2
