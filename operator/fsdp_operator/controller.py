@@ -186,6 +186,12 @@ class JobLoop:
             return Observed(now=now, submit_error=submit_error)
         cluster = ClusterView.from_object(cluster_obj)
         self.address = self.rt.ray_address(cluster_obj)
+        if status.terminal and not cluster.deleting and self.address and status.submission_id:
+            # Does the Ray job still run behind a terminal phase? (`reconcile` stops it if so.)
+            try:
+                return Observed(now=now, cluster=cluster, ray_job=await self._ray().info(status.submission_id))
+            except RayUnavailable:
+                return Observed(now=now, cluster=cluster)  # unknowable now: do not hold the job's loop open
         if status.terminal or status.phase == Phase.SUSPENDED or cluster.deleting:
             return Observed(now=now, cluster=cluster)
 

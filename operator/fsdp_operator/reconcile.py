@@ -316,8 +316,12 @@ def _job_submitted_false(status: JobStatus, reason: str, message: str, now: date
 
 
 def _finished(job: Job, status: JobStatus, obs: Observed) -> Decision:
-    """A terminal job: make sure the cluster is gone (cleanup: Delete), then honour the TTL."""
+    """A terminal job: make sure nothing still runs and the cluster is gone (cleanup: Delete), then the TTL."""
     actions: tuple[Action, ...] = ()
+    if obs.ray_job is not None and obs.ray_job.status not in RAY_TERMINAL:
+        # Level-triggered stop: the one decided on entering this phase may have been lost to a restart,
+        # and with cleanup: Keep no cluster deletion would end the Ray job either.
+        actions += (StopJob(status.submission_id),)
     if obs.cluster is not None:
         actions += _cleanup_actions(job, status, obs.cluster)
     ttl = job.spec.run_policy.ttl_seconds_after_finished

@@ -11,6 +11,9 @@ import pytest
 from fsdp_operator import render, schema
 from fsdp_operator.rayjobs import summarize_nodes
 from fsdp_operator.reconcile import (
+    RAY_PENDING,
+    RAY_RUNNING,
+    RAY_STOPPED,
     ClusterView,
     CreateRayCluster,
     Decision,
@@ -281,6 +284,16 @@ def test_cleanup_keep_leaves_the_cluster() -> None:
     m = manifest(waitForWorkersTimeoutSeconds=30, cleanup="Keep")
     d = run(m, at(Phase.PROVISIONING, started=31), cluster=cluster(ready=1, state=""))
     assert d.status.phase == Phase.FAILED and kinds(d) == []
+
+
+@pytest.mark.parametrize(("ray_status", "stops"), [(RAY_RUNNING, True), (RAY_PENDING, True), (RAY_STOPPED, False)])
+def test_a_terminal_job_stops_a_ray_job_that_still_runs(ray_status: str, stops: bool) -> None:
+    """The stop decided on entering Failed can be lost to an operator restart; with cleanup: Keep nothing else
+    would end the Ray job, so every pass over a terminal job stops it again while Ray says it runs."""
+    status = at(Phase.FAILED, reason=Reason.TRANSPORT_FALLBACK, end_time=NOW)
+    d = run(manifest(cleanup="Keep"), status, cluster=cluster(), ray_job=RayJobInfo(sid(1), ray_status))
+    assert kinds(d) == (["StopJob"] if stops else [])
+    assert d.done is not stops and d.status == status
 
 
 def test_foreign_cluster_under_our_name_is_a_conflict_and_never_deleted() -> None:
