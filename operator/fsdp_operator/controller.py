@@ -5,23 +5,44 @@ watches; this loop is the only writer of the job's status. It re-reads the job a
 pass (level-triggered: a missed event costs at most one interval), keeps the status it computed in
 memory (progress-only writes are rate-limited), and writes before it acts, so a restart between the
 two repeats an idempotent action instead of losing the intent.
+
+Containment: a pass that raises (a bug, or input no check foresaw) is recorded on the job as the
+`ReconcileError` condition and a Warning event, and the log offset still moves past what was read, so one
+poisoned line cannot freeze a job; a status write the API server refuses still lets the actions that stop
+work (stop the Ray job, delete the cluster) run. Each pass reads at most `LOG_CHUNK` characters of log, so
+one job's flood of output costs others at most one bounded slice of the event loop per pass.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdp_train.events import parse_lines
+from fsdp_train.events import parse_log
 
+from fsdp_operator import render
 from fsdp_operator.kube import Kube, KubeError
-from fsdp_operator.rayjobs import CachingFactory, RayJobs, RayJobsFactory, RayUnavailable, SubmissionRejected
+from fsdp_operator.rayjobs import (
+    LOG_CHUNK,
+    CachingFactory,
+    RayJobs,
+    RayJobsFactory,
+    RayUnavailable,
+    SubmissionRejected,
+)
 from fsdp_operator.reconcile import (
+    MUST_STOP_ACTIONS,
+    RAY_TERMINAL,
+    ApplyNetworkPolicy,
     ClusterView,
+    CreateAuthSecret,
     CreateRayCluster,
     Decision,
     DeleteJob,
@@ -32,11 +53,12 @@ from fsdp_operator.reconcile import (
     SubmitJob,
     dashboard_url,
     finalize_actions,
+    pass_failed,
     reconcile,
 )
 from fsdp_operator.render import raycluster_name
 from fsdp_operator.settings import OperatorConfig
-from fsdp_operator.status import JobStatus, Phase, merge_patch, progress_only
+from fsdp_operator.status import JobStatus, Phase, merge_patch, progress_only, within_budget
 
 Obj = dict[str, Any]
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -89,9 +111,39 @@ class Runtime:
             await self._kube.close()
 
 
-def _cut_complete_lines(text: str) -> str:
-    """The text up to and including its last newline: a half-written line waits for the next pass."""
-    return text[: text.rfind("\n") + 1]
+def _describe(error: BaseException) -> str:
+    """One line for the `ReconcileError` condition: the exception's type and its (cut) message."""
+    return f"{type(error).__name__}: {str(error)[:900]}"
+
+
+def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
+    references = (obj.get("metadata") or {}).get("ownerReferences")
+    return isinstance(references, list) and any(isinstance(r, Mapping) and r.get("uid") == uid for r in references)
+
+
+def _token(secret: Mapping[str, Any]) -> str:
+    data = secret.get("data")
+    raw = data.get(render.AUTH_TOKEN_KEY) if isinstance(data, Mapping) else None
+    try:
+        return base64.b64decode(str(raw or ""), validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return ""
+
+
+async def cluster_token(runtime: Runtime, namespace: str, job_name: str, uid: str) -> tuple[str, str]:
+    """(Ray auth token of the job's cluster, name of its Secret when that Secret is not the job's own).
+
+    ('', '') with token auth off or before the Secret exists.
+    """
+    if not runtime.config.security.token_auth:
+        return "", ""
+    name = render.auth_secret_name(job_name)
+    secret = await runtime.kube.get_secret(namespace, name)
+    if secret is None:
+        return "", ""
+    if uid and not _owned_by(secret, uid):
+        return "", name  # a token someone else chose is never sent to, or trusted for, this job's cluster
+    return _token(secret), ""
 
 
 class JobLoop:
@@ -109,6 +161,10 @@ class JobLoop:
         self.submit_error = ""
         self.address = ""
         self.uid = ""
+        self.token = ""
+        """Ray's auth token for the job's cluster, read from the job's Secret ('' until it exists)."""
+        self.discarding_line = False
+        """The log chunk last read ended inside a line longer than a whole chunk: skip to its end."""
 
     # --- the loop ---
     async def run(self, stopped: Any) -> None:
@@ -120,6 +176,10 @@ class JobLoop:
                     decision = await self.pass_once(stopped)
                 except (KubeError, RayUnavailable) as e:
                     self.log.warning(f"pass failed, retrying in {self.rt.config.error_backoff:g}s: {e}")
+                    await self._sleep(wake, stopped, self.rt.config.error_backoff)
+                    continue
+                except Exception:  # one job's failure must never end its loop or reach others
+                    self.log.exception(f"pass failed, retrying in {self.rt.config.error_backoff:g}s")
                     await self._sleep(wake, stopped, self.rt.config.error_backoff)
                     continue
                 if decision is None or decision.done:
@@ -164,12 +224,47 @@ class JobLoop:
         uid = str(obj["metadata"].get("uid", ""))
         if uid != self.uid:
             # A new object under the same name: forget what the previous one's loop knew.
-            self.uid, self.status, self.pending_write = uid, None, False
-        stored = dict(obj.get("status") or {})
+            self.uid, self.status, self.pending_write, self.token = uid, None, False, ""
+        raw_status = obj.get("status")
+        stored = dict(raw_status) if isinstance(raw_status, Mapping) else {}
         status = self.status if self.status is not None else JobStatus.from_dict(stored)
-        observed = await self.observe(obj, status)
-        decision = reconcile(obj, status, observed, training_package=self.rt.config.training_package)
-        await self.write(stored, decision.status)
+        failure = ""
+        try:
+            observed = await self.observe(obj, status)
+        except (KubeError, RayUnavailable):
+            raise
+        except Exception as e:  # contained: becomes the ReconcileError condition
+            self.log.exception("observing the job failed")
+            observed, failure = Observed(now=self.rt.clock()), _describe(e)
+        if not failure:
+            try:
+                decision = reconcile(
+                    obj,
+                    status,
+                    observed,
+                    training_package=self.rt.config.training_package,
+                    security=self.rt.config.security,
+                )
+            except Exception as e:  # contained: becomes the ReconcileError condition
+                self.log.exception("reconcile failed")
+                failure = _describe(e)
+        if failure:
+            decision = pass_failed(status, observed, failure)
+        try:
+            await self.write(stored, decision.status)
+        except KubeError as e:
+            # Whatever happens to the record, work that must end ends: a stuck status must not hold GPUs.
+            stopping = tuple(a for a in decision.actions if isinstance(a, MUST_STOP_ACTIONS))
+            await self.act(obj, Decision(decision.status, stopping))
+            if not 400 <= e.status < 500 or e.status in (404, 409, 429):
+                raise
+            # The API server refused this status (too large, invalid): record that instead, and move past the log
+            # that produced it, so the next pass does not build the same refused status again.
+            self.log.error(f"status write refused: {e}")
+            refused = pass_failed(status, observed, f"status write refused: {_describe(e)}")
+            await self.write(stored, refused.status)
+            await self.act(obj, refused)
+            return refused
         if stopped:
             return None  # kopf is stopping this loop (deletion or shutdown): leave the acting to the next owner
         await self.act(obj, decision)
@@ -185,7 +280,13 @@ class JobLoop:
         if cluster_obj is None:
             return Observed(now=now, submit_error=submit_error)
         cluster = ClusterView.from_object(cluster_obj)
+        if self.uid and cluster.owner_uid != self.uid:
+            return Observed(now=now, cluster=cluster)  # not ours: no word with its Ray (`reconcile` fails the job)
         self.address = self.rt.ray_address(cluster_obj)
+        if self.address and not self.token:
+            self.token, foreign_secret = await cluster_token(self.rt, self.namespace, self.name, self.uid)
+            if foreign_secret:
+                return Observed(now=now, cluster=cluster, foreign_secret=foreign_secret)
         if status.terminal and not cluster.deleting and self.address and status.submission_id:
             # Does the Ray job still run behind a terminal phase? (`reconcile` stops it if so.)
             try:
@@ -214,16 +315,43 @@ class JobLoop:
             info = await client.info(status.submission_id)
             if info is None:
                 return Observed(now=now, cluster=cluster, submit_error=submit_error)
-            text = _cut_complete_lines(await client.logs(status.submission_id, status.log_offset))
+            final = info.status in RAY_TERMINAL
+            chunk = await client.logs(status.submission_id, status.log_offset, LOG_CHUNK, final=final)
         except RayUnavailable as e:
             return Observed(now=now, cluster=cluster, ray_error=str(e))
+        text, consumed, over_long = self._complete_lines(chunk, full=len(chunk) >= LOG_CHUNK, final=final)
+        parsed = parse_log(text.splitlines())
         return Observed(
             now=now,
             cluster=cluster,
             ray_job=info,
-            events=tuple(parse_lines(text.splitlines())),
-            log_offset=status.log_offset + len(text),
+            events=parsed.events,
+            log_offset=status.log_offset + consumed,
+            skipped_lines=parsed.malformed + over_long,
+            log_pending=len(chunk) >= LOG_CHUNK,
         )
+
+    def _complete_lines(self, chunk: str, *, full: bool, final: bool) -> tuple[str, int, int]:
+        """(whole lines to parse, characters consumed, over-long lines skipped) of one log chunk.
+
+        A half-written last line waits for the next pass, unless the job has ended (then it is all there is).
+        A line longer than a whole chunk is never parsed: it is skipped to its end, over as many passes as it
+        takes, and counted once.
+        """
+        start = 0
+        if self.discarding_line:
+            cut = chunk.find("\n")
+            if cut < 0:
+                self.discarding_line = full
+                return "", len(chunk), 0
+            self.discarding_line, start = False, cut + 1
+        end = len(chunk) if final and not full else chunk.rfind("\n") + 1
+        if end <= start:
+            if full and start == 0:
+                self.discarding_line = True
+                return "", len(chunk), 1
+            return "", start, 0
+        return chunk[start:end], end, 0
 
     async def _unschedulable(self, cluster_name: str) -> str:
         """The scheduler's message for a Pending pod of the cluster (pod condition, else FailedScheduling event)."""
@@ -249,7 +377,7 @@ class JobLoop:
         return f"pod {latest['involvedObject']['name']}: {latest.get('message', '')}"
 
     def _ray(self) -> RayJobs:
-        return self.rt.ray(self.address)
+        return self.rt.ray(self.address, self.token)
 
     # --- writing ---
     async def write(self, stored: Obj, status: JobStatus) -> None:
@@ -258,7 +386,7 @@ class JobLoop:
         `self.status` moves on only once the write is done (or deliberately deferred): when the patch fails,
         the next pass decides again from the old status, so the transition's actions and events are not lost.
         """
-        new = status.to_dict()
+        new = within_budget(status.to_dict())
         if new == stored:
             self.status, self.pending_write = status, False
             return
@@ -271,30 +399,45 @@ class JobLoop:
 
     # --- acting ---
     async def act(self, obj: Obj, decision: Decision) -> None:
+        """Take each action; one that fails (API refused, Ray unreachable) does not keep the others from running."""
         for action in decision.actions:
-            match action:
-                case CreateRayCluster(manifest=manifest):
-                    created = await self.rt.kube.create_raycluster(manifest)
-                    self.log.info(f"RayCluster {manifest['metadata']['name']} " + ("created" if created else "exists"))
-                case DeleteRayCluster(namespace=namespace, name=name):
-                    if await self.rt.kube.delete_raycluster(namespace, name):
-                        self.log.info(f"RayCluster {name} deleted")
-                case SubmitJob(submission=submission):
-                    await self._submit(submission.submission_id, decision, action)
-                case StopJob(submission_id=submission_id):
-                    if self.address:
-                        try:
-                            await self._ray().stop(submission_id)
-                        except RayUnavailable as e:
-                            self.log.warning(f"could not stop Ray job {submission_id}: {e}")
-                case PostEvent(type=type_, reason=reason, message=message):
+            try:
+                await self._act_one(obj, decision, action)
+            except (KubeError, RayUnavailable) as e:
+                # Level-triggered: the next pass decides the same action again if it is still needed.
+                self.log.warning(f"{type(action).__name__} failed, the next pass retries: {e}")
+
+    async def _act_one(self, obj: Obj, decision: Decision, action: Any) -> None:
+        match action:
+            case CreateAuthSecret(manifest=manifest):
+                token = base64.b64encode(secrets.token_urlsafe(32).encode()).decode()
+                created = await self.rt.kube.create_secret({**manifest, "data": {render.AUTH_TOKEN_KEY: token}})
+                self.log.info(f"Secret {manifest['metadata']['name']} " + ("created" if created else "exists"))
+            case ApplyNetworkPolicy(manifest=manifest):
+                created = await self.rt.kube.create_network_policy(manifest)
+                self.log.info(f"NetworkPolicy {manifest['metadata']['name']} " + ("created" if created else "exists"))
+            case CreateRayCluster(manifest=manifest):
+                created = await self.rt.kube.create_raycluster(manifest)
+                self.log.info(f"RayCluster {manifest['metadata']['name']} " + ("created" if created else "exists"))
+            case DeleteRayCluster(namespace=namespace, name=name):
+                if await self.rt.kube.delete_raycluster(namespace, name):
+                    self.log.info(f"RayCluster {name} deleted")
+            case SubmitJob(submission=submission):
+                await self._submit(submission.submission_id, decision, action)
+            case StopJob(submission_id=submission_id):
+                if self.address:
                     try:
-                        await self.rt.kube.post_event(obj, type_, reason, message)
-                    except KubeError as e:
-                        self.log.warning(f"could not post event {reason}: {e}")
-                case DeleteJob():
-                    self.log.info("ttlSecondsAfterFinished passed: deleting the job")
-                    await self.rt.kube.delete_job(self.namespace, self.name)
+                        await self._ray().stop(submission_id)
+                    except RayUnavailable as e:
+                        self.log.warning(f"could not stop Ray job {submission_id}: {e}")
+            case PostEvent(type=type_, reason=reason, message=message):
+                try:
+                    await self.rt.kube.post_event(obj, type_, reason, message)
+                except KubeError as e:
+                    self.log.warning(f"could not post event {reason}: {e}")
+            case DeleteJob():
+                self.log.info("ttlSecondsAfterFinished passed: deleting the job")
+                await self.rt.kube.delete_job(self.namespace, self.name)
 
     async def _submit(self, submission_id: str, decision: Decision, action: SubmitJob) -> None:
         if not self.address:
@@ -325,8 +468,10 @@ async def finalize(runtime: Runtime, body: Mapping[str, Any], logger: Logger) ->
                 address = runtime.ray_address(cluster_obj) if cluster_obj else ""
                 if not address:
                     continue
+                token, _ = await cluster_token(runtime, namespace, name, str(meta.get("uid") or ""))
                 try:
-                    await asyncio.wait_for(runtime.ray(address).stop(submission_id), runtime.config.finalize_timeout)
+                    stop = runtime.ray(address, token).stop(submission_id)
+                    await asyncio.wait_for(stop, runtime.config.finalize_timeout)
                     logger.info(f"Ray job {submission_id} stopped")
                 except (RayUnavailable, TimeoutError) as e:
                     logger.warning(f"Ray job {submission_id} not stopped (Ray unreachable), deleting its cluster: {e}")

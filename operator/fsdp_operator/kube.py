@@ -56,6 +56,16 @@ class Kube(Protocol):
         """True when a delete was issued, False when there was nothing to delete (404)."""
         ...
 
+    async def create_secret(self, manifest: Obj) -> bool:
+        """True when created, False when a Secret of that name already exists (409)."""
+        ...
+
+    async def get_secret(self, namespace: str, name: str) -> Obj | None: ...
+
+    async def create_network_policy(self, manifest: Obj) -> bool:
+        """True when created, False when one of that name already exists (409)."""
+        ...
+
     async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]: ...
 
     async def list_events(self, namespace: str, field_selector: str) -> list[Obj]: ...
@@ -194,6 +204,23 @@ class AioKube:
     async def delete_raycluster(self, namespace: str, name: str) -> bool:
         status, _ = await self._request("DELETE", _cluster_path(namespace, name), allow=(404,))
         return status != 404
+
+    async def create_secret(self, manifest: Obj) -> bool:
+        namespace = manifest["metadata"].get("namespace", "default")
+        status, _ = await self._request("POST", f"/api/v1/namespaces/{quote(namespace)}/secrets", body=manifest,
+                                        allow=(409,))  # fmt: skip
+        return status != 409
+
+    async def get_secret(self, namespace: str, name: str) -> Obj | None:
+        path = f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}"
+        status, obj = await self._request("GET", path, allow=(404,))
+        return None if status == 404 else obj
+
+    async def create_network_policy(self, manifest: Obj) -> bool:
+        namespace = manifest["metadata"].get("namespace", "default")
+        path = f"/apis/networking.k8s.io/v1/namespaces/{quote(namespace)}/networkpolicies"
+        status, _ = await self._request("POST", path, body=manifest, allow=(409,))
+        return status != 409
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
         _, listing = await self._request(

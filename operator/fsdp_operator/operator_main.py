@@ -10,6 +10,7 @@ import kopf
 
 from fsdp_operator.controller import Runtime
 from fsdp_operator.handlers import build_registry
+from fsdp_operator.settings import OperatorConfig
 
 
 class _QuietWakeups(logging.Filter):
@@ -25,7 +26,7 @@ def run_operator(namespace: str | None, liveness: str | None) -> int:
     `http://0.0.0.0:8080/healthz` serves kopf's liveness probe. Credentials: in-cluster or kubeconfig."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kopf.objects").addFilter(_QuietWakeups())
-    registry = build_registry(Runtime())
+    registry = build_registry(Runtime(OperatorConfig.from_env()))
     kopf.run(
         registry=registry,
         standalone=True,

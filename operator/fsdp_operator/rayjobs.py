@@ -2,14 +2,24 @@
 
 The real `RayJobsClient` wraps `ray.job_submission.JobSubmissionClient` (blocking, so every call runs
 in a thread with a timeout) and asks the dashboard's state API (`/api/v0/nodes`) which nodes are
-alive, because pod readiness alone races with Ray's own view (KubeRay #962, #4199, #4760).
+alive, because pod readiness alone races with Ray's own view (KubeRay #962, #4199, #4760). With Ray's
+token authentication on, every request carries the job's token as `Authorization: Bearer`.
 `FakeRay` plays Ray for the integration tests; run-local uses the real client.
+
+The job log is read incrementally. Ray 2.58's job API has two ways to read a driver log: `get_job_logs`
+(`GET /api/jobs/{id}/logs`, the whole log every time) and `tail_job_logs` (a websocket that sends the log
+from its start and then each new chunk as it is written). The state API's `/api/v0/logs/file` takes a
+line count from the end, not an offset. So the client keeps one `tail_job_logs` stream per job open
+(`_LogTail`): each pass takes what arrived since the last, a restarted operator skips the stream's
+first `offset` characters once, and a bounded buffer holds the stream back (TCP flow control) while
+the operator is behind. Should the stream fail repeatedly, one pass falls back to `get_job_logs`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import urllib.error
 import urllib.request
@@ -23,6 +33,13 @@ from fsdp_operator.reconcile import RayNodes as RayNodes
 from fsdp_operator.render import Submission
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+LOG_CHUNK = 256 * 1024
+"""Characters of job log one pass reads at most: the bound on one job's parsing work per pass."""
+TAIL_BUFFER = 4 * 1024 * 1024
+"""Characters a log stream buffers ahead of the operator before it stops reading the websocket."""
+TAIL_FAILURES_BEFORE_FALLBACK = 3
 
 
 class RayUnavailable(RuntimeError):
@@ -46,8 +63,12 @@ class RayJobs(Protocol):
         """The job's state, or None when Ray does not know the submission id."""
         ...
 
-    async def logs(self, submission_id: str, offset: int) -> str:
-        """The job's driver log from character `offset` on ('' when nothing new)."""
+    async def logs(self, submission_id: str, offset: int, limit: int = LOG_CHUNK, *, final: bool = False) -> str:
+        """At most `limit` characters of the job's driver log from character `offset` on ('' when nothing new).
+
+        `final`: the job has ended, so the log is complete; the answer holds `limit` characters, or all up to
+        the log's end (a streaming reader waits for the stream to deliver it).
+        """
         ...
 
     async def stop(self, submission_id: str) -> bool: ...
@@ -55,8 +76,10 @@ class RayJobs(Protocol):
     async def delete(self, submission_id: str) -> None: ...
 
 
-RayJobsFactory = Callable[[str], RayJobs]
-"""Makes the client for a dashboard URL (`http://host:8265`)."""
+class RayJobsFactory(Protocol):
+    """Makes the client for a dashboard URL (`http://host:8265`) and the cluster's auth token ('' when none)."""
+
+    def __call__(self, address: str, token: str = "") -> RayJobs: ...
 
 
 def summarize_nodes(nodes: list[dict[str, Any]]) -> RayNodes:
@@ -78,10 +101,12 @@ def _http_status(error: Exception) -> int | None:
 class RayJobsClient:
     """The real client. Each call runs the blocking SDK in a thread, bounded by `timeout` seconds."""
 
-    def __init__(self, address: str, *, timeout: float = 20.0) -> None:
+    def __init__(self, address: str, *, timeout: float = 20.0, token: str = "") -> None:
         self.address = address.rstrip("/")
         self.timeout = timeout
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client: Any = None
+        self._tails: dict[str, _LogTail] = {}
 
     async def _call(self, fn: Callable[[], T]) -> T:
         try:
@@ -105,7 +130,8 @@ class RayJobsClient:
                     return super()._do_request(*args, **kwargs)
 
             try:
-                self._client = BoundedClient(self.address)
+                # Explicit headers: Ray's own token lookup reads this process's environment, one token for all.
+                self._client = BoundedClient(self.address, headers=dict(self.headers))
             except (ConnectionError, RuntimeError, OSError) as e:
                 raise RayUnavailable(f"{self.address}: {e}") from e
         return self._client
@@ -114,7 +140,8 @@ class RayJobsClient:
         def fetch() -> RayNodes:
             url = f"{self.address}/api/v0/nodes?limit=10000&detail=false"
             try:
-                with urllib.request.urlopen(url, timeout=self.timeout) as response:
+                request = urllib.request.Request(url, headers=self.headers)
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
                     body = json.loads(response.read())
             except (urllib.error.URLError, OSError, ValueError) as e:
                 raise RayUnavailable(f"{url}: {e}") from e
@@ -165,17 +192,46 @@ class RayJobsClient:
 
         return await self._call(run)
 
-    async def logs(self, submission_id: str, offset: int) -> str:
+    async def logs(self, submission_id: str, offset: int, limit: int = LOG_CHUNK, *, final: bool = False) -> str:
+        tail = self._tails.get(submission_id)
+        if tail is not None and tail.failed:
+            self._tails.pop(submission_id)
+            failures = tail.failures + 1
+            log.info(f"log stream of {submission_id} ended ({tail.error}); failure {failures}")
+            if failures >= TAIL_FAILURES_BEFORE_FALLBACK:
+                return await self._whole_log(submission_id, offset, limit)  # the stream keeps failing: read once
+            tail = None
+        else:
+            failures = 0
+        if tail is None or offset < tail.base:
+            if tail is not None:
+                tail.close()
+            sdk = await self._call(self._sdk)
+            tail = self._tails[submission_id] = _LogTail(sdk, submission_id, skip=offset, failures=failures)
+        if final and not await tail.settle(offset, limit, self.timeout):
+            # The stream did not deliver the end in time: one whole read makes sure no last line is lost.
+            return await self._whole_log(submission_id, offset, limit)
+        return tail.read(offset, limit)
+
+    async def _whole_log(self, submission_id: str, offset: int, limit: int) -> str:
         def run() -> str:
             try:
                 text = str(self._sdk().get_job_logs(submission_id))
             except (RuntimeError, ConnectionError, OSError) as e:
                 raise RayUnavailable(str(e)[-500:]) from e
-            return text[offset:]
+            return text[offset : offset + limit]
 
         return await self._call(run)
 
+    def forget(self, submission_id: str) -> None:
+        """Close the job's log stream (the job is finished or stopped)."""
+        tail = self._tails.pop(submission_id, None)
+        if tail is not None:
+            tail.close()
+
     async def stop(self, submission_id: str) -> bool:
+        self.forget(submission_id)
+
         def run() -> bool:
             try:
                 return bool(self._sdk().stop_job(submission_id))
@@ -202,17 +258,95 @@ class RayJobsClient:
         await self._call(run)
 
 
+class _LogTail:
+    """One job's driver log, followed over Ray's websocket (`tail_job_logs`) into a bounded buffer.
+
+    Positions are characters from the start of the log. `base` is the position of `buffer[0]`; the stream
+    always starts at 0, so a tail opened at `skip` drops that many characters first.
+    """
+
+    def __init__(self, sdk: Any, submission_id: str, *, skip: int, failures: int) -> None:
+        self.base = skip
+        self.buffer = ""
+        self.failures = failures
+        self.error: BaseException | None = None
+        self._skip = skip
+        self._chunks: list[str] = []
+        self._buffered = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._grown = asyncio.Event()
+        self._ended = False
+        self._task = asyncio.get_running_loop().create_task(self._follow(sdk, submission_id))
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    async def _follow(self, sdk: Any, submission_id: str) -> None:
+        try:
+            async for chunk in sdk.tail_job_logs(submission_id):
+                if self._skip:
+                    cut = min(self._skip, len(chunk))
+                    chunk, self._skip = chunk[cut:], self._skip - cut
+                self._chunks.append(chunk)
+                self._buffered += len(chunk)
+                self._grown.set()
+                if self._buffered >= TAIL_BUFFER:
+                    self._room.clear()
+                    await self._room.wait()  # the operator is behind: stop reading, the socket holds Ray back
+            if self._skip:
+                self.error = RayUnavailable(f"log of {submission_id} is shorter than the recorded offset")
+            self._ended = True
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # whatever ended the stream, the next read opens a new one
+            self.error = e
+        finally:
+            self._grown.set()
+
+    async def settle(self, offset: int, limit: int, timeout: float) -> bool:
+        """Wait until `limit` characters past `offset` arrived or the stream ended; False when it failed or
+        `timeout` passed first."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self._ended and self.error is None:
+            if self.base + len(self.buffer) + sum(map(len, self._chunks)) - offset >= limit:
+                return True
+            self._grown.clear()
+            try:
+                await asyncio.wait_for(self._grown.wait(), max(deadline - loop.time(), 0.0))
+            except TimeoutError:
+                return False
+        return self.error is None
+
+    def read(self, offset: int, limit: int) -> str:
+        if self._chunks:
+            self.buffer += "".join(self._chunks)
+            self._chunks.clear()
+        if offset > self.base:
+            drop = min(offset - self.base, len(self.buffer))
+            self.buffer, self.base = self.buffer[drop:], self.base + drop
+        self._buffered = len(self.buffer)
+        if self._buffered < TAIL_BUFFER:
+            self._room.set()
+        return self.buffer[offset - self.base : offset - self.base + limit] if offset >= self.base else ""
+
+    def close(self) -> None:
+        self._task.cancel()
+
+
 class CachingFactory:
-    """One `RayJobsClient` per address (the SDK checks versions over HTTP when it is built)."""
+    """One `RayJobsClient` per address and token (the SDK checks versions over HTTP when it is built)."""
 
     def __init__(self, *, timeout: float = 20.0) -> None:
         self.timeout = timeout
-        self._clients: dict[str, RayJobsClient] = {}
+        self._clients: dict[tuple[str, str], RayJobsClient] = {}
 
-    def __call__(self, address: str) -> RayJobs:
-        client = self._clients.get(address)
+    def __call__(self, address: str, token: str = "") -> RayJobs:
+        client = self._clients.get((address, token))
         if client is None:
-            client = self._clients[address] = RayJobsClient(address, timeout=self.timeout)
+            client = self._clients[(address, token)] = RayJobsClient(address, timeout=self.timeout, token=token)
         return client
 
 
@@ -257,6 +391,10 @@ class FakeRay:
         """Submission id -> message: Ray answers 400 to that submission."""
         self.down = False
         """Every cluster's API stops answering (connection refused) while this is set."""
+        self.tokens: dict[str, str] = {}
+        """Address -> the token the cluster's Ray requires (token auth on); absent: no auth."""
+        self.log_reads: list[tuple[str, int, int]] = []
+        """(submission id, offset, characters returned) of every log read, to check reads are incremental."""
         self._players: dict[str, Iterator[None]] = {}
 
     # --- what the fake KubeRay and the tests call ---
@@ -304,13 +442,17 @@ class FakeRay:
             except StopIteration:
                 self._players.pop(sid, None)
 
-    def client(self, address: str) -> RayJobs:
-        return _FakeRayJobs(self, address)
+    def client(self, address: str, token: str = "") -> RayJobs:
+        return _FakeRayJobs(self, address, token)
 
-    def _cluster(self, address: str) -> FakeCluster:
+    def _cluster(self, address: str, token: str = "") -> FakeCluster:
         cluster = self.clusters.get(address)
         if cluster is None or self.down:
             raise RayUnavailable(f"{address}: connection refused")
+        required = self.tokens.get(address)
+        if required is not None and token != required:
+            # What Ray's token middleware answers (401 without a token, 403 with a wrong one).
+            raise RayUnavailable(f"{address}: {'403 Forbidden' if token else '401 Unauthorized'}")
         return cluster
 
     def _start(self, job: FakeJob) -> None:
@@ -321,15 +463,19 @@ class FakeRay:
 
 
 class _FakeRayJobs:
-    def __init__(self, ray: FakeRay, address: str) -> None:
+    def __init__(self, ray: FakeRay, address: str, token: str) -> None:
         self.ray = ray
         self.address = address
+        self.token = token
+
+    def _cluster(self) -> FakeCluster:
+        return self.ray._cluster(self.address, self.token)
 
     async def nodes(self) -> RayNodes:
-        return self.ray._cluster(self.address).nodes
+        return self._cluster().nodes
 
     async def submit(self, submission: Submission) -> bool:
-        cluster = self.ray._cluster(self.address)
+        cluster = self._cluster()
         sid = submission.submission_id
         self.ray.submit_calls.append(sid)
         if sid in cluster.jobs:
@@ -342,17 +488,19 @@ class _FakeRayJobs:
         return True
 
     async def info(self, submission_id: str) -> RayJobInfo | None:
-        job = self.ray._cluster(self.address).jobs.get(submission_id)
+        job = self._cluster().jobs.get(submission_id)
         return None if job is None else RayJobInfo(submission_id, job.status, job.message)
 
-    async def logs(self, submission_id: str, offset: int) -> str:
-        job = self.ray._cluster(self.address).jobs.get(submission_id)
+    async def logs(self, submission_id: str, offset: int, limit: int = LOG_CHUNK, *, final: bool = False) -> str:
+        job = self._cluster().jobs.get(submission_id)
         if job is None:
             raise RayUnavailable(f"job {submission_id} does not exist")
-        return job.log[offset:]
+        text = job.log[offset : offset + limit]
+        self.ray.log_reads.append((submission_id, offset, len(text)))
+        return text
 
     async def stop(self, submission_id: str) -> bool:
-        job = self.ray._cluster(self.address).jobs.get(submission_id)
+        job = self._cluster().jobs.get(submission_id)
         if job is None or job.status in RAY_TERMINAL:
             return False
         job.status, job.message = RAY_STOPPED, "Job was intentionally stopped."
@@ -360,7 +508,7 @@ class _FakeRayJobs:
         return True
 
     async def delete(self, submission_id: str) -> None:
-        self.ray._cluster(self.address).jobs.pop(submission_id, None)
+        self._cluster().jobs.pop(submission_id, None)
 
 
 __all__ = [

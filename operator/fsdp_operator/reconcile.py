@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Literal
 
-from fsdp_train.events import Event
+from fsdp_train.events import Event, clean_text
 
 from fsdp_operator import render
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
@@ -29,6 +29,7 @@ from fsdp_operator.status import (
     Reason,
     cleared_run_data,
     fold_events,
+    get_condition,
     set_condition,
 )
 
@@ -60,19 +61,30 @@ class ClusterView:
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> ClusterView:
-        meta = obj.get("metadata") or {}
-        status = obj.get("status") or {}
-        owner: Mapping[str, Any] = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), {})
+        meta = _mapping(obj.get("metadata"))
+        status = _mapping(obj.get("status"))
+        references = meta.get("ownerReferences")
+        owners = [_mapping(o) for o in references] if isinstance(references, list) else []
+        owner: Mapping[str, Any] = next((o for o in owners if o.get("controller") is True), {})
         return cls(
             name=str(meta.get("name", "")),
             state=str(status.get("state") or ""),
-            ready_workers=int(status.get("readyWorkerReplicas") or 0),
-            desired_workers=int(status.get("desiredWorkerReplicas") or 0),
+            ready_workers=_count(status.get("readyWorkerReplicas")),
+            desired_workers=_count(status.get("desiredWorkerReplicas")),
             deleting=bool(meta.get("deletionTimestamp")),
             owner_uid=str(owner.get("uid", "")),
             dashboard_url=dashboard_url(obj),
             reason=str(status.get("reason") or ""),
         )
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _count(value: Any) -> int:
+    """A replica count from another controller's status (typed there, unchecked here)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def dashboard_url(obj: Mapping[str, Any]) -> str:
@@ -121,6 +133,12 @@ class Observed:
     """The log offset after `events`; None when the log was not read."""
     submit_error: str = ""
     """Ray rejected the submission of `status.submissionId` (not a transient error)."""
+    skipped_lines: int = 0
+    """Event lines in the log read this pass that did not parse (malformed, over-long)."""
+    log_pending: bool = False
+    """More of the job log is waiting than one pass reads: the next pass comes at once."""
+    foreign_secret: str = ""
+    """The job's auth Secret exists and is not owned by this job: its name."""
 
 
 # --- what to do -------------------------------------------------------------------------------------
@@ -148,6 +166,20 @@ class StopJob:
 
 
 @dataclass(frozen=True, slots=True)
+class CreateAuthSecret:
+    """The per-job Secret for Ray's auth token (the controller draws the token); 409 means it exists."""
+
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyNetworkPolicy:
+    """The per-job NetworkPolicy closing Ray's ports; 409 means it exists."""
+
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class PostEvent:
     type: Literal["Normal", "Warning"]
     reason: str
@@ -159,7 +191,19 @@ class DeleteJob:
     """`ttlSecondsAfterFinished` ran out: delete the FSDPTrainingJob itself."""
 
 
-Action = CreateRayCluster | DeleteRayCluster | SubmitJob | StopJob | PostEvent | DeleteJob
+Action = (
+    CreateRayCluster
+    | DeleteRayCluster
+    | SubmitJob
+    | StopJob
+    | PostEvent
+    | DeleteJob
+    | CreateAuthSecret
+    | ApplyNetworkPolicy
+)
+
+MUST_STOP_ACTIONS = (StopJob, DeleteRayCluster)
+"""Actions that end what runs: taken even when the status write before them failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,17 +219,63 @@ class Decision:
 # --- the state machine ------------------------------------------------------------------------------
 
 
-def reconcile(manifest: Mapping[str, Any], status: JobStatus, observed: Observed, *, training_package: str) -> Decision:
+def reconcile(
+    manifest: Mapping[str, Any],
+    status: JobStatus,
+    observed: Observed,
+    *,
+    training_package: str,
+    security: render.Security | None = None,
+) -> Decision:
     """One pass: the new status and the actions, with an Event for every phase or reason change."""
-    decision = _decide(manifest, status, observed, training_package)
-    return _with_transition_events(status, decision)
+    decision = _decide(manifest, status, observed, training_package, security or render.Security())
+    return _with_transition_events(status, _error_cleared(decision, observed.now))
 
 
-def _decide(manifest: Mapping[str, Any], status: JobStatus, obs: Observed, package: str) -> Decision:
+def pass_failed(status: JobStatus, observed: Observed, error: str) -> Decision:
+    """A pass that raised: the `ReconcileError` condition and a Warning event, and the log offset moved past
+    what was read, so the same line cannot fail every pass for ever. Nothing else changes."""
+    message = clean_text(error, 1024)
+    previous = get_condition(status.conditions, ConditionType.RECONCILE_ERROR)
+    new = status
+    if observed.log_offset is not None:
+        new = replace(new, log_offset=observed.log_offset, skipped_events=new.skipped_events + observed.skipped_lines)
+    new = replace(
+        new,
+        conditions=set_condition(
+            new.conditions, ConditionType.RECONCILE_ERROR, "True", "PassFailed", message,
+            now=observed.now, generation=status.observed_generation,
+        ),
+    )  # fmt: skip
+    repeated = previous is not None and previous.get("status") == "True" and previous.get("message") == message
+    actions: tuple[Action, ...] = () if repeated else (PostEvent("Warning", "ReconcileError", message),)
+    return Decision(new, actions)
+
+
+def _error_cleared(decision: Decision, now: datetime) -> Decision:
+    """A pass that went through after failed ones: `ReconcileError` turns False."""
+    condition = get_condition(decision.status.conditions, ConditionType.RECONCILE_ERROR)
+    if condition is None or condition.get("status") != "True":
+        return decision
+    conditions = set_condition(
+        decision.status.conditions,
+        ConditionType.RECONCILE_ERROR,
+        "False",
+        "PassSucceeded",
+        "the last pass over the job succeeded",
+        now=now,
+        generation=decision.status.observed_generation,
+    )
+    return replace(decision, status=replace(decision.status, conditions=conditions))
+
+
+def _decide(
+    manifest: Mapping[str, Any], status: JobStatus, obs: Observed, package: str, security: render.Security
+) -> Decision:
     try:
         job = parse_job(dict(manifest))
     except (SpecError, NotAJobError) as e:
-        return _validation_failed(manifest, status, str(e), obs.now)
+        return _validation_failed(manifest, status, str(e), obs)
 
     if status.reason == Reason.VALIDATION_FAILED and job.generation != status.observed_generation:
         # The spec was fixed: start over as a new job (nothing was created for the invalid one).
@@ -201,17 +291,19 @@ def _decide(manifest: Mapping[str, Any], status: JobStatus, obs: Observed, packa
             return decision
     match status.phase:
         case Phase.PENDING:
-            return _provision(job, status, obs, Reason.CLUSTER_CREATING, "creating RayCluster")
+            return _provision(job, status, obs, security)
         case Phase.PROVISIONING:
-            return _wait_for_workers(job, status, obs, package)
+            return _wait_for_workers(job, status, obs, package, security)
         case Phase.SUBMITTING | Phase.RUNNING:
-            return _track_job(job, status, obs, package)
+            return _track_job(job, status, obs, package, security)
         case _:
             raise AssertionError(f"unhandled phase {status.phase}")
 
 
-def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems: str, now: datetime) -> Decision:
-    generation = int((manifest.get("metadata") or {}).get("generation") or 0)
+def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems: str, obs: Observed) -> Decision:
+    now = obs.now
+    meta = _mapping(manifest.get("metadata"))
+    generation = _count(meta.get("generation"))
     already = status.phase == Phase.FAILED and status.reason == Reason.VALIDATION_FAILED
     # Not `done` (kopf never restarts a daemon that returned): a fixed spec must start the job over.
     if already and status.observed_generation == generation:
@@ -231,12 +323,12 @@ def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems:
             status.conditions, ConditionType.VALIDATED, "False", "Invalid", message, now=now, generation=generation
         ),
     )
-    # Nothing was created for an invalid job unless it was valid before: clean up what may exist.
+    # Nothing was created for an invalid job unless it was valid before: clean up what may exist (if ours).
     actions: tuple[Action, ...] = ()
-    if status.submission_id and status.phase in (Phase.SUBMITTING, Phase.RUNNING):
+    ours = obs.cluster is not None and not _foreign(obs.cluster, str(meta.get("uid") or ""))
+    if ours and status.submission_id and status.phase in (Phase.SUBMITTING, Phase.RUNNING):
         actions += (StopJob(status.submission_id),)
-    if status.ray_cluster_name:
-        meta = manifest.get("metadata") or {}
+    if ours and status.ray_cluster_name:
         actions += (DeleteRayCluster(str(meta.get("namespace") or "default"), status.ray_cluster_name),)
     return Decision(new, actions)
 
@@ -267,8 +359,40 @@ def _record_identity(job: Job, status: JobStatus, now: datetime) -> Decision:
 
 
 def _foreign(cluster: ClusterView | None, uid: str) -> bool:
-    """The RayCluster under our name is controlled by another object: never touch it."""
-    return cluster is not None and bool(cluster.owner_uid) and bool(uid) and cluster.owner_uid != uid
+    """The RayCluster under our name was not created for this job (no owner reference to it): never touch it.
+
+    Never adopted, submitted into, stopped or deleted: a cluster someone else made may run someone else's work.
+    """
+    return cluster is not None and bool(uid) and cluster.owner_uid != uid
+
+
+def _name_taken(job: Job, status: JobStatus, obs: Observed) -> Decision | None:
+    """Fail with `ClusterNameTaken` when the cluster (or the auth Secret) under the job's names is not ours."""
+    if _foreign(obs.cluster, job.uid):
+        assert obs.cluster is not None
+        owner = f"owned by uid {obs.cluster.owner_uid}" if obs.cluster.owner_uid else "with no owner reference"
+        message = (
+            f"RayCluster {obs.cluster.name} exists and was not created for this job ({owner}); it is left alone: "
+            "delete it or rename the job"
+        )
+    elif obs.foreign_secret:
+        message = (
+            f"Secret {obs.foreign_secret} (Ray's auth token for this job) exists and was not created for this job; "
+            "it is left alone: delete it or rename the job"
+        )
+    else:
+        return None
+    return _finish(job, status, obs, Phase.FAILED, Reason.CLUSTER_NAME_TAKEN, message, stop_job=False)
+
+
+def _cluster_actions(job: Job, security: render.Security) -> tuple[Action, ...]:
+    """Create (idempotently) what the RayCluster needs first, then the cluster itself."""
+    actions: tuple[Action, ...] = ()
+    if security.token_auth:
+        actions += (CreateAuthSecret(render.auth_secret(job)),)
+    if security.network_policy:
+        actions += (ApplyNetworkPolicy(render.network_policy(job, security)),)
+    return (*actions, CreateRayCluster(render.raycluster(job, security)))
 
 
 def _cleanup_actions(job: Job, status: JobStatus, cluster: ClusterView | None) -> tuple[Action, ...]:
@@ -352,7 +476,7 @@ def _check_suspend(job: Job, status: JobStatus, obs: Observed, package: str) -> 
     if status.phase == Phase.SUSPENDED:
         if suspend:
             # Level-triggered: the cluster is deleted again if it came back.
-            lingering = obs.cluster is not None and not obs.cluster.deleting
+            lingering = obs.cluster is not None and not obs.cluster.deleting and not _foreign(obs.cluster, job.uid)
             again = (DeleteRayCluster(job.namespace, status.ray_cluster_name),) if lingering else ()
             return Decision(status, again)
         fresh = _next_attempt(job, status)
@@ -369,9 +493,11 @@ def _check_suspend(job: Job, status: JobStatus, obs: Observed, package: str) -> 
     if not suspend:
         return None
     actions: tuple[Action, ...] = ()
-    if _submitted(status):
-        actions += (StopJob(status.submission_id),)
-    actions += (DeleteRayCluster(job.namespace, status.ray_cluster_name),)
+    if not _foreign(obs.cluster, job.uid):
+        if _submitted(status):
+            actions += (StopJob(status.submission_id),)
+        if obs.cluster is not None or status.phase != Phase.PENDING:
+            actions += (DeleteRayCluster(job.namespace, status.ray_cluster_name),)
     conditions = set_condition(
         status.conditions,
         ConditionType.WORKERS_READY,
@@ -413,16 +539,16 @@ def _check_deadline(job: Job, status: JobStatus, obs: Observed, package: str) ->
     return _finish(job, status, obs, Phase.FAILED, Reason.DEADLINE_EXCEEDED, message, stop_job=_submitted(status))
 
 
-def _provision(job: Job, status: JobStatus, obs: Observed, reason: Reason, message: str) -> Decision:
+def _provision(job: Job, status: JobStatus, obs: Observed, security: render.Security) -> Decision:
     new = replace(
         status,
         phase=Phase.PROVISIONING,
-        reason=reason,
-        message=message,
+        reason=Reason.CLUSTER_CREATING,
+        message="creating RayCluster",
         provisioning_since=obs.now,
         workers=f"0/{job.spec.workers.replicas}",
     )
-    return Decision(new, (CreateRayCluster(render.raycluster(job)),))
+    return Decision(new, _cluster_actions(job, security))
 
 
 def _workers_gap(job: Job, cluster: ClusterView, nodes: RayNodes | None, ray_error: str) -> str:
@@ -448,7 +574,7 @@ def _workers_gap(job: Job, cluster: ClusterView, nodes: RayNodes | None, ray_err
     return ("Ray reports " + ", ".join(gaps)) if gaps else ""
 
 
-def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision:
+def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str, security: render.Security) -> Decision:
     cluster = obs.cluster
     since = status.provisioning_since or obs.now
     waited = (obs.now - since).total_seconds()
@@ -462,11 +588,10 @@ def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str) 
         # Not there (yet, or any more) while provisioning: creating it again is idempotent.
         return Decision(
             replace(status, reason=Reason.CLUSTER_CREATING, message="creating RayCluster"),
-            (CreateRayCluster(render.raycluster(job)),),
+            _cluster_actions(job, security),
         )
-    if _foreign(cluster, job.uid):
-        message = f"RayCluster {cluster.name} exists and belongs to another object (owner uid {cluster.owner_uid})"
-        return _finish(job, status, obs, Phase.FAILED, Reason.CLUSTER_CONFLICT, message, stop_job=False)
+    if (taken := _name_taken(job, status, obs)) is not None:
+        return taken
     desired = job.spec.workers.replicas
     workers = f"{min(cluster.ready_workers, desired)}/{desired}"
     gap = _workers_gap(job, cluster, obs.ray_nodes, obs.ray_error)
@@ -521,7 +646,9 @@ def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str) 
     return Decision(new, (SubmitJob(render.submission(job, status.submission_id, package)),))
 
 
-def _attempt_failed(job: Job, status: JobStatus, obs: Observed, reason: Reason, message: str) -> Decision:
+def _attempt_failed(
+    job: Job, status: JobStatus, obs: Observed, reason: Reason, message: str, security: render.Security
+) -> Decision:
     """A failed attempt: retry under a new submission id while `backoffLimit` allows, else Failed."""
     limit = job.spec.run_policy.backoff_limit
     failed = status.failed_attempts + 1
@@ -541,15 +668,17 @@ def _attempt_failed(job: Job, status: JobStatus, obs: Observed, reason: Reason, 
         conditions=_job_submitted_false(fresh, reason, message, obs.now, job.generation),
     )
     # The RayCluster is reused when it is still there (409 on create); a lost one is created again.
-    return Decision(retry, (CreateRayCluster(render.raycluster(job)),))
+    return Decision(retry, _cluster_actions(job, security))
 
 
-def _track_job(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision:
+def _track_job(job: Job, status: JobStatus, obs: Observed, package: str, security: render.Security) -> Decision:
     cluster = obs.cluster
+    if (taken := _name_taken(job, status, obs)) is not None:
+        return taken  # a cluster swapped under our name: its Ray is not ours to stop
     if cluster is None or cluster.deleting:
         what = "was deleted" if cluster is None else "is being deleted"
         message = f"RayCluster {status.ray_cluster_name} {what} while the job was {status.phase}"
-        decision = _attempt_failed(job, status, obs, Reason.CLUSTER_LOST, message)
+        decision = _attempt_failed(job, status, obs, Reason.CLUSTER_LOST, message, security)
         if _submitted(status) and decision.status.phase == Phase.FAILED:
             # Best effort: the Ray job goes with its cluster, but a cluster being deleted may still run it.
             decision = replace(decision, actions=(StopJob(status.submission_id), *decision.actions))
@@ -559,7 +688,9 @@ def _track_job(job: Job, status: JobStatus, obs: Observed, package: str) -> Deci
         folded = fold_events(job, status, obs.events, now=obs.now)
         status = folded.status
         if obs.log_offset is not None:
-            status = replace(status, log_offset=obs.log_offset)
+            status = replace(
+                status, log_offset=obs.log_offset, skipped_events=status.skipped_events + obs.skipped_lines
+            )
         if folded.transport_failure:
             running = obs.ray_job is not None and obs.ray_job.status not in RAY_TERMINAL
             return _finish(
@@ -572,14 +703,17 @@ def _track_job(job: Job, status: JobStatus, obs: Observed, package: str) -> Deci
             return Decision(replace(status, reason=Reason.RAY_UNREACHABLE, message=f"Ray job API: {obs.ray_error}"))
         if status.phase == Phase.RUNNING:
             message = f"Ray no longer knows submission {status.submission_id} (head restarted?)"
-            return _attempt_failed(job, status, obs, Reason.RAY_JOB_LOST, message)
+            return _attempt_failed(job, status, obs, Reason.RAY_JOB_LOST, message, security)
         if obs.submit_error:
-            return _attempt_failed(job, status, obs, Reason.SUBMISSION_FAILED, obs.submit_error)
+            return _attempt_failed(job, status, obs, Reason.SUBMISSION_FAILED, obs.submit_error, security)
         # Submitting and not known to Ray yet: (re)submit; "already exists" counts as success.
         new = replace(status, reason=Reason.WORKERS_READY, message=f"submitting {status.submission_id}")
         return Decision(new, (SubmitJob(render.submission(job, status.submission_id, package)),))
 
     status = replace(status, ray_job_status=info.status)
+    if info.status in RAY_TERMINAL and obs.log_pending:
+        # Finish only once the whole log is folded in: its last lines carry the result (or the failing rank).
+        return Decision(replace(status, message="Ray job ended; reading the rest of its log"), requeue_after=0.0)
     if status.phase == Phase.SUBMITTING or _condition_status(status, ConditionType.JOB_SUBMITTED) != "True":
         status = replace(
             status,
@@ -602,14 +736,17 @@ def _track_job(job: Job, status: JobStatus, obs: Observed, package: str) -> Deci
         if status.rank_failures:
             first = status.rank_failures[0]
             message += f"; rank {first.get('rank')}: {first.get('message')}"
-        return _attempt_failed(job, status, obs, Reason.RAY_JOB_FAILED, message)
+        return _attempt_failed(job, status, obs, Reason.RAY_JOB_FAILED, message, security)
     if info.status == RAY_STOPPED:
         message = f"the Ray job was stopped outside the operator: {info.message or 'no message'}"
         return _finish(job, status, obs, Phase.FAILED, Reason.RAY_JOB_STOPPED, message, stop_job=False)
     running_message = (
         "Ray is preparing the job (runtime environment)" if info.status == RAY_PENDING else "training is running"
     )
-    return Decision(replace(status, phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, message=running_message))
+    return Decision(
+        replace(status, phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, message=running_message),
+        requeue_after=0.0 if obs.log_pending else None,
+    )
 
 
 def finalize_actions(
@@ -620,10 +757,12 @@ def finalize_actions(
     The cluster name is derived again when status never recorded it, so a job deleted during its very
     first pass leaves nothing behind either; a cluster controlled by another object is left alone.
     """
+    if _foreign(cluster, uid):
+        return ()
     actions: tuple[Action, ...] = ()
     if status.submission_id and status.phase in (Phase.SUBMITTING, Phase.RUNNING) and cluster is not None:
         actions += (StopJob(status.submission_id),)
-    if cluster is None or cluster.deleting or _foreign(cluster, uid):
+    if cluster is None or cluster.deleting:
         return actions
     return (*actions, DeleteRayCluster(namespace, status.ray_cluster_name or render.raycluster_name(name)))
 

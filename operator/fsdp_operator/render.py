@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fsdp_operator import schema
@@ -31,6 +31,23 @@ MAX_CLUSTER_NAME = 38
 WORKER_GROUP_GPU = "gpu-workers"
 WORKER_GROUP_CPU = "cpu-workers"
 RAY_LOGS = "/tmp/ray"
+AUTH_TOKEN_KEY = "token"
+"""The key of the per-job Secret that holds Ray's auth token."""
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+
+
+@dataclass(frozen=True, slots=True)
+class Security:
+    """How the operator closes each job's Ray cluster: operator settings (the chart's), not spec fields."""
+
+    token_auth: bool = True
+    """Ray's token authentication (Ray >= 2.52): `RAY_AUTH_MODE=token`, the token in a per-job Secret."""
+    network_policy: bool = True
+    """A per-job NetworkPolicy; off for clusters without a policy engine (the chart's `jobNetworkPolicy`)."""
+    operator_namespace: str = ""
+    """The operator's namespace; empty: the operator's pods are matched by their labels in any namespace."""
+    operator_pod_labels: dict[str, str] = field(default_factory=lambda: {LABEL_NAME: MANAGED_BY})
+    """Labels of the operator's pods (the chart's selector labels)."""
 
 
 def _digest(*parts: str, length: int = 8) -> str:
@@ -71,6 +88,69 @@ def owner_reference(job: Job) -> dict[str, Any]:
         "uid": job.uid,
         "controller": True,
         "blockOwnerDeletion": True,
+    }
+
+
+def auth_secret_name(job_name: str) -> str:
+    """The per-job Secret with Ray's auth token: `<raycluster name>-auth`."""
+    return f"{raycluster_name(job_name)}-auth"
+
+
+def network_policy_name(job_name: str) -> str:
+    return f"{raycluster_name(job_name)}-ray"
+
+
+def auth_secret(job: Job) -> dict[str, Any]:
+    """The Secret for Ray's token, without its data: the controller draws the random token when it creates it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": auth_secret_name(job.name),
+            "namespace": job.namespace,
+            "labels": labels(job),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "type": "Opaque",
+    }
+
+
+def _auth_env(job: Job) -> list[dict[str, Any]]:
+    # Ray reads both on every node; the token never appears in the RayCluster, only the reference to it.
+    ref = {"secretKeyRef": {"name": auth_secret_name(job.name), "key": AUTH_TOKEN_KEY}}
+    return [{"name": "RAY_AUTH_MODE", "value": "token"}, {"name": "RAY_AUTH_TOKEN", "valueFrom": ref}]
+
+
+def network_policy(job: Job, security: Security) -> dict[str, Any]:
+    """Ingress to the job's Ray pods only from the job's own pods (any port) and from the operator (Ray's ports).
+
+    The head's GCS (6379), dashboard and job API (8265) and Ray client (10001) accept arbitrary code from
+    anyone who reaches them; without this, any pod in the cluster could run code on the GPU workers.
+    """
+    own_pods = {"podSelector": {"matchLabels": {RAY_CLUSTER_LABEL: raycluster_name(job.name)}}}
+    namespaces: dict[str, Any] = (
+        {"matchLabels": {"kubernetes.io/metadata.name": security.operator_namespace}}
+        if security.operator_namespace
+        else {}
+    )
+    operator = {"namespaceSelector": namespaces, "podSelector": {"matchLabels": dict(security.operator_pod_labels)}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": network_policy_name(job.name),
+            "namespace": job.namespace,
+            "labels": labels(job),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {RAY_CLUSTER_LABEL: raycluster_name(job.name)}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [own_pods]},
+                {"from": [operator], "ports": [{"protocol": "TCP", "port": port} for _, port in HEAD_PORTS]},
+            ],
+        },
     }
 
 
@@ -126,13 +206,15 @@ def _volumes(shm_size: str) -> list[dict[str, Any]]:
     ]
 
 
-def raycluster(job: Job) -> dict[str, Any]:
+def raycluster(job: Job, security: Security | None = None) -> dict[str, Any]:
     """The RayCluster that runs `job`: a GPU-less head and one fixed-size worker group requesting EFA."""
     spec, workers = job.spec, job.spec.workers
+    security = security or Security()
     name = raycluster_name(job.name)
     common_labels = labels(job)
+    auth_env = _auth_env(job) if security.token_auth else []
 
-    head_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *_downward_env()]
+    head_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *_downward_env(), *auth_env]
     head = _container("ray-head", spec, _resources(spec.head.cpu, spec.head.memory, {}), head_env)
     head["ports"] = [{"containerPort": port, "name": port_name} for port_name, port in HEAD_PORTS]
 
@@ -142,7 +224,7 @@ def raycluster(job: Job) -> dict[str, Any]:
         extra[GPU_RESOURCE] = gpus
     if spec.efa_requested:
         extra[EFA_RESOURCE] = str(workers.efa_per_worker)
-    worker_env = [*nccl_env(spec), *_downward_env(), *spec.network.env]
+    worker_env = [*nccl_env(spec), *_downward_env(), *auth_env, *spec.network.env]
     worker = _container("ray-worker", spec, _resources(workers.cpu, workers.memory, extra), worker_env)
 
     selector = dict(workers.node_selector)

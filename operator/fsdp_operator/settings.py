@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +40,37 @@ class OperatorConfig:
     training_package: str = field(default_factory=default_training_package)
     finalizer: str = FINALIZER
     annotation_prefix: str = ANNOTATION_PREFIX
+    security: render.Security = field(default_factory=render.Security)
+    """Ray token authentication and the per-job NetworkPolicy (both on unless the environment says otherwise)."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> OperatorConfig:
+        """The defaults, with the security settings the chart passes as environment variables:
+
+        - `FSDP_RAY_TOKEN_AUTH` (`true`/`false`): Ray's token authentication for every job's cluster;
+        - `FSDP_JOB_NETWORK_POLICY` (`true`/`false`): a NetworkPolicy per job (off without a policy engine);
+        - `FSDP_OPERATOR_NAMESPACE`: the operator's namespace, admitted by each job's NetworkPolicy;
+        - `FSDP_OPERATOR_POD_LABELS` (`k=v,k2=v2`): the labels of the operator's pods.
+        """
+        env = os.environ if environ is None else environ
+        labels = dict(item.split("=", 1) for item in env.get("FSDP_OPERATOR_POD_LABELS", "").split(",") if "=" in item)
+        security = render.Security(
+            token_auth=_flag(env.get("FSDP_RAY_TOKEN_AUTH"), default=True),
+            network_policy=_flag(env.get("FSDP_JOB_NETWORK_POLICY"), default=True),
+            operator_namespace=env.get("FSDP_OPERATOR_NAMESPACE", ""),
+            **({"operator_pod_labels": labels} if labels else {}),
+        )
+        return cls(security=security)
+
+
+def _flag(value: str | None, *, default: bool) -> bool:
+    if value is None or not value.strip():
+        return default
+    if value.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if value.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {value!r}")
 
 
 def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:

@@ -9,14 +9,27 @@ function's structured events (`fsdp_train.events`) become `ranks[]`, `progress`,
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, get_args
 
-from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Transport
+from fsdp_train.events import (
+    MAX_COUNT,
+    TRUNCATED,
+    Checkpoint,
+    Event,
+    Failure,
+    Placement,
+    Probe,
+    Step,
+    Summary,
+    Transport,
+    TransportName,
+)
 
 from fsdp_operator import transport as transport_mod
 from fsdp_operator.spec import Job
@@ -63,7 +76,8 @@ class Reason(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     WAIT_FOR_WORKERS_TIMEOUT = "WaitForWorkersTimeout"
     CLUSTER_LOST = "ClusterLost"
-    CLUSTER_CONFLICT = "ClusterConflict"
+    CLUSTER_NAME_TAKEN = "ClusterNameTaken"
+    """A RayCluster (or the job's auth Secret) under the job's name exists and was not created for this job."""
     TRANSPORT_FALLBACK = transport_mod.FAILURE_REASON
     SUSPENDED = "Suspended"
 
@@ -78,6 +92,8 @@ class ConditionType(StrEnum):
     JOB_SUBMITTED = "JobSubmitted"
     TRANSPORT_VERIFIED = transport_mod.TRANSPORT_CONDITION
     INTERCONNECT_HEALTHY = transport_mod.INTERCONNECT_CONDITION
+    RECONCILE_ERROR = "ReconcileError"
+    """True while the operator's own passes over the job fail (the message names the error)."""
 
 
 def is_terminal(phase: Phase | str | None) -> bool:
@@ -175,6 +191,8 @@ class JobStatus:
     """Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), apart from `phase`."""
     log_offset: int = 0
     """How much of the current submission's log has been folded in."""
+    skipped_events: int = 0
+    """Event lines of the current submission skipped: malformed, or naming a rank the job does not have."""
     conditions: list[Condition] = field(default_factory=list)
     ranks: list[dict[str, Any]] = field(default_factory=list)
     progress: dict[str, Any] = field(default_factory=dict)
@@ -205,6 +223,7 @@ class JobStatus:
             "provisioningSince": format_time(self.provisioning_since) if self.provisioning_since else None,
             "rayJobStatus": self.ray_job_status,
             "logOffset": self.log_offset,
+            "skippedEvents": self.skipped_events,
             "conditions": self.conditions,
             "ranks": self.ranks,
             "progress": self.progress,
@@ -250,6 +269,7 @@ class JobStatus:
             provisioning_since=parse_time(raw.get("provisioningSince")),
             ray_job_status=str(raw.get("rayJobStatus") or ""),
             log_offset=integer("logOffset"),
+            skipped_events=integer("skippedEvents"),
             conditions=listing("conditions"),
             ranks=listing("ranks"),
             progress=mapping("progress"),
@@ -269,6 +289,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
         status,
         ray_job_status="",
         log_offset=0,
+        skipped_events=0,
         conditions=kept,
         ranks=[],
         progress={},
@@ -290,8 +311,14 @@ def _round(value: float | None, digits: int = 4) -> float | None:
 
 
 def _whole(value: float) -> int | None:
-    """A count for an integer-typed printer column; None when not finite (a diverged or zero-time step)."""
-    return round(value) if math.isfinite(value) else None
+    """A count for an integer-typed printer column; None when not finite (a diverged or zero-time step) or
+    beyond what a JSON reader holds exactly (the API server refuses integers past int64)."""
+    return round(value) if math.isfinite(value) and abs(value) <= MAX_COUNT else None
+
+
+def _int(value: Any, default: int = 0) -> int:
+    """An integer read back from a stored status, which a user with status access can have written."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def _rank_entry(ranks: list[dict[str, Any]], rank: int) -> dict[str, Any]:
@@ -305,7 +332,10 @@ def _rank_entry(ranks: list[dict[str, Any]], rank: int) -> dict[str, Any]:
 
 def _transport_events(status: JobStatus) -> list[Transport]:
     events: list[Transport] = []
-    for item in status.transport.get("ranks", []):
+    stored = status.transport.get("ranks")
+    for item in stored if isinstance(stored, list) else []:
+        if not isinstance(item, Mapping) or item.get("transport") not in get_args(TransportName):
+            continue
         try:
             events.append(
                 Transport(
@@ -325,6 +355,8 @@ def _transport_events(status: JobStatus) -> list[Transport]:
 def _probe_events(status: JobStatus) -> list[Probe]:
     probes: list[Probe] = []
     for item in status.probes:
+        if item.get("scope") not in ("all", "cross-node"):
+            continue
         try:
             probes.append(
                 Probe(
@@ -349,6 +381,8 @@ class Folded:
     status: JobStatus
     transport_failure: str | None
     """The failure message when `requireEFA` is set and a rank is not on EFA; None otherwise."""
+    rejected: int = 0
+    """Events refused for naming a rank (or rank count) outside the job's world size."""
 
 
 def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: datetime) -> Folded:
@@ -361,8 +395,14 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     failures = [dict(f) for f in status.rank_failures]
     transports = _transport_events(status)
     saw_transport = saw_probe = False
+    world_size = job.spec.workers.world_size
+    rejected = 0
 
     for event in events:
+        if not _fits_world(event, world_size):
+            # A rank the job does not have: a line of another program, or a forged one. Never a status entry.
+            rejected += 1
+            continue
         if isinstance(event, Placement):
             entry = _rank_entry(ranks, event.rank)
             entry.update(
@@ -393,7 +433,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             )
             saw_probe = True
         elif isinstance(event, Step):
-            if event.step < int(progress.get("step", 0)):
+            if event.step < _int(progress.get("step")):
                 continue  # an older line re-read after a restart
             progress = {
                 "step": event.step,
@@ -433,7 +473,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             if failure not in failures:
                 failures.append(failure)
 
-    ranks.sort(key=lambda r: int(r.get("rank", 0)))
+    ranks.sort(key=lambda r: _int(r.get("rank")))
     new = replace(
         status,
         ranks=ranks,
@@ -457,7 +497,19 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         link = transport_mod.interconnect_status(_probe_events(new), spec.network.min_cross_node_gbps)
         new = replace(new, interconnect=link.to_status())
         conditions = _apply(conditions, link.condition, now=now, generation=job.generation)
-    return Folded(replace(new, conditions=conditions), verdict)
+    skipped = status.skipped_events + rejected
+    return Folded(replace(new, conditions=conditions, skipped_events=skipped), verdict, rejected)
+
+
+def _fits_world(event: Event, world_size: int) -> bool:
+    """Whether every rank the event names exists in a job of `world_size` ranks."""
+    if not 0 <= event.rank < world_size:
+        return False
+    if isinstance(event, Placement):
+        return event.local_rank < world_size and event.node_rank < world_size
+    if isinstance(event, Probe):
+        return 0 < event.ranks <= world_size
+    return True
 
 
 def _apply(
@@ -477,7 +529,7 @@ def _apply(
 # --- what to write ----------------------------------------------------------------------------------
 
 # Fields that change with every training step; writes that only touch these are rate-limited.
-PROGRESS_FIELDS = frozenset({"progress", "logOffset"})
+PROGRESS_FIELDS = frozenset({"progress", "logOffset", "skippedEvents"})
 
 
 def progress_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
@@ -501,3 +553,76 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
         elif old[key] != new[key]:
             patch[key] = copy.deepcopy(new[key])
     return patch
+
+
+# --- the size budget of one status ------------------------------------------------------------------------
+
+MESSAGE_LIMIT = 2048
+"""Characters kept of `message` and of each condition's message (Ray's failure messages carry whole logs)."""
+STATUS_BUDGET_BASE = 16 * 1024
+STATUS_BUDGET_PER_RANK = 2 * 1024
+STATUS_BUDGET_MAX = 1024 * 1024
+"""The whole object (spec and metadata too) must stay under etcd's 1.5 MiB; the status gets at most 1 MiB."""
+
+
+def status_budget(ranks: int) -> int:
+    """Bytes of JSON a status may take with `ranks` ranks reported: a base plus a few KiB per rank, capped."""
+    return min(STATUS_BUDGET_BASE + STATUS_BUDGET_PER_RANK * max(ranks, 0), STATUS_BUDGET_MAX)
+
+
+def _size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def _cut(text: Any, limit: int) -> Any:
+    if isinstance(text, str) and len(text) > limit:
+        return text[: limit - len(TRUNCATED)] + TRUNCATED
+    return text
+
+
+def within_budget(status: Mapping[str, Any]) -> dict[str, Any]:
+    """`status` (a `JobStatus.to_dict()`) cut to its size budget, with `truncated` saying what was cut.
+
+    Messages are always cut to `MESSAGE_LIMIT`. Past the budget, per-rank detail goes first (NCCL evidence
+    lines, host names, pod names, device UUIDs), then rank entries beyond the first N; the job-level
+    verdicts (`transport.summary`, `transport.evidence`, conditions, progress, result) always stay.
+    """
+    out = copy.deepcopy(dict(status))
+    out.pop("truncated", None)
+    if "message" in out:
+        out["message"] = _cut(out["message"], MESSAGE_LIMIT)
+    out["conditions"] = [
+        {**c, "message": _cut(c.get("message"), MESSAGE_LIMIT)} if "message" in c else c
+        for c in out.get("conditions") or []
+    ]
+    if not out["conditions"]:
+        del out["conditions"]
+    stored_transport = out.get("transport")
+    transport: dict[str, Any] = stored_transport if isinstance(stored_transport, dict) else {}
+    ranks, transport_ranks = list(out.get("ranks") or []), list(transport.get("ranks") or [])
+    budget = status_budget(max(len(ranks), len(transport_ranks)))
+    if _size(out) <= budget:
+        return out
+    notes = []
+    if any("evidence" in r for r in transport_ranks):
+        transport_ranks = [{k: v for k, v in r.items() if k != "evidence"} for r in transport_ranks]
+        notes.append("per-rank NCCL evidence (transport.evidence kept)")
+    detail = ("hostname", "pod", "deviceUUID")
+    if any(key in r for r in ranks for key in detail):
+        ranks = [{k: v for k, v in r.items() if k not in detail} for r in ranks]
+        notes.append("ranks[].hostname, pod and deviceUUID")
+    shown = len(ranks), len(transport_ranks)
+    while True:
+        if transport:
+            out["transport"] = {**transport, "ranks": transport_ranks}
+        if ranks or "ranks" in out:
+            out["ranks"] = ranks
+        size = _size(out)
+        if size <= budget or not (ranks or transport_ranks):
+            break
+        keep = max(int(max(len(ranks), len(transport_ranks)) * budget / size * 0.9), 0)
+        ranks, transport_ranks = ranks[:keep], transport_ranks[:keep]
+    if (len(ranks), len(transport_ranks)) != shown:
+        notes.append(f"rank entries after the first {len(ranks)} of {shown[0]}")
+    out["truncated"] = f"left out to stay within the {budget}-byte status budget: " + "; ".join(notes)
+    return out

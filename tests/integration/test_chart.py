@@ -68,7 +68,27 @@ def test_rbac_covers_what_the_operator_touches(helm: Path) -> None:
     for verb in ("create", "get", "delete", "list", "watch"):
         assert allowed("ray.io", "rayclusters", verb)
     assert allowed("", "events", "create") and allowed("", "pods", "list")
-    assert not allowed("", "secrets", "get")
+    # Secrets: each job's Ray token, created and read back by name; never listed or watched (no bulk reads).
+    assert allowed("", "secrets", "create") and allowed("", "secrets", "get")
+    assert not allowed("", "secrets", "list") and not allowed("", "secrets", "watch")
+    assert allowed("networking.k8s.io", "networkpolicies", "create")
+
+
+def test_job_security_settings_reach_the_operator(helm: Path) -> None:
+    """The chart's values become the environment `OperatorConfig.from_env` reads."""
+    from fsdp_operator.settings import OperatorConfig
+
+    def config(*args: str) -> OperatorConfig:
+        (container,) = by_kind(template(helm, *args))["Deployment"]["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value", "") for e in container["env"]}
+        assert container["env"][0]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+        return OperatorConfig.from_env({**env, "FSDP_OPERATOR_NAMESPACE": "ml"})
+
+    default = config().security
+    assert default.token_auth and default.network_policy and default.operator_namespace == "ml"
+    assert default.operator_pod_labels == {"app.kubernetes.io/name": "fsdp-operator", "app.kubernetes.io/instance": "demo"}
+    off = config("--set", "jobNetworkPolicy.enabled=false", "--set", "rayTokenAuth.enabled=false").security
+    assert not off.token_auth and not off.network_policy
 
 
 def test_single_namespace_mode_uses_a_role(helm: Path) -> None:

@@ -101,6 +101,8 @@ def cluster(ready: int = 2, state: str = "ready", **fields: Any) -> ClusterView:
     )
 
 
+CREATE = ["CreateAuthSecret", "ApplyNetworkPolicy", "CreateRayCluster"]
+"""What (re)creating a job's cluster takes: its auth Secret, its NetworkPolicy, then the RayCluster."""
 ALL_NODES = RayNodes(alive_workers=2, gpus=8, cpus=80)
 
 
@@ -229,7 +231,7 @@ def test_waiting_for_workers_says_why(observed: dict[str, Any], reason: Reason, 
         assert d.status.workers == workers
     assert "SubmitJob" not in kinds(d)
     if observed.get("cluster") is None:
-        assert kinds(d) == ["CreateRayCluster"]  # idempotent: 409 means it is there
+        assert kinds(d) == CREATE  # idempotent: 409 means it is there
     else:
         assert condition(d.status, ConditionType.WORKERS_READY) == "False"
 
@@ -296,11 +298,13 @@ def test_a_terminal_job_stops_a_ray_job_that_still_runs(ray_status: str, stops: 
     assert d.done is not stops and d.status == status
 
 
-def test_foreign_cluster_under_our_name_is_a_conflict_and_never_deleted() -> None:
-    foreign = replace(cluster(), owner_uid="someone-else")
+@pytest.mark.parametrize("owner", ["someone-else", ""])
+def test_foreign_cluster_under_our_name_is_taken_and_never_deleted(owner: str) -> None:
+    foreign = replace(cluster(), owner_uid=owner)
     d = run(manifest(), at(Phase.PROVISIONING), cluster=foreign, ray_nodes=ALL_NODES)
-    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.CLUSTER_CONFLICT)
+    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.CLUSTER_NAME_TAKEN)
     assert kinds(d) == []
+    assert ("no owner reference" if not owner else "owned by uid someone-else") in d.status.message
     later = run(manifest(), d.status, cluster=foreign)
     assert kinds(later) == [] and later.done
 
@@ -400,7 +404,7 @@ def test_backoff_retries_under_a_new_id_on_the_same_cluster_then_fails() -> None
     assert (s.phase, s.reason) == (Phase.PROVISIONING, Reason.RETRYING)
     assert (s.attempts, s.failed_attempts, s.submission_id) == (2, 1, sid(2))
     assert s.progress == {} and s.log_offset == 0  # the new attempt starts clean
-    assert kinds(d) == ["CreateRayCluster"]  # 409 when it is still there: reused
+    assert kinds(d) == CREATE  # 409 when it is still there: reused
     assert events(d) == [("Warning", "Retrying")]
 
     # The retry goes through the workers check again, then submits attempt 2.
@@ -440,7 +444,7 @@ def test_cluster_deleted_behind_our_back_is_lost(phase: Phase, gone: ClusterView
 def test_cluster_lost_with_backoff_recreates_it() -> None:
     d = run(manifest(backoffLimit=1), at(Phase.RUNNING), cluster=None)
     assert (d.status.phase, d.status.reason, d.status.attempts) == (Phase.PROVISIONING, Reason.RETRYING, 2)
-    assert kinds(d) == ["CreateRayCluster"]
+    assert kinds(d) == CREATE
 
 
 # --- transport policy ------------------------------------------------------------------------------------
@@ -522,7 +526,7 @@ def test_resume_is_a_new_attempt_with_a_fresh_deadline() -> None:
     assert (s.phase, s.reason) == (Phase.PENDING, Reason.RESUMED)
     assert (s.attempts, s.failed_attempts, s.submission_id) == (2, 0, sid(2))
     assert s.start_time == NOW and s.progress == {}
-    assert kinds(run(manifest(), s)) == ["CreateRayCluster"]
+    assert kinds(run(manifest(), s)) == CREATE
 
 
 def test_suspend_is_ignored_once_finished() -> None:
@@ -563,7 +567,8 @@ def test_ttl_after_finished_deletes_the_job() -> None:
         (at(Phase.RUNNING), cluster(), [StopJob(sid(1)), DeleteRayCluster(NAMESPACE, CLUSTER)]),
         (at(Phase.SUSPENDED), None, []),
         (at(Phase.SUCCEEDED), cluster(), [DeleteRayCluster(NAMESPACE, CLUSTER)]),
-        (at(Phase.RUNNING), replace(cluster(), owner_uid="other"), [StopJob(sid(1))]),
+        (at(Phase.RUNNING), replace(cluster(), owner_uid="other"), []),
+        (at(Phase.RUNNING), replace(cluster(), owner_uid=""), []),
     ],
 )
 def test_finalize_stops_and_deletes_whatever_cleanup_says(
@@ -657,7 +662,10 @@ def test_a_cluster_that_never_appears_still_times_out() -> None:
 
 
 def test_a_failed_raycluster_says_why_while_waiting() -> None:
-    obj = {"metadata": {"name": CLUSTER}, "status": {"state": "failed", "reason": "head did not start, see head.log"}}
+    obj = {
+        "metadata": {"name": CLUSTER, "ownerReferences": [{"uid": UID, "controller": True}]},
+        "status": {"state": "failed", "reason": "head did not start, see head.log"},
+    }
     d = run(manifest(), at(Phase.PROVISIONING), cluster=ClusterView.from_object(obj))
     assert (d.status.phase, d.status.reason) == (Phase.PROVISIONING, Reason.WORKERS_NOT_READY)
     assert "RayCluster state: failed: head did not start, see head.log" in d.status.message

@@ -8,11 +8,13 @@ in the line. This module is pure Python (no torch, no Kubernetes): the operator 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, ClassVar, Literal
+from types import UnionType
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 PREFIX = "FSDP_EVENT"
 SCHEMA_VERSION = 1
@@ -145,25 +147,124 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
-def parse_line(line: str) -> Event | None:
-    """The event on this log line, or None when the line carries none or a malformed one."""
+# --- the parse side: every field read back from a log is untrusted ------------------------------------------
+
+MAX_LINE_CHARS = 64 * 1024
+"""A log line longer than this is skipped unread (an event line is a few hundred characters)."""
+MAX_RANK = 1 << 20
+"""Ranks at or above this are refused at parse time; the operator also drops ranks beyond the job's world size."""
+MAX_COUNT = (1 << 53) - 1
+"""Bound on any other integer field: JSON numbers above 2^53 lose precision in most readers."""
+MAX_TEXT = 256
+"""Default bound on a string field, in characters (after control characters are removed)."""
+TEXT_LIMITS: dict[str, int] = {"evidence": 512, "source": 512, "path": 1024, "message": 1024}
+"""Fields allowed more than :data:`MAX_TEXT`: an NCCL line, a checkpoint URI, a failure message."""
+TRUNCATED = "…"
+"""Appended to a string cut to its bound, so a reader sees that it was cut."""
+
+# ANSI escape sequences (CSI and OSC), then any C0/C1 control character and DEL: a status string must not
+# move a terminal's cursor when `kubectl get -o yaml` prints it. Both patterns are linear (no nesting).
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def clean_text(value: str, limit: int = MAX_TEXT) -> str:
+    """`value` without escape sequences and control characters, cut to `limit` characters (cut marked)."""
+    text = _CONTROL.sub("", _ANSI_ESCAPE.sub("", value[: limit * 4]))
+    return text if len(text) <= limit else text[: limit - len(TRUNCATED)] + TRUNCATED
+
+
+class _Refused(ValueError):
+    """A field whose type or range does not fit the schema."""
+
+
+def _check(name: str, hint: Any, value: Any) -> Any:
+    """`value` as the schema declares field `name` (`hint`), or _Refused."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        if isinstance(value, str) and value in get_args(hint):
+            return value
+        raise _Refused(name)
+    if origin in (Union, UnionType):
+        if value is None and type(None) in get_args(hint):
+            return None
+        (inner,) = (arg for arg in get_args(hint) if arg is not type(None))
+        return _check(name, inner, value)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise _Refused(name)
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _Refused(name)
+        upper = MAX_RANK - 1 if name == "rank" else MAX_COUNT
+        if not 0 <= value <= upper:
+            raise _Refused(name)
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _Refused(name)
+        try:
+            return float(value)  # NaN and infinities pass: the status writer turns them into null
+        except OverflowError as e:
+            raise _Refused(name) from e
+    if hint is str:
+        if not isinstance(value, str):
+            raise _Refused(name)
+        return clean_text(value, TEXT_LIMITS.get(name, MAX_TEXT))
+    raise _Refused(name)
+
+
+def _hints(cls: type[Event]) -> dict[str, Any]:
+    known = {f.name for f in fields(cls)}
+    return {name: hint for name, hint in get_type_hints(cls).items() if name in known}
+
+
+_HINTS = {kind: _hints(cls) for kind, cls in EVENT_TYPES.items()}
+"""Each event type's fields and their types, resolved once."""
+
+
+class Malformed:
+    """Marks a line that carries the event prefix but no event the schema accepts."""
+
+    __slots__ = ()
+
+
+MALFORMED = Malformed()
+
+
+def parse_event(line: str) -> Event | Malformed | None:
+    """The event on this log line; :data:`MALFORMED` for an event line that does not parse; None for other lines.
+
+    Never raises, for any input: every field is type-checked and bounded, strings are cleaned, and
+    unknown fields are ignored (a newer emitter may add some).
+    """
+    if len(line) > MAX_LINE_CHARS:
+        return MALFORMED if PREFIX in line[:MAX_LINE_CHARS] else None
     start = line.find(PREFIX + " ")
     if start < 0:
         return None
     try:
         payload = json.loads(line[start + len(PREFIX) + 1 :])
-    except ValueError:
-        return None
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the interpreter's stack
+        return MALFORMED
     if not isinstance(payload, dict):
-        return None
-    cls = EVENT_TYPES.get(str(payload.get("kind")))
-    if cls is None:
-        return None
-    known = {f.name for f in fields(cls)}
+        return MALFORMED
+    kind = payload.get("kind")
+    if not isinstance(kind, str) or kind not in EVENT_TYPES:
+        return MALFORMED
+    cls = EVENT_TYPES[kind]
     try:
-        return cls(**{k: v for k, v in payload.items() if k in known})
-    except TypeError:
-        return None
+        values = {name: _check(name, hint, payload[name]) for name, hint in _HINTS[kind].items() if name in payload}
+        return cls(**values)
+    except (_Refused, TypeError):  # TypeError: a required field is missing
+        return MALFORMED
+
+
+def parse_line(line: str) -> Event | None:
+    """The event on this log line, or None when the line carries none or a malformed one."""
+    event = parse_event(line)
+    return event if isinstance(event, Event) else None
 
 
 def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
@@ -172,6 +273,27 @@ def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
         event = parse_line(line)
         if event is not None:
             yield event
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLog:
+    """The events in a piece of log, and how many event lines were refused."""
+
+    events: tuple[Event, ...]
+    malformed: int
+
+
+def parse_log(lines: Iterable[str]) -> ParsedLog:
+    """Every well-formed event in the lines, and the count of event lines that were skipped as malformed."""
+    events: list[Event] = []
+    malformed = 0
+    for line in lines:
+        event = parse_event(line)
+        if isinstance(event, Event):
+            events.append(event)
+        elif event is MALFORMED:
+            malformed += 1
+    return ParsedLog(tuple(events), malformed)
 
 
 def emit(event: Event) -> None:

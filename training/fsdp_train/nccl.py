@@ -76,8 +76,19 @@ class NcclVerdict:
     """The global rank NCCL printed for the process (per-process verdicts only)."""
 
 
-# host:pid:tid [cudaDev] -- NCCL's prefix; WARN lines put a timestamp and file:line around it.
-_NCCL_PREFIX = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]")
+# Every pattern below runs in time linear in the line: no nested or adjacent unbounded quantifiers that could
+# backtrack into each other, unbounded runs possessive (`++`, Python 3.11+), free text between two fixed
+# phrases bounded. Lines are also cut to MAX_LINE_CHARS before any pattern sees them.
+MAX_LINE_CHARS = 4096
+"""NCCL's own lines are a few hundred characters; anything longer is cut before it is matched."""
+MAX_SIGNAL_LINES = 64
+"""Evidence lines kept per process (the first ones: NCCL prints its decisions at init)."""
+MAX_PROCESSES = 4096
+"""Processes told apart in one log; lines of further processes go under :data:`NO_PREFIX`."""
+
+# host:pid:tid [cudaDev] -- NCCL's prefix; WARN lines put a timestamp and file:line around it. The look-behind
+# starts a match only where a host name can begin, so a long run of name characters is scanned once.
+_NCCL_PREFIX = re.compile(r"(?<![\w.-])(?P<host>[\w.-]++):(?P<pid>\d++):(?P<tid>\d++) \[(?P<dev>\d++)\]")
 # Ray's prefix on worker output: "(RayTrainWorker pid=123, ip=10.0.0.1) ".
 _RAY_PREFIX = re.compile(r"\((?:[^()]*?\s)?pid=(?P<pid>\d+)(?:, ip=(?P<ip>[\d.:a-fA-F]+))?\)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -87,18 +98,27 @@ _NCCL_LINE = re.compile(r"\bNCCL (?:INFO|WARN|TRACE)\b")
 _VERSION = re.compile(r"\bNCCL version (\S+)")
 _OFI_VERSION = re.compile(r"NET/OFI Initializing aws-ofi-nccl (\S+)", re.IGNORECASE)
 _PROVIDER = re.compile(r"NET/OFI Selected provider is ([^\s,]+)", re.IGNORECASE)
-_USING_NETWORK = re.compile(r"\bUsing (?:internal )?network (.+?)\s*$", re.IGNORECASE)
-_ASSIGNED = re.compile(r"\bAssigned NET plugin (.+?) to comm\b")
+_USING_NETWORK = re.compile(r"\bUsing (?:internal )?network (\S.*)", re.IGNORECASE)  # stripped by the caller
+_ASSIGNED = re.compile(r"\bAssigned NET plugin (.{1,64}?) to comm\b")
 _SOCKET_INIT = re.compile(r"\bNET/Socket : Using\b")
-_CHANNEL_NET = re.compile(r"\bvia NET/([^/()]+?)(?:[/(]|\s*$)")
+_CHANNEL_NET = re.compile(r"\bvia NET/([^/()]++)(?=[/(]|$)")  # stripped by the caller
 _CHANNEL_LOCAL = re.compile(r"\bvia (P2P|SHM)\b")
-_NNODES = re.compile(r"\bnNodes (\d+)\b")
-_RANK = re.compile(r"\brank (\d+) nranks (\d+)\b", re.IGNORECASE)
+_NNODES = re.compile(r"\bnNodes (\d{1,9})\b")
+_RANK = re.compile(r"\brank (\d{1,9}) nranks (\d{1,9})\b", re.IGNORECASE)
 # The first is NCCL >= 2.19; the second what older releases print when NCCL_NET names a missing plugin.
-_INIT_FAILED = re.compile(r"Failed to initialize any NET plugin|Error: network .+ not found", re.IGNORECASE)
+_INIT_FAILED = re.compile(r"Failed to initialize any NET plugin|Error: network .{1,64}? not found", re.IGNORECASE)
 _OFI_FAILED = re.compile(r"No eligible providers|aws-ofi-nccl initialization failed", re.IGNORECASE)
-# Not decisive, but tells a reader why EFA is absent.
-_PLUGIN_MISSING = re.compile(r"NET/Plugin ?: .*(?:Could not find|failed)", re.IGNORECASE)
+# Not decisive, but tells a reader why EFA is absent: `NET/Plugin: ... Could not find ...` or `... failed`
+# (matched as a prefix and two substring tests: `.*` between them would rescan the line per occurrence).
+_PLUGIN_LINE = re.compile(r"NET/Plugin ?: ", re.IGNORECASE)
+
+
+def _plugin_missing(line: str) -> bool:
+    m = _PLUGIN_LINE.search(line)
+    if m is None:
+        return False
+    rest = line[m.end() :].lower()
+    return "could not find" in rest or "failed" in rest
 
 
 _BAD: tuple[TransportName, ...] = ("init-failed", "socket", "ib")
@@ -161,14 +181,15 @@ class _Process:
         if m := _PROVIDER.search(line):
             self.provider, self.provider_line, signal = m.group(1), line, True
         if m := _USING_NETWORK.search(line):
-            self.using, self.using_line, signal = m.group(1), line, True
+            self.using, self.using_line, signal = m.group(1).rstrip(), line, True
         if m := _ASSIGNED.search(line):
             self.assigned, self.assigned_line, signal = m.group(1), line, True
         if _SOCKET_INIT.search(line):
             self.socket_init_line, signal = self.socket_init_line or line, True
-        if m := _CHANNEL_NET.search(line):
-            self.net_channels.append((m.group(1), line))
-            signal = self._new_path("NET/" + m.group(1))
+        if (m := _CHANNEL_NET.search(line)) and (plugin := m.group(1).rstrip()):
+            if len(self.net_channels) < MAX_SIGNAL_LINES:
+                self.net_channels.append((plugin, line))
+            signal = self._new_path("NET/" + plugin)
         elif m := _CHANNEL_LOCAL.search(line):
             self.local_channel_line = self.local_channel_line or line
             signal = self._new_path(m.group(1))
@@ -188,14 +209,15 @@ class _Process:
             self.init_failed_line, signal = self.init_failed_line or line, True
         if _OFI_FAILED.search(line):
             self.ofi_failed_line, signal = self.ofi_failed_line or line, True
-        if _PLUGIN_MISSING.search(line):
+        if _plugin_missing(line):
             signal = True
-        if signal:
+        if signal and len(self.signal_lines) < MAX_SIGNAL_LINES:
             self.signal_lines.append(line)
 
     def _new_path(self, path: str) -> bool:
         new = path not in self.channel_paths
-        self.channel_paths.add(path)
+        if new and len(self.channel_paths) < MAX_SIGNAL_LINES:
+            self.channel_paths.add(path)
         return new
 
     def verdict(self, process: str) -> NcclVerdict:
@@ -260,11 +282,14 @@ def _process_key(line: str) -> str:
 def _processes(text: str) -> dict[str, _Process]:
     processes: dict[str, _Process] = {}
     for raw in text.splitlines():
-        line = _ANSI.sub("", raw).strip()
+        line = _ANSI.sub("", raw[:MAX_LINE_CHARS]).strip()
         # Our own events quote NCCL lines as evidence; they are not NCCL output.
         if EVENT_PREFIX in line or not _NCCL_LINE.search(line):
             continue
-        processes.setdefault(_process_key(line), _Process()).feed(line)
+        key = _process_key(line)
+        if key not in processes and len(processes) >= MAX_PROCESSES:
+            key = NO_PREFIX
+        processes.setdefault(key, _Process()).feed(line)
     return processes
 
 

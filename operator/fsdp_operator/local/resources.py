@@ -116,6 +116,16 @@ def builtin_types() -> list[ResourceType]:
             short_names=("ev",),
             field_selectors=_META_FIELDS | {"reason", "type", "regarding.kind", "regarding.name"},
         ),
+        # The operator applies one per job to close Ray's ports; stored and served, not enforced.
+        ResourceType(
+            group="networking.k8s.io",
+            versions=("v1",),
+            kind="NetworkPolicy",
+            plural="networkpolicies",
+            singular="networkpolicy",
+            namespaced=True,
+            short_names=("netpol",),
+        ),
         ResourceType(
             group="apiextensions.k8s.io",
             versions=("v1",),
