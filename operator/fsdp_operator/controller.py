@@ -22,6 +22,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -58,7 +59,7 @@ from fsdp_operator.reconcile import (
 )
 from fsdp_operator.render import raycluster_name
 from fsdp_operator.settings import OperatorConfig
-from fsdp_operator.status import JobStatus, Phase, merge_patch, progress_only, within_budget
+from fsdp_operator.status import JobStatus, Phase, merge_patch, progress_only, within_budget, without_rank_detail
 
 Obj = dict[str, Any]
 Logger = logging.Logger | logging.LoggerAdapter[Any]
@@ -258,13 +259,15 @@ class JobLoop:
             await self.act(obj, Decision(decision.status, stopping))
             if not 400 <= e.status < 500 or e.status in (404, 409, 429):
                 raise
-            # The API server refused this status (too large, invalid): record that instead, and move past the log
-            # that produced it, so the next pass does not build the same refused status again.
+            # The API server refused this status (too large, invalid): write it without the per-rank detail, with
+            # the ReconcileError condition saying why, so the phase transition and the log offset still land.
             self.log.error(f"status write refused: {e}")
-            refused = pass_failed(status, observed, f"status write refused: {_describe(e)}")
+            refused = pass_failed(without_rank_detail(decision.status), observed, f"status write refused: {e}")
             await self.write(stored, refused.status)
-            await self.act(obj, refused)
-            return refused
+            rest = tuple(a for a in decision.actions if not isinstance(a, MUST_STOP_ACTIONS))
+            decision = replace(decision, status=refused.status, actions=(*rest, *refused.actions))
+            await self.act(obj, decision)
+            return decision
         if stopped:
             return None  # kopf is stopping this loop (deletion or shutdown): leave the acting to the next owner
         await self.act(obj, decision)

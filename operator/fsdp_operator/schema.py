@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fsdp_train.events import MAX_TEXT, TEXT_LIMITS
+
 GROUP = "fsdp.dev"
 VERSION = "v1alpha1"
 KIND = "FSDPTrainingJob"
@@ -282,6 +284,9 @@ SPEC_SCHEMA: Schema = obj(
     },
 )
 
+MESSAGE_LIMIT = 2048
+"""Characters of `status.message` and of each condition's message the operator writes at most."""
+
 CONDITION_SCHEMA: Schema = {
     "type": "object",
     "required": ["type", "status"],
@@ -289,9 +294,60 @@ CONDITION_SCHEMA: Schema = {
         "type": {"type": "string"},
         "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
         "reason": {"type": "string"},
-        "message": {"type": "string"},
+        "message": {"type": "string", "maxLength": MESSAGE_LIMIT},
         "lastTransitionTime": {"type": "string", "format": "date-time"},
         "observedGeneration": {"type": "integer"},
+    },
+}
+
+
+def _text(field: str, description: str = "") -> Schema:
+    """A string read back from the job log: as long as the event parser lets it be, no longer."""
+    return {
+        "type": "string",
+        "maxLength": TEXT_LIMITS.get(field, MAX_TEXT),
+        **({"description": description} if description else {}),
+    }
+
+
+_INT: Schema = {"type": "integer"}
+
+# Fields written from what the ranks print (their bounds are the event parser's, `fsdp_train.events`).
+RANK_SCHEMA: Schema = {
+    "type": "object",
+    "properties": {
+        "rank": _INT,
+        "localRank": _INT,
+        "nodeRank": _INT,
+        "nodeIP": _text("node_ip"),
+        "pod": _text("pod"),
+        "hostname": _text("hostname"),
+        "device": _text("device"),
+        "deviceUUID": _text("device_uuid"),
+        "transport": _text("transport"),
+    },
+}
+TRANSPORT_SCHEMA: Schema = {
+    "type": "object",
+    "description": "Which network transport NCCL used, per rank, read from each rank's NCCL log.",
+    "properties": {
+        "requested": {"type": "string"},
+        "summary": {"type": "string"},
+        "evidence": _text("evidence", "The NCCL log line that decided the verdict."),
+        "fallbackRanks": {"type": "array", "items": _INT},
+        "ranks": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "rank": _INT,
+                    "transport": _text("transport"),
+                    "plugin": _text("plugin"),
+                    "provider": _text("provider"),
+                    "evidence": _text("evidence"),
+                },
+            },
+        },
     },
 }
 
@@ -302,7 +358,7 @@ STATUS_SCHEMA: Schema = {
     "properties": {
         "phase": {"type": "string", "description": "Lifecycle phase."},
         "reason": {"type": "string", "description": "Why the job is in this phase (closed set)."},
-        "message": {"type": "string", "description": "Human-readable detail."},
+        "message": {"type": "string", "description": "Human-readable detail.", "maxLength": MESSAGE_LIMIT},
         "workers": {"type": "string", "description": "Ready/desired worker pods, e.g. 2/2."},
         "rayClusterName": {"type": "string"},
         "submissionId": {"type": "string"},
@@ -311,6 +367,27 @@ STATUS_SCHEMA: Schema = {
         "startTime": {"type": "string", "format": "date-time"},
         "endTime": {"type": "string", "format": "date-time"},
         "conditions": {"type": "array", "items": CONDITION_SCHEMA},
+        "logOffset": {"type": "integer", "description": "Characters of the Ray job log read so far."},
+        "skippedEvents": {
+            "type": "integer",
+            "description": "Event lines skipped: malformed, over-long, or naming a rank the job does not have.",
+        },
+        "truncated": {
+            "type": "string",
+            "description": "What was left out of this status to keep it within its size budget (absent: nothing).",
+        },
+        "ranks": {"type": "array", "description": "Where each rank ran.", "items": RANK_SCHEMA},
+        "transport": TRANSPORT_SCHEMA,
+        "checkpoint": {
+            "type": "object",
+            "properties": {"step": _INT, "path": _text("path"), "seconds": {"type": "number", "nullable": True}},
+        },
+        "rankFailures": {
+            "type": "array",
+            "maxItems": 16,
+            "description": "The last failures the ranks reported.",
+            "items": {"type": "object", "properties": {"rank": _INT, "message": _text("message")}},
+        },
     },
 }
 

@@ -32,6 +32,7 @@ from fsdp_train.events import (
 )
 
 from fsdp_operator import transport as transport_mod
+from fsdp_operator.schema import MESSAGE_LIMIT
 from fsdp_operator.spec import Job
 
 
@@ -321,13 +322,19 @@ def _int(value: Any, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def _rank_entry(ranks: list[dict[str, Any]], rank: int) -> dict[str, Any]:
-    for entry in ranks:
-        if entry.get("rank") == rank:
-            return entry
-    entry = {"rank": rank}
-    ranks.append(entry)
-    return entry
+class _Ranks:
+    """`status.ranks` while folding, indexed by rank (a world of thousands of ranks folds in linear time)."""
+
+    def __init__(self, entries: Iterable[Mapping[str, Any]]) -> None:
+        self.by_rank: dict[Any, dict[str, Any]] = {}
+        for entry in entries:
+            self.by_rank.setdefault(entry.get("rank"), dict(entry))
+
+    def entry(self, rank: int) -> dict[str, Any]:
+        return self.by_rank.setdefault(rank, {"rank": rank})
+
+    def sorted(self) -> list[dict[str, Any]]:
+        return sorted(self.by_rank.values(), key=lambda r: _int(r.get("rank")))
 
 
 def _transport_events(status: JobStatus) -> list[Transport]:
@@ -387,7 +394,7 @@ class Folded:
 
 def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: datetime) -> Folded:
     """Fold the ranks' structured events into `status` (idempotent: re-reading a log gives the same result)."""
-    ranks = [dict(r) for r in status.ranks]
+    ranks = _Ranks(status.ranks)
     progress = dict(status.progress)
     result = dict(status.result)
     checkpoint = dict(status.checkpoint)
@@ -404,7 +411,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             rejected += 1
             continue
         if isinstance(event, Placement):
-            entry = _rank_entry(ranks, event.rank)
+            entry = ranks.entry(event.rank)
             entry.update(
                 localRank=event.local_rank,
                 nodeRank=event.node_rank,
@@ -418,7 +425,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         elif isinstance(event, Transport):
             transports.append(event)
             saw_transport = True
-            _rank_entry(ranks, event.rank)["transport"] = event.transport
+            ranks.entry(event.rank)["transport"] = event.transport
         elif isinstance(event, Probe):
             probes = [p for p in probes if p.get("scope") != event.scope]
             probes.append(
@@ -473,10 +480,9 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             if failure not in failures:
                 failures.append(failure)
 
-    ranks.sort(key=lambda r: _int(r.get("rank")))
     new = replace(
         status,
-        ranks=ranks,
+        ranks=ranks.sorted(),
         progress=progress,
         result=result,
         checkpoint=checkpoint,
@@ -499,6 +505,13 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         conditions = _apply(conditions, link.condition, now=now, generation=job.generation)
     skipped = status.skipped_events + rejected
     return Folded(replace(new, conditions=conditions, skipped_events=skipped), verdict, rejected)
+
+
+def without_rank_detail(status: JobStatus) -> JobStatus:
+    """The status without what the ranks reported one by one (for a write the API server refused): phase,
+    reason, conditions, progress and the transport verdict stay."""
+    kept = {k: v for k, v in status.transport.items() if k in ("requested", "summary", "fallbackRanks", "evidence")}
+    return replace(status, ranks=[], transport=kept, probes=[], rank_failures=[])
 
 
 def _fits_world(event: Event, world_size: int) -> bool:
@@ -557,8 +570,6 @@ def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any
 
 # --- the size budget of one status ------------------------------------------------------------------------
 
-MESSAGE_LIMIT = 2048
-"""Characters kept of `message` and of each condition's message (Ray's failure messages carry whole logs)."""
 STATUS_BUDGET_BASE = 16 * 1024
 STATUS_BUDGET_PER_RANK = 2 * 1024
 STATUS_BUDGET_MAX = 1024 * 1024

@@ -86,7 +86,10 @@ def test_job_security_settings_reach_the_operator(helm: Path) -> None:
 
     default = config().security
     assert default.token_auth and default.network_policy and default.operator_namespace == "ml"
-    assert default.operator_pod_labels == {"app.kubernetes.io/name": "fsdp-operator", "app.kubernetes.io/instance": "demo"}
+    assert default.operator_pod_labels == {
+        "app.kubernetes.io/name": "fsdp-operator",
+        "app.kubernetes.io/instance": "demo",
+    }
     off = config("--set", "jobNetworkPolicy.enabled=false", "--set", "rayTokenAuth.enabled=false").security
     assert not off.token_auth and not off.network_policy
 

@@ -314,7 +314,7 @@ def test_restart_in_every_phase_never_duplicates(apiserver: ThreadedApiServer, p
                     job = w.job()
                     assert job is not None
                     submission = render.submission(parse_job(job), w.sid(1), FAST.training_package)
-                    await w.ray.client(address).submit(submission)
+                    await w.ray.client(address, w.ray.tokens[address]).submit(submission)
         w.script.hold = w.kuberay.never_ready = False
         async with w.operator():
             await w.phase("Succeeded", timeout=15)

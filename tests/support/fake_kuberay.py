@@ -10,6 +10,7 @@ workers slow, never ready, or unschedulable (Pending pods with the scheduler's F
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -149,6 +150,7 @@ class FakeKubeRay:
             created=time.monotonic(),
         )
         self.clusters[cluster.uid] = cluster
+        await self._require_token(cluster, rc)
         group = rc["spec"]["workerGroupSpecs"][0]
         replicas = int(group["replicas"])
         await self._patch_status(
@@ -176,6 +178,17 @@ class FakeKubeRay:
             if self.unschedulable:
                 await self._failed_scheduling(cluster, name)
         return cluster
+
+    async def _require_token(self, c: _Cluster, rc: Obj) -> None:
+        """A head started with RAY_AUTH_MODE=token answers only requests that carry its Secret's token."""
+        env = {e["name"]: e for e in rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0].get("env", [])}
+        if (env.get("RAY_AUTH_MODE") or {}).get("value") != "token":
+            return
+        ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+        secret = await self._request("GET", f"/api/v1/namespaces/{c.namespace}/secrets/{ref['name']}")
+        encoded = (secret.get("data") or {}).get(ref["key"], "")
+        # A missing Secret leaves a token no client can know: the head refuses everyone, as a real one would.
+        self.ray.tokens[c.address] = base64.b64decode(encoded).decode() if encoded else "\0missing"
 
     async def _failed_scheduling(self, c: _Cluster, pod: str) -> None:
         event = {

@@ -8,7 +8,7 @@ import sys
 import time
 
 from fsdp_operator import render
-from fsdp_operator.local.kuberay import _container_env, _cpus, kill_marked, marked_processes
+from fsdp_operator.local.kuberay import _container_env, _cpus, kill_marked, marked_processes, secret_refs
 from fsdp_operator.spec import parse_job
 
 
@@ -21,9 +21,16 @@ def rendered_worker() -> dict[str, object]:
 
 
 def test_container_env_fills_in_the_downward_api_like_a_kubelet() -> None:
-    env = _container_env(rendered_worker(), "pod-0", "node-a")
+    env = _container_env(rendered_worker(), "pod-0", "node-a", {})
     assert env["POD_NAME"] == "pod-0" and env["NODE_NAME"] == "node-a"
     assert env["FI_PROVIDER"] == "efa" and env["NCCL_DEBUG"] == "INFO"
+
+
+def test_container_env_reads_secret_references_like_a_kubelet() -> None:
+    worker = rendered_worker()
+    assert secret_refs(worker) == {("j-ray-auth", "token")}
+    env = _container_env(worker, "pod-0", "node-a", {("j-ray-auth", "token"): "s3cret"})
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN"] == "s3cret"
 
 
 def test_cpus_come_from_the_limit_and_stand_in_for_gpus() -> None:

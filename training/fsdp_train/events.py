@@ -174,6 +174,9 @@ def clean_text(value: str, limit: int = MAX_TEXT) -> str:
     return text if len(text) <= limit else text[: limit - len(TRUNCATED)] + TRUNCATED
 
 
+_DECODER = json.JSONDecoder()
+
+
 class _Refused(ValueError):
     """A field whose type or range does not fit the schema."""
 
@@ -245,7 +248,8 @@ def parse_event(line: str) -> Event | Malformed | None:
     if start < 0:
         return None
     try:
-        payload = json.loads(line[start + len(PREFIX) + 1 :])
+        # raw_decode: what follows the object (a terminal's colour reset, a stray CR) does not spoil it.
+        payload, _ = _DECODER.raw_decode(line, start + len(PREFIX) + 1)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the interpreter's stack
         return MALFORMED
     if not isinstance(payload, dict):

@@ -5,13 +5,19 @@ It watches RayClusters over the Kubernetes API (HTTP, like the real controller),
 with its own 127.0.0.N address and temp dir, creates the matching Pod objects, and writes the
 RayCluster status the way KubeRay does. Deleting the RayCluster stops its processes, by process group.
 
+Environment variables come from the container spec as a kubelet would fill them: plain values, the
+downward API fields the operator uses, and `secretKeyRef`s read from the API server (Ray's auth token
+among them, so a cluster with token authentication really requires it).
+
 What it does not reproduce: images (the Ray on this machine runs, not the container's), pod
-scheduling, resource limits (cgroups), GPUs (a worker gets CPUs in place of GPUs), restarts.
+scheduling, resource limits (cgroups), GPUs (a worker gets CPUs in place of GPUs), restarts,
+NetworkPolicies (stored by the API server, enforced by nothing here: all nodes share loopback).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import json
@@ -124,18 +130,34 @@ class LocalCluster:
     dashboard_port: int = 0
     gcs_port: int = 0
     task: asyncio.Task[None] | None = None
+    token: str = ""
+    """Ray's auth token when the head runs with RAY_AUTH_MODE=token."""
 
 
-def _container_env(container: Obj, pod_name: str, node_name: str) -> dict[str, str]:
-    """The container's environment, with the downward-API fields a kubelet would fill in."""
+def _container_env(
+    container: Obj, pod_name: str, node_name: str, secrets: dict[tuple[str, str], str]
+) -> dict[str, str]:
+    """The container's environment, with the downward-API fields and Secret keys a kubelet would fill in.
+
+    `secrets` maps (secret name, key) to the decoded value of every `secretKeyRef` the container uses.
+    """
     fields = {"metadata.name": pod_name, "spec.nodeName": node_name}
     env: dict[str, str] = {}
     for item in container.get("env", []):
+        source = item.get("valueFrom", {})
         if "value" in item:
             env[item["name"]] = str(item["value"])
-        elif path := item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath"):
+        elif path := source.get("fieldRef", {}).get("fieldPath"):
             env[item["name"]] = fields.get(path, "")
+        elif ref := source.get("secretKeyRef"):
+            env[item["name"]] = secrets.get((ref.get("name", ""), ref.get("key", "")), "")
     return env
+
+
+def secret_refs(container: Obj) -> set[tuple[str, str]]:
+    """(secret name, key) of every `valueFrom.secretKeyRef` in the container's env."""
+    refs = (item.get("valueFrom", {}).get("secretKeyRef") for item in container.get("env", []))
+    return {(ref["name"], ref["key"]) for ref in refs if ref and ref.get("name") and ref.get("key")}
 
 
 def _cpus(container: Obj, fallback: int) -> int:
@@ -169,10 +191,14 @@ class LocalKubeRay:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
         return self._session
 
-    async def _request(self, method: str, path: str, body: Obj | None = None, content_type: str = "") -> Obj:
+    async def _request(
+        self, method: str, path: str, body: Obj | None = None, content_type: str = "", *, allow_missing: bool = False
+    ) -> Obj:
         headers = {"Content-Type": content_type or "application/json"}
         async with self.session.request(method, self.api_url + path, json=body, headers=headers) as response:
             payload: Obj = await response.json(content_type=None)
+            if allow_missing and response.status == 404:
+                return {}
             if response.status >= 400 and response.status != 409:
                 raise RuntimeError(f"{method} {path}: {response.status} {payload.get('message', payload)}")
             return payload
@@ -291,10 +317,22 @@ class LocalKubeRay:
         self.started.append(node)
         return node
 
+    async def _secrets(self, namespace: str, containers: list[Obj]) -> dict[tuple[str, str], str]:
+        """The values of the Secret keys the containers reference; a missing Secret or key stays unset (a kubelet
+        would not start the container; here the Ray node fails to authenticate, which shows as well)."""
+        values: dict[tuple[str, str], str] = {}
+        for name, key in set().union(*(secret_refs(c) for c in containers)):
+            secret = await self._request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}", allow_missing=True)
+            encoded = (secret.get("data") or {}).get(key)
+            if encoded is not None:
+                values[(name, key)] = base64.b64decode(encoded).decode()
+        return values
+
     async def _alive_nodes(self, cluster: LocalCluster) -> list[Obj]:
         url = f"http://127.0.0.1:{cluster.dashboard_port}/api/v0/nodes?limit=1000"
+        headers = {"Authorization": f"Bearer {cluster.token}"} if cluster.token else {}
         try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
+            async with self.session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=5)) as response:
                 if response.status != 200:
                     return []
                 payload = await response.json(content_type=None)
@@ -328,6 +366,11 @@ class LocalKubeRay:
 
         head_name = f"{cluster.name}-head-{cluster.uid[:5] or 'local'}"
         head_container = head_group["template"]["spec"]["containers"][0]
+        worker_container = group["template"]["spec"]["containers"][0]
+        secrets = await self._secrets(cluster.namespace, [head_container, worker_container])
+        head_env = _container_env(head_container, head_name, "local-head", secrets)
+        if head_env.get("RAY_AUTH_MODE") == "token":
+            cluster.token = head_env.get("RAY_AUTH_TOKEN", "")
         head = await self._start_node(
             cluster,
             head_name,
@@ -341,7 +384,7 @@ class LocalKubeRay:
                 f"--dashboard-port={cluster.dashboard_port}",
                 f"--ray-client-server-port={free_port()}",
             ],
-            _container_env(head_container, head_name, "local-head"),
+            head_env,
         )
         await self._put_pod(cluster, head_name, {**base_labels, "ray.io/node-type": "head"}, head.ip, ready=False)
         head_up = await self._wait_for(cluster, {head.ip}, time.monotonic() + 90)
@@ -355,12 +398,11 @@ class LocalKubeRay:
         endpoints = {"dashboard": str(cluster.dashboard_port), "gcs-server": str(cluster.gcs_port)}
         await self._patch_status(cluster, {"head": head_status, "endpoints": endpoints})
 
-        worker_container = group["template"]["spec"]["containers"][0]
         cpus = _cpus(worker_container, 1)
         workers: list[RayNode] = []
         for i in range(replicas):
             pod_name = f"{cluster.name}-{group['groupName']}-worker-{i:05d}"[-63:]
-            env = _container_env(worker_container, pod_name, f"local-worker-{i}")
+            env = _container_env(worker_container, pod_name, f"local-worker-{i}", secrets)
             worker = await self._start_node(
                 cluster,
                 pod_name,
