@@ -97,7 +97,8 @@ def auth_secret_name(job_name: str) -> str:
 
 
 def network_policy_name(job_name: str) -> str:
-    return f"{raycluster_name(job_name)}-ray"
+    """The per-job NetworkPolicy: `<raycluster name>-ports`."""
+    return f"{raycluster_name(job_name)}-ports"
 
 
 def auth_secret(job: Job) -> dict[str, Any]:

@@ -66,6 +66,7 @@ async def kopf_operator(
     memo: object | None = None,
     startup_timeout: float = 10,
     stop_timeout: float = 15,
+    liveness_endpoint: str | None = None,
 ) -> AsyncIterator[None]:
     """Run the registry's handlers against `url` until the block exits (clusterwide unless namespaces)."""
     _ensure_login(registry, url)
@@ -84,6 +85,7 @@ async def kopf_operator(
         ready_flag=ready,
         stop_flag=stop,
         memo=memo,
+        liveness_endpoint=liveness_endpoint,
     )
     runner = asyncio.create_task(kopf.run_tasks(tasks, ignored=ignored), name="kopf operator")
     try:
