@@ -102,9 +102,9 @@ def cmd_diagnose_nccl(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from fsdp_operator.operator_main import run_operator
+    from fsdp_operator.operator_main import run_from_args
 
-    return run_operator(namespace=args.namespace, liveness=args.liveness)
+    return run_from_args(args)
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
@@ -118,6 +118,18 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         print_problems(args.file, e.problems)
         return EXIT_BAD_INPUT
     return run_local(manifest, keep=args.keep, timeout=args.timeout, status_out=args.status_out)
+
+
+def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `fsdpctl operator` and `python -m fsdp_operator` (here: no kopf import to build them)."""
+    parser.add_argument(
+        "-n", "--namespace", action="append", default=None, help="watch this namespace (repeatable; default: all)"
+    )
+    parser.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument("--peering", default=None, help="kopf peering object for leader election between replicas")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-format", default="text", choices=["json", "text"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,9 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cmd_diagnose_nccl)
 
     p = sub.add_parser("operator", help="run the operator (kopf) against the current kubeconfig")
-    p.add_argument("-n", "--namespace", help="watch one namespace (default: all)")
-    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
-    p.set_defaults(func=cmd_operator)
+    add_operator_arguments(p)
+    p.set_defaults(func=cmd_operator, liveness="http://0.0.0.0:8080/healthz")
 
     p = sub.add_parser("run-local", help="run a job end to end on this machine (emulated API server, local Ray)")
     p.add_argument("-f", "--file", required=True, help="FSDPTrainingJob YAML")
