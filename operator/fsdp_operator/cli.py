@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from fsdp_operator import render, schema
+from fsdp_operator import manifest_yaml, render, schema
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -26,18 +26,20 @@ class InputError(Exception):
 
 
 def load_manifest(path: str) -> Any:
-    """The single YAML document in `path` (`-` for stdin)."""
+    """The single YAML document in `path` (`-` for stdin), read as kubectl would (see manifest_yaml)."""
+    limit = manifest_yaml.MAX_REQUEST_BYTES + 1  # never read more than can be refused
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        if path == "-":
+            data = sys.stdin.buffer.read(limit)
+        else:
+            with Path(path).open("rb") as f:
+                data = f.read(limit)
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from e
     try:
-        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise InputError(f"{path}: not valid YAML: {where}{problem}") from e
+        docs = [doc for doc in manifest_yaml.load_all(manifest_yaml.decode(data)) if doc is not None]
+    except manifest_yaml.ManifestError as e:
+        raise InputError(f"{path}: {e}") from e
     if len(docs) != 1:
         raise InputError(f"{path}: expected one YAML document (an FSDPTrainingJob), found {len(docs)}")
     return docs[0]
@@ -55,11 +57,16 @@ def load_job_from(path: str, manifest: Any) -> Job:
         raise InputError(f"{path}: {e}") from e
 
 
+MAX_PROBLEMS_SHOWN = 50
+
+
 def print_problems(source: str, problems: list[str]) -> None:
     count = len(problems)
     print(f"{source}: invalid FSDPTrainingJob, {count} problem{'' if count == 1 else 's'}:", file=sys.stderr)
-    for problem in problems:
+    for problem in problems[:MAX_PROBLEMS_SHOWN]:
         print(f"  {problem}", file=sys.stderr)
+    if count > MAX_PROBLEMS_SHOWN:
+        print(f"  ... and {count - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
 
 
 def _dump(obj: Any, output: str) -> str:
