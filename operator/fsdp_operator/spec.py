@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal, cast
 
+from fsdp_train import catalog
+
 from fsdp_operator import schema
 
 Transport = Literal["efa", "socket", "auto"]
@@ -20,33 +22,6 @@ Cleanup = Literal["Delete", "Keep"]
 
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 CHECKPOINT_SCHEMES = ("s3://", "gs://", "file://", "/")
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceType:
-    """What the operator knows about an instance type, to check requests against it."""
-
-    gpus: int
-    gpu_name: str
-    efa_interfaces: int
-    network_gbps: float
-    """Network bandwidth per instance in Gbit/s, the basis of the default interconnect floor."""
-
-
-# Published EC2 specifications of GPU instance types commonly used for training.
-INSTANCE_TYPES: dict[str, InstanceType] = {
-    "g5.12xlarge": InstanceType(4, "NVIDIA A10G", 0, 40),
-    "g5.48xlarge": InstanceType(8, "NVIDIA A10G", 1, 100),
-    "g6.12xlarge": InstanceType(4, "NVIDIA L4", 1, 40),
-    "g6.48xlarge": InstanceType(8, "NVIDIA L4", 1, 100),
-    "g6e.12xlarge": InstanceType(4, "NVIDIA L40S", 1, 100),
-    "g6e.48xlarge": InstanceType(8, "NVIDIA L40S", 4, 400),
-    "p4d.24xlarge": InstanceType(8, "NVIDIA A100", 4, 400),
-    "p4de.24xlarge": InstanceType(8, "NVIDIA A100", 4, 400),
-    "p5.48xlarge": InstanceType(8, "NVIDIA H100", 32, 3200),
-    "p5e.48xlarge": InstanceType(8, "NVIDIA H200", 32, 3200),
-    "p5en.48xlarge": InstanceType(8, "NVIDIA H200", 16, 3200),
-}
 
 
 class SpecError(ValueError):
@@ -296,9 +271,18 @@ def _quantity(spec: dict[str, Any], path: str, key: str, problems: list[str]) ->
 
 
 def default_interconnect_floor_gbps(instance_type: str) -> float:
-    """Cross-node bus bandwidth floor in GB/s: the instance's network line rate (40 Gbps -> 5 GB/s)."""
-    known = INSTANCE_TYPES.get(instance_type)
-    return known.network_gbps / 8 if known else 0.0
+    """Cross-node bus bandwidth floor in GB/s: the catalog's line rate of the type (40 Gbps -> 5 GB/s)."""
+    return catalog.interconnect_floor_gbps(instance_type)
+
+
+def _fits_instance(known: catalog.InstanceType, cpu: str, memory: str) -> list[str]:
+    """A worker pod larger than its instance type can never be scheduled: say so before anything is created."""
+    problems: list[str] = []
+    if parse_quantity(cpu) > known.vcpus:
+        problems.append(f"spec.workers.cpu: {cpu} CPUs requested, {known.name} has {known.vcpus} vCPUs")
+    if parse_quantity(memory) > known.memory_mib * 2**20:
+        problems.append(f"spec.workers.memory: {memory} requested, {known.name} has {known.memory_mib // 1024}Gi")
+    return problems
 
 
 def parse_spec(raw: dict[str, Any]) -> Spec:
@@ -309,7 +293,7 @@ def parse_spec(raw: dict[str, Any]) -> Spec:
         raise SpecError(problems)
 
     w, n, t, rp = s["workers"], s["network"], s["training"], s["runPolicy"]
-    known = INSTANCE_TYPES.get(w["instanceType"])
+    known = catalog.instance_type(w["instanceType"])
     gpus, efa = w["gpusPerWorker"], w["efaPerWorker"]
     if known is not None:
         if gpus > known.gpus:
@@ -325,7 +309,7 @@ def parse_spec(raw: dict[str, Any]) -> Spec:
     elif w["instanceType"] and efa > 0:
         problems.append(
             f"spec.workers.efaPerWorker: unknown instance type {w['instanceType']!r}; EFA can only be checked on "
-            f"known types ({', '.join(sorted(INSTANCE_TYPES))}); set efaPerWorker: 0 or use a known type"
+            f"known types ({', '.join(catalog.INSTANCE_TYPES)}); set efaPerWorker: 0 or use a known type"
         )
 
     ranks = w.get("ranksPerWorker")
@@ -372,6 +356,10 @@ def parse_spec(raw: dict[str, Any]) -> Spec:
     shm = _quantity(w, "spec.workers", "sharedMemory", problems)
     if problems:
         raise SpecError(problems)
+    if known is not None:
+        problems += _fits_instance(known, cpu, memory)
+        if problems:
+            raise SpecError(problems)
 
     floor = n.get("minCrossNodeBandwidthGBps")
     return Spec(
