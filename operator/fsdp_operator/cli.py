@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from fsdp_operator import render, schema
+from fsdp_operator import manifest_yaml, render, schema
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -26,18 +26,20 @@ class InputError(Exception):
 
 
 def load_manifest(path: str) -> Any:
-    """The single YAML document in `path` (`-` for stdin)."""
+    """The single YAML document in `path` (`-` for stdin), read as kubectl would (see manifest_yaml)."""
+    limit = manifest_yaml.MAX_REQUEST_BYTES + 1  # never read more than can be refused
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        if path == "-":
+            data = sys.stdin.buffer.read(limit)
+        else:
+            with Path(path).open("rb") as f:
+                data = f.read(limit)
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from e
     try:
-        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise InputError(f"{path}: not valid YAML: {where}{problem}") from e
+        docs = [doc for doc in manifest_yaml.load_all(manifest_yaml.decode(data)) if doc is not None]
+    except manifest_yaml.ManifestError as e:
+        raise InputError(f"{path}: {e}") from e
     if len(docs) != 1:
         raise InputError(f"{path}: expected one YAML document (an FSDPTrainingJob), found {len(docs)}")
     return docs[0]
@@ -55,11 +57,16 @@ def load_job_from(path: str, manifest: Any) -> Job:
         raise InputError(f"{path}: {e}") from e
 
 
+MAX_PROBLEMS_SHOWN = 50
+
+
 def print_problems(source: str, problems: list[str]) -> None:
     count = len(problems)
     print(f"{source}: invalid FSDPTrainingJob, {count} problem{'' if count == 1 else 's'}:", file=sys.stderr)
-    for problem in problems:
+    for problem in problems[:MAX_PROBLEMS_SHOWN]:
         print(f"  {problem}", file=sys.stderr)
+    if count > MAX_PROBLEMS_SHOWN:
+        print(f"  ... and {count - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
 
 
 def _dump(obj: Any, output: str) -> str:
@@ -95,9 +102,9 @@ def cmd_diagnose_nccl(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from fsdp_operator.operator_main import run_operator
+    from fsdp_operator.operator_main import run_from_args
 
-    return run_operator(namespace=args.namespace, liveness=args.liveness)
+    return run_from_args(args)
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
@@ -120,6 +127,18 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return capacity_cli.run(
         args.instance_type, args.count, regions=regions, probe=args.probe, output=args.output, profile=args.profile
     )
+
+
+def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `fsdpctl operator` and `python -m fsdp_operator` (here: no kopf import to build them)."""
+    parser.add_argument(
+        "-n", "--namespace", action="append", default=None, help="watch this namespace (repeatable; default: all)"
+    )
+    parser.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument("--peering", default=None, help="kopf peering object for leader election between replicas")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-format", default="text", choices=["json", "text"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,9 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_capacity)
 
     p = sub.add_parser("operator", help="run the operator (kopf) against the current kubeconfig")
-    p.add_argument("-n", "--namespace", help="watch one namespace (default: all)")
-    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
-    p.set_defaults(func=cmd_operator)
+    add_operator_arguments(p)
+    p.set_defaults(func=cmd_operator, liveness="http://0.0.0.0:8080/healthz")
 
     p = sub.add_parser("run-local", help="run a job end to end on this machine (emulated API server, local Ray)")
     p.add_argument("-f", "--file", required=True, help="FSDPTrainingJob YAML")

@@ -5,15 +5,23 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
 boto3 = pytest.importorskip("boto3")
 moto = pytest.importorskip("moto")
 
-from fsdp_operator.spec import SpecError, parse_spec  # noqa: E402
+from fsdp_operator import schema  # noqa: E402
+from fsdp_operator.spec import Spec, SpecError, parse_job  # noqa: E402
 from fsdp_train import catalog  # noqa: E402
 from fsdp_train.metrics import peak_flops  # noqa: E402
+
+
+def parse_spec(spec: dict[str, Any]) -> Spec:
+    return parse_job(
+        {"apiVersion": schema.API_VERSION, "kind": schema.KIND, "metadata": {"name": "j"}, "spec": spec}
+    ).spec
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +135,10 @@ def test_validation_reads_the_catalog() -> None:
         "spec.workers.memory: 160Gi requested, g6.xlarge has 16Gi",
     ]
     with pytest.raises(SpecError) as e:
-        parse_spec({"workers": {"instanceType": "p5.48xlarge", "gpusPerWorker": 9, "efaPerWorker": 33}})
+        parse_spec({"workers": {"instanceType": "p5en.48xlarge", "gpusPerWorker": 9, "efaPerWorker": 17}})
     assert e.value.problems == [
-        "spec.workers.gpusPerWorker: 9 GPUs requested, p5.48xlarge has 8",
-        "spec.workers.efaPerWorker: 33 EFA interfaces requested, p5.48xlarge has 32",
+        "spec.workers.gpusPerWorker: 9 GPUs requested, p5en.48xlarge has 8",
+        "spec.workers.efaPerWorker: 17 EFA interfaces requested, p5en.48xlarge has 16",
     ]
     # A type the catalog does not know stays usable with explicit counts and sockets.
     spec = parse_spec(
