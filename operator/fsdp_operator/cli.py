@@ -163,6 +163,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return EXIT_FINDING if status.get("phase") == "Failed" else EXIT_OK
 
 
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from fsdp_operator import capacity_cli
+
+    regions = [r.strip() for r in ",".join(args.regions or []).split(",") if r.strip()]
+    return capacity_cli.run(
+        args.instance_type, args.count, regions=regions, probe=args.probe, output=args.output, profile=args.profile
+    )
+
+
 def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of `fsdpctl operator` and `python -m fsdp_operator` (here: no kopf import to build them)."""
     parser.add_argument(
@@ -198,6 +207,21 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("files", nargs="+", metavar="FILE", help="NCCL_DEBUG=INFO logs, or - for stdin")
     d.add_argument("-o", "--output", choices=["text", "json"], default="text")
     d.set_defaults(func=cmd_diagnose_nccl)
+
+    p = sub.add_parser("capacity", help="where an instance type can run now: zones, quota, Spot scores, probes")
+    p.add_argument("--instance-type", default="g6.12xlarge", help="EC2 instance type (default: g6.12xlarge)")
+    p.add_argument("--count", type=int, default=2, help="instances needed in one zone (default: 2)")
+    p.add_argument(
+        "--regions", action="append", metavar="R1,R2", help="regions to check (default: every region enabled)"
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="reserve COUNT instances per zone and cancel at once: EC2's definitive answer (billed for seconds)",
+    )
+    p.add_argument("--profile", help="AWS profile (default: the usual boto3 chain)")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.set_defaults(func=cmd_capacity)
 
     p = sub.add_parser("operator", help="run the operator (kopf) against the current kubeconfig")
     add_operator_arguments(p)
