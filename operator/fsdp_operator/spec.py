@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fsdp_train import catalog
 from fsdp_train.config import ConfigError, TrainConfig
 
 from fsdp_operator import fields, formats, schema
@@ -60,31 +61,9 @@ INT64_MAX = 2**63 - 1
 MAX_STEPS = 100_000_000
 
 
-@dataclass(frozen=True, slots=True)
-class InstanceType:
-    """What the operator knows about an instance type, to check requests against it."""
-
-    gpus: int
-    gpu_name: str
-    efa_interfaces: int
-    network_gbps: float
-    """Network bandwidth per instance in Gbit/s, the basis of the default interconnect floor."""
-
-
-# Published EC2 specifications of GPU instance types commonly used for training.
-INSTANCE_TYPES: dict[str, InstanceType] = {
-    "g5.12xlarge": InstanceType(4, "NVIDIA A10G", 0, 40),
-    "g5.48xlarge": InstanceType(8, "NVIDIA A10G", 1, 100),
-    "g6.12xlarge": InstanceType(4, "NVIDIA L4", 1, 40),
-    "g6.48xlarge": InstanceType(8, "NVIDIA L4", 1, 100),
-    "g6e.12xlarge": InstanceType(4, "NVIDIA L40S", 1, 100),
-    "g6e.48xlarge": InstanceType(8, "NVIDIA L40S", 4, 400),
-    "p4d.24xlarge": InstanceType(8, "NVIDIA A100", 4, 400),
-    "p4de.24xlarge": InstanceType(8, "NVIDIA A100", 4, 400),
-    "p5.48xlarge": InstanceType(8, "NVIDIA H100", 32, 3200),
-    "p5e.48xlarge": InstanceType(8, "NVIDIA H200", 32, 3200),
-    "p5en.48xlarge": InstanceType(8, "NVIDIA H200", 16, 3200),
-}
+# The hardware catalog (fsdp_train.catalog) is the one table of instance types; kept importable from here.
+INSTANCE_TYPES = catalog.INSTANCE_TYPES
+InstanceType = catalog.InstanceType
 
 # The node labels Kubernetes sets from the instance type; a nodeSelector may repeat, never contradict, it.
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
@@ -325,8 +304,9 @@ class Workers:
     @staticmethod
     def _rules(w: dict[str, Any], path: str, problems: Problems) -> None:
         instance_type, gpus, efa = w["instance_type"], w["gpus_per_worker"], w["efa_per_worker"]
-        known = INSTANCE_TYPES.get(instance_type)
+        known = catalog.instance_type(instance_type)
         if known is not None:
+            _fits_instance(known, w, path, problems)
             if gpus > known.gpus:
                 problems.append(f"{path}.gpusPerWorker: {gpus} GPUs requested, {instance_type} has {known.gpus}")
             if efa > known.efa_interfaces:
@@ -340,7 +320,7 @@ class Workers:
         elif instance_type and efa > 0:
             problems.append(
                 f"{path}.efaPerWorker: unknown instance type {show(instance_type)}; EFA can only be checked on known "
-                f"types ({', '.join(sorted(INSTANCE_TYPES))}); set efaPerWorker: 0 or use a known type"
+                f"types ({', '.join(catalog.INSTANCE_TYPES)}); set efaPerWorker: 0 or use a known type"
             )
         if w["ranks_per_worker"] is None:
             if gpus == 0:
@@ -592,9 +572,16 @@ def _refuse_operator_env(name: str, path: str, problems: Problems) -> None:
 
 
 def default_interconnect_floor_gbps(instance_type: str) -> float:
-    """Cross-node bus bandwidth floor in GB/s: the instance's network line rate (40 Gbps -> 5 GB/s)."""
-    known = INSTANCE_TYPES.get(instance_type)
-    return known.network_gbps / 8 if known else 0.0
+    """Cross-node bus bandwidth floor in GB/s: the catalog's line rate of the type (40 Gbps -> 5 GB/s); 0 unknown."""
+    return catalog.interconnect_floor_gbps(instance_type)
+
+
+def _fits_instance(known: catalog.InstanceType, w: dict[str, Any], path: str, problems: Problems) -> None:
+    """A worker pod larger than its instance type can never be scheduled: say so before anything is created."""
+    if parse_quantity(w["cpu"]) > known.vcpus:
+        problems.append(f"{path}.cpu: {w['cpu']} CPUs requested, {known.name} has {known.vcpus} vCPUs")
+    if parse_quantity(w["memory"]) > known.memory_mib * 2**20:
+        problems.append(f"{path}.memory: {w['memory']} requested, {known.name} has {known.memory_mib // 1024}Gi")
 
 
 # --- the object around the spec ---------------------------------------------------------------------------

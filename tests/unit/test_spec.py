@@ -59,8 +59,9 @@ def test_more_gpus_than_the_instance_type_has() -> None:
 
 
 def test_efa_on_a_type_without_efa() -> None:
-    found = problems({"workers": {"instanceType": "g5.12xlarge"}})
-    assert "spec.workers.efaPerWorker: g5.12xlarge does not support EFA" in found
+    # EC2: the g5 sizes below 8xlarge have no EFA (g5.12xlarge has one interface).
+    found = problems({"workers": {"instanceType": "g5.4xlarge", "gpusPerWorker": 1, "cpu": 8, "memory": "32Gi"}})
+    assert found == ["spec.workers.efaPerWorker: g5.4xlarge does not support EFA"]
 
 
 def test_more_efa_interfaces_than_the_type_has() -> None:
