@@ -33,7 +33,8 @@ def test_operator_process_reconciles_and_stops(apiserver: ThreadedApiServer, kub
     port, metrics_port = _free_port(), _free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     command = [sys.executable, "-m", "fsdp_operator", "--namespace", "default", "--liveness",
-               f"http://127.0.0.1:{port}/healthz", "--metrics-port", str(metrics_port), "--log-format", "json"]  # fmt: skip
+               f"http://127.0.0.1:{port}/healthz", "--metrics-port", str(metrics_port),
+               "--log-format", "json"]  # fmt: skip
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     jobs = f"{apiserver.url}/apis/{schema.GROUP}/{schema.VERSION}/namespaces/default/{schema.PLURAL}"
     try:
