@@ -41,7 +41,11 @@ CONDITION_SCHEMA: Schema = {
     "type": "object",
     "required": ["type", "status"],
     "properties": {
-        "type": {"type": "string", "description": "Condition type, e.g. WorkersReady, TransportVerified."},
+        "type": {
+            "type": "string",
+            "description": "Condition type: Validated, WorkersReady, JobSubmitted, Running, TransportVerified, "
+            "InterconnectHealthy, Complete, Failed, ReconcileError.",
+        },
         "status": {"type": "string", "enum": ["True", "False", "Unknown"], "description": "True, False or Unknown."},
         "reason": {"type": "string", "description": "Why, in one CamelCase word."},
         "message": {"type": "string", "description": "Human-readable detail.", "maxLength": MESSAGE_LIMIT},
@@ -154,6 +158,7 @@ STATUS_SCHEMA: Schema = {
             "type": "string",
             "description": "What was left out of this status to keep it within its size budget (absent: nothing).",
         },
+        "dashboardURL": {"type": "string", "description": "Ray's dashboard and job API of the job's RayCluster."},
         "conditions": {
             "type": "array",
             "description": "Conditions, in metav1.Condition shape.",
@@ -164,7 +169,11 @@ STATUS_SCHEMA: Schema = {
             "description": "Where each rank ran: rank, local rank, node rank, node IP, pod, device.",
             "items": RANK_SCHEMA,
         },
-        "progress": _free("object", "Training progress: step, total steps, loss, tokens per second, MFU."),
+        "progress": _free(
+            "object",
+            "Training progress: step, total steps, loss, tokens per second, MFU, and lossHistory "
+            "(at most 64 [step, loss] points spanning the run).",
+        ),
         "transport": TRANSPORT_SCHEMA,
         "interconnect": _free("object", "Measured all-reduce and all-gather bus bandwidth against the floor."),
         "probes": _free("array", "The collective bandwidth probes, per scope."),
