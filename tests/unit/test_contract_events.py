@@ -292,6 +292,8 @@ def test_every_event_field_lands_where_the_table_says() -> None:
     assert paths == set(EXPECTED_VALUES)
     for path in sorted(paths):
         assert at(path, status) == EXPECTED_VALUES[path], path
+    # The step's loss also goes onto the bounded loss curve, as [step, loss].
+    assert status["progress"]["lossHistory"] == [[39, 2.3457]]
 
 
 def test_the_status_the_events_make_is_valid_against_the_crd() -> None:
@@ -341,7 +343,7 @@ def test_optional_fields_left_out_are_left_out_of_the_status() -> None:
     status = one_pass(wire(bare))
     assert "deviceUUID" not in status["ranks"][0]
     assert set(status["progress"]) == {"step", "totalSteps", "stepOfTotal", "loss", "tokensPerSecond",
-                                       "tokensPerSecondPerDevice"}  # fmt: skip
+                                       "tokensPerSecondPerDevice", "lossHistory"}  # fmt: skip
     assert set(status["result"]) == {"steps", "firstLoss", "finalLoss", "tokensPerSecond", "seconds"}
 
 

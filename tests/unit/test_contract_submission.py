@@ -197,21 +197,20 @@ def test_runtime_env_of_the_job_reaches_the_submission(monkeypatch: pytest.Monke
     manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     manifest["spec"]["runtimeEnv"] = {
         "pip": ["datasets==3.0.0"],
-        "envVars": {"HF_HOME": "/cache", "PYTHONUNBUFFERED": "0"},
+        "envVars": {"HF_HOME": "/cache"},
     }
     _, submission = through_the_entrypoint(manifest, monkeypatch)
     assert submission.runtime_env["pip"] == ["datasets==3.0.0"]
-    # The job's own variables come last: a user may override the defaults.
-    assert submission.runtime_env["env_vars"] == {**RUNTIME_ENV_VARS, "HF_HOME": "/cache", "PYTHONUNBUFFERED": "0"}
+    assert submission.runtime_env["env_vars"] == {**RUNTIME_ENV_VARS, "HF_HOME": "/cache"}
 
 
 def test_an_entrypoint_config_is_one_shell_word_whatever_the_spec_holds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Quotes, spaces and `$` in a value must reach the trainer verbatim, not be split or expanded."""
+    """Quotes, `$`, `;` and backticks in a value must reach the trainer verbatim, not be split or expanded."""
     manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
     manifest["metadata"]["name"] = "quote-test"
-    manifest["spec"]["model"]["name"] = '/models/it\'s a $HOME "dir"'
+    manifest["spec"]["model"]["name"] = '/models/it\'s-$HOME-"dir";`id`'
     config, submission = through_the_entrypoint(manifest, monkeypatch)
-    assert config.train.model == '/models/it\'s a $HOME "dir"'
+    assert config.train.model == '/models/it\'s-$HOME-"dir";`id`'
     assert len(shlex.split(submission.entrypoint)) == 5
 
 
