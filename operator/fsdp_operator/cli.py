@@ -108,16 +108,59 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
-    from fsdp_operator.local.run import run_local
+    from fsdp_operator.local.run import cannot_run_locally, run_local
 
     manifest = load_manifest(args.file)  # read once: `-` is stdin
     try:
-        load_job_from(args.file, manifest)
+        job = load_job_from(args.file, manifest)
     except SpecError as e:
         # Nothing is started for a job that cannot run: bad input, like a file that is not YAML.
         print_problems(args.file, e.problems)
         return EXIT_BAD_INPUT
+    if reason := cannot_run_locally(job):
+        print(f"{args.file}: cannot run on this machine: {reason}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return run_local(manifest, keep=args.keep, timeout=args.timeout, status_out=args.status_out)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """One job in the current cluster: the run-local summary, its conditions and its loss curve."""
+    import kubernetes
+    import urllib3
+
+    from fsdp_operator.summary import loss_curve, summary_lines
+
+    try:
+        kubernetes.config.load_kube_config(config_file=args.kubeconfig, context=args.context)  # type: ignore[no-untyped-call]
+        _, active = kubernetes.config.list_kube_config_contexts(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+    except (kubernetes.config.ConfigException, OSError) as e:
+        raise InputError(f"no usable kubeconfig: {e}") from e
+    namespace = args.namespace or (active.get("context") or {}).get("namespace") or "default"
+    api = kubernetes.client.CustomObjectsApi()
+    try:
+        found: Any = api.get_namespaced_custom_object(schema.GROUP, schema.VERSION, namespace, schema.PLURAL, args.name)
+    except kubernetes.client.ApiException as e:
+        if e.status == 404:
+            print(f"error: no {schema.KIND} {namespace}/{args.name}", file=sys.stderr)
+            return EXIT_FINDING
+        raise InputError(f"the API server answered {e.status}: {e.reason}") from e
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        raise InputError(f"cannot reach the API server: {e}") from e
+    status = (found.get("status") if isinstance(found, dict) else None) or {}
+    if args.output != "text":
+        print(_dump(status, args.output).rstrip("\n"))
+        return EXIT_OK
+    print(f"{schema.KIND} {namespace}/{args.name}")
+    print("\n".join(summary_lines(status)))
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    if conditions:
+        print("\nconditions")
+        width = max(len(str(c.get("type"))) for c in conditions)
+        for c in conditions:
+            print(f"  {str(c.get('type')).ljust(width)}  {c.get('status')!s:7} {c.get('reason', '')}")
+    if curve := loss_curve(status):
+        print("\n" + curve)
+    return EXIT_FINDING if status.get("phase") == "Failed" else EXIT_OK
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
@@ -183,6 +226,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("operator", help="run the operator (kopf) against the current kubeconfig")
     add_operator_arguments(p)
     p.set_defaults(func=cmd_operator, liveness="http://0.0.0.0:8080/healthz")
+
+    p = sub.add_parser("status", help="a job in the current cluster: summary, conditions, loss curve")
+    p.add_argument("name", help="the FSDPTrainingJob's name")
+    p.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
+    p.add_argument("-o", "--output", choices=["text", "yaml", "json"], default="text")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("run-local", help="run a job end to end on this machine (emulated API server, local Ray)")
     p.add_argument("-f", "--file", required=True, help="FSDPTrainingJob YAML")

@@ -142,7 +142,8 @@ def _default_value(d: Declared) -> Any:
 
 # --- showing values in messages -------------------------------------------------------------------
 
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+# Everything between `scheme://` and the last `@`: user info, however it is spelled, never shows.
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")
 _CREDENTIAL_NAME = re.compile(r"(?i)secret|token|passw|credential|private|auth|api_?key|access_?key|session|cookie")
 SHOW_LIMIT = 40
 
@@ -281,6 +282,8 @@ def _value(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> 
     if hint is float:
         return _number(meta, value, path, problems, secret)
     if hint is str or hint is Quantity or get_origin(hint) is Literal:
+        if hint is Quantity and isinstance(value, float) and math.isfinite(value) and value.is_integer():
+            value = int(value)  # `memory: 1e11` is the integer 100000000000 in the JSON kubectl sends
         if hint is Quantity and isinstance(value, int) and not isinstance(value, bool):
             value = str(value)
         if not isinstance(value, str):

@@ -277,7 +277,7 @@ def _model_name(value: str) -> str | None:
 
 
 def _ray_version(value: str) -> str | None:
-    if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+(?:[-+.][0-9A-Za-z.+-]+)?", value):
+    if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+(?:[-+.]?[0-9A-Za-z][0-9A-Za-z.+-]*)?", value):
         return "must be a Ray version such as 2.58.0"
     return None
 

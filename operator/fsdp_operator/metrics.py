@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -72,9 +73,10 @@ class Metrics:
         )
         self._phases: dict[tuple[str, str], str] = {}
 
-    def serve(self, port: int, address: str = "0.0.0.0") -> None:
-        """Serve `/metrics` over HTTP in a background thread."""
-        start_http_server(port, addr=address, registry=self.registry)
+    def serve(self, port: int, address: str = "0.0.0.0") -> WSGIServer:
+        """Serve `/metrics` over HTTP in a background thread (port 0: a free one, see `.server_port`)."""
+        server, _ = start_http_server(port, addr=address, registry=self.registry)
+        return server
 
     # --- what the controller reports ---
     def record_pass(

@@ -623,9 +623,7 @@ class ObjectMeta:
 
     name: str = declare("Name of the job (a DNS-1123 label).", default="", required=True, grammar=formats.DNS1123_LABEL)
     namespace: str = declare("Namespace of the job.", default="default", grammar=formats.DNS1123_LABEL)
-    labels: dict[str, str] = declare(
-        "Labels.", factory=dict, keys=formats.QUALIFIED_NAME, values=formats.LABEL_VALUE, max_items=256
-    )
+    labels: dict[str, str] = declare("Labels.", factory=dict, keys=formats.QUALIFIED_NAME, values=formats.LABEL_VALUE)
     annotations: dict[str, str] = declare(
         "Annotations.",
         factory=dict,
@@ -633,7 +631,6 @@ class ObjectMeta:
         values=formats.TEXT,
         secret=True,
         max_length=ANNOTATIONS_MAX_BYTES,
-        max_items=1024,
     )
     generation: int = declare("Set by the API server.", default=0, minimum=0, maximum=INT64_MAX)
     uid: str = declare("Set by the API server.", default="", max_length=128)
@@ -649,7 +646,7 @@ class ObjectMeta:
 
     @staticmethod
     def _rules(m: dict[str, Any], path: str, problems: Problems) -> None:
-        size = sum(len(k.encode()) + len(v.encode(errors="replace")) for k, v in m["annotations"].items())
+        size = sum(len(f"{k}{v}".encode(errors="replace")) for k, v in m["annotations"].items())
         if size > ANNOTATIONS_MAX_BYTES:
             problems.append(f"{path}.annotations: {size} bytes in total, Kubernetes allows {ANNOTATIONS_MAX_BYTES}")
 

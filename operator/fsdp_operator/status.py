@@ -478,6 +478,27 @@ def _probe_events(status: JobStatus) -> list[Probe]:
     return probes
 
 
+LOSS_HISTORY_POINTS = 64
+"""At most this many [step, loss] points in `progress.lossHistory` (a few hundred bytes)."""
+
+
+def _with_loss_point(history: Any, step: int, loss: float | None) -> list[list[float]]:
+    """The bounded loss history with `[step, loss]` added: the whole run at a coarser grain as it grows.
+
+    When full, every other point is dropped (the first and the newest stay), so the curve always spans
+    the whole run and its size is bounded whatever the number of steps. A re-read step replaces itself.
+    """
+    points = [list(p) for p in history if isinstance(p, list) and len(p) == 2] if isinstance(history, list) else []
+    if loss is None:
+        return points  # a diverged (non-finite) loss has no place on the curve; phase and message say it
+    if points and points[-1][0] >= step:
+        points = [p for p in points if p[0] < step]
+    points.append([step, loss])
+    if len(points) > LOSS_HISTORY_POINTS:
+        points = [*points[:-1:2], points[-1]]
+    return points
+
+
 @dataclass(frozen=True, slots=True)
 class Folded:
     """The status after folding events, and the transport verdict that came with it."""
@@ -531,6 +552,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         elif isinstance(event, Step):
             if event.step < int(progress.get("step", 0)):
                 continue  # an older line re-read after a restart
+            history = _with_loss_point(progress.get("lossHistory"), event.step, _round(event.loss))
             progress = {
                 "step": event.step,
                 "totalSteps": event.total_steps,
@@ -546,6 +568,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress["stepSeconds"] = _round(event.step_seconds)
             if event.peak_memory_bytes:
                 progress["peakMemoryBytes"] = event.peak_memory_bytes
+            if history:
+                progress["lossHistory"] = history
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Summary):

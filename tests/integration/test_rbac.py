@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +61,15 @@ EXPECTED_CALLS = {
 }  # fmt: skip
 # kopf watching chosen namespaces also follows the namespaces themselves, at cluster scope.
 NAMESPACED_EXTRA = {("list", "", "namespaces"), ("watch", "", "namespaces")}
+# Replicas elect the active one through kopf's peering object: it watches the object and writes its heartbeat.
+PEERING_CALLS = {
+    ("list", "kopf.dev", "clusterkopfpeerings"), ("watch", "kopf.dev", "clusterkopfpeerings"),
+    ("patch", "kopf.dev", "clusterkopfpeerings"),
+}  # fmt: skip
 
 
-def rendered_rbac(watch_all: bool) -> list[dict[str, Any]]:
+def rendered_rbac(watch_all: bool, replicas: int = 1, watched: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The chart's RBAC objects, and with replicas > 1 its kopf peering CRDs and peering object."""
     try:
         helm = k8s_tools.helm()
     except k8s_tools.ToolsUnavailable as e:
@@ -70,10 +77,16 @@ def rendered_rbac(watch_all: bool) -> list[dict[str, Any]]:
     proc = subprocess.run(
         [str(helm), "template", "demo", str(CHART), "--namespace", RELEASE_NAMESPACE,
          "--set", "image.repository=registry.example.com/fsdp-operator",
-         "--set", f"watchAllNamespaces={str(watch_all).lower()}"],
+         "--set", f"watchAllNamespaces={str(watch_all).lower()}", "--set", f"replicas={replicas}",
+         *(("--set", "watchNamespaces={" + ",".join(watched) + "}") if watched else ()), "--include-crds"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
-    return [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] in RBAC_KINDS]
+    kinds = RBAC_KINDS | ({"ClusterKopfPeering", "KopfPeering"} if replicas > 1 else set())
+    peering_crds = [
+        d for d in yaml.safe_load_all(proc.stdout)
+        if d and d["kind"] == "CustomResourceDefinition" and d["spec"]["group"] == "kopf.dev" and replicas > 1
+    ]  # fmt: skip
+    return peering_crds + [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] in kinds]
 
 
 def granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
@@ -89,21 +102,20 @@ def granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     }
 
 
-def secured_server(docs: list[dict[str, Any]]) -> tuple[ThreadedApiServer, Access]:
+def secured_server(docs: list[dict[str, Any]], namespaces: tuple[str, ...] = ()) -> tuple[ThreadedApiServer, Access]:
     access = Access()
     access.add_token(ADMIN_TOKEN, User("admin", (MASTERS,)))
     access.add_token(OPERATOR_TOKEN, ACCOUNT)
     api = ThreadedApiServer(access=access).start()
     store = api.store
-    store.create(store.resource("namespaces"), {"metadata": {"name": RELEASE_NAMESPACE}})
+    for namespace in {RELEASE_NAMESPACE, *namespaces}:
+        store.create(store.resource("namespaces"), {"metadata": {"name": namespace}})
     crds = store.resource("customresourcedefinitions", "apiextensions.k8s.io")
     store.create(crds, schema.crd())
     store.create(crds, RAYCLUSTER_CRD)
     for doc in docs:
         group, _ = doc["apiVersion"].split("/")
-        plural = {"Role": "roles", "RoleBinding": "rolebindings", "ClusterRole": "clusterroles",
-                  "ClusterRoleBinding": "clusterrolebindings"}[doc["kind"]]  # fmt: skip
-        store.create(store.resource(plural, group), doc)
+        store.create(store.resource(doc["kind"].lower(), group), doc)
     return api, access
 
 
@@ -161,10 +173,18 @@ def test_the_emulator_refuses_what_rbac_does_not_allow() -> None:
         api.stop()
 
 
-@pytest.mark.parametrize("watch_all", [True, False], ids=["all-namespaces", "one-namespace"])
-def test_the_operator_runs_a_job_under_the_charts_rbac(watch_all: bool) -> None:
-    docs = rendered_rbac(watch_all)
-    api, access = secured_server(docs)
+@pytest.mark.parametrize(
+    ("watch_all", "replicas", "watched"),
+    [(True, 1, ()), (False, 1, ()), (True, 2, ()), (False, 1, ("team-a", "team-b"))],
+    ids=["all-namespaces", "one-namespace", "all-namespaces-with-peering", "listed-namespaces"],
+)
+def test_the_operator_runs_a_job_under_the_charts_rbac(
+    watch_all: bool, replicas: int, watched: tuple[str, ...]
+) -> None:
+    docs = rendered_rbac(watch_all, replicas, watched)
+    api, access = secured_server(docs, watched)
+    # The job runs in the last watched namespace: the Role there (not only the first) must do.
+    job_namespace = watched[-1] if watched else RELEASE_NAMESPACE
     script = Script()
     ray = FakeRay(script=script)
     kuberay = FakeKubeRay(api.url, ray)
@@ -172,19 +192,26 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(watch_all: bool) -> None:
     kuberay.ready_delay = 0.3  # Pending pods first: the operator asks why (pods, then scheduling events)
     admin = requests.Session()
     admin.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{RELEASE_NAMESPACE}/{schema.PLURAL}"
+    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{job_namespace}/{schema.PLURAL}"
 
     def status() -> dict[str, Any]:
-        found = api.store.find(schema.PLURAL, schema.GROUP, RELEASE_NAMESPACE)
+        found = api.store.find(schema.PLURAL, schema.GROUP, job_namespace)
         return dict(found[0].get("status") or {}) if found else {}
 
     async def main() -> None:
         async with kuberay.running():
             kube = AioKube(api.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=FAST.kube_timeout)
-            runtime = Runtime(FAST, kube=kube, ray=ray.client, zones=FixedZone("us-east-1b"))
-            namespaces = None if watch_all else [RELEASE_NAMESPACE]
+            peering = "demo-fsdp-operator" if replicas > 1 else None
+            runtime = Runtime(replace(FAST, peering=peering), kube=kube, ray=ray.client, zones=FixedZone("us-east-1b"))
+            namespaces = None if watch_all else list(watched or [RELEASE_NAMESPACE])
             registry = build_registry(runtime, login=False)
             async with kopf_operator(registry, api.url, namespaces=namespaces, token=OPERATOR_TOKEN):
+                if replicas > 1:
+                    # The replica announces itself (id, priority, heartbeat) in the peering object's status.
+                    await eventually(
+                        lambda: any(p.get("status") for p in api.store.find("clusterkopfpeerings", "kopf.dev")),
+                        message="the operator never wrote its heartbeat into the peering object",
+                    )
                 job = manifest(runPolicy={"ttlSecondsAfterFinished": 0}, placement={"availabilityZone": "auto"})
                 response = await asyncio.to_thread(admin.post, api.url + jobs, json=job)
                 assert response.status_code == 201, response.text
@@ -204,6 +231,8 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(watch_all: bool) -> None:
     calls = access.calls_by(ACCOUNT.name)
     made = {(verb, group, resource) for verb, group, resource, _ in calls}
     expected = EXPECTED_CALLS if watch_all else EXPECTED_CALLS | NAMESPACED_EXTRA
+    if replicas > 1:
+        expected = expected | PEERING_CALLS
     assert made == expected, f"missing: {expected - made}; unexpected: {made - expected}"
     assert granted(docs) == expected, (
         f"granted but never called: {granted(docs) - expected}; called but not granted: {expected - granted(docs)}"

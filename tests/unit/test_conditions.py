@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fsdp_operator.reconcile import RayJobInfo
 from fsdp_operator.status import CONDITIONS, ConditionType, JobStatus, Phase, Reason, cleared_run_data, get_condition
-from test_reconcile import ALL_NODES, at, cluster, events, manifest, run, sid
+from test_reconcile import ALL_NODES, NOW, at, cluster, events, manifest, run, sid
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,3 +111,25 @@ def test_every_reason_written_with_a_condition_is_in_the_table() -> None:
     assert written, "no set_condition call found"
     for attr, reason in written:
         assert reason in CONDITIONS[ConditionType[attr]].reasons, (attr, reason)
+
+
+def test_the_loss_history_is_bounded_and_spans_the_whole_run() -> None:
+    from fsdp_operator.spec import parse_job
+    from fsdp_operator.status import LOSS_HISTORY_POINTS, fold_events
+    from fsdp_train.events import Step
+
+    job = parse_job(manifest())
+    status = JobStatus()
+    for step in range(1, 1001):
+        event = Step(rank=0, step=step, total_steps=1000, loss=10.0 / step, tokens_per_second=1.0,
+                     tokens_per_second_per_device=1.0)  # fmt: skip
+        status = fold_events(job, status, [event], now=NOW).status
+    history = status.progress["lossHistory"]
+    assert len(history) <= LOSS_HISTORY_POINTS
+    assert history[0] == [1, 10.0] and history[-1] == [1000, 0.01]
+    steps = [p[0] for p in history]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps)
+    # Re-reading the last line (a restart) does not add a point.
+    again = fold_events(job, status, [Step(rank=0, step=1000, total_steps=1000, loss=0.01, tokens_per_second=1.0,
+                                           tokens_per_second_per_device=1.0)], now=NOW).status  # fmt: skip
+    assert again.progress["lossHistory"] == history

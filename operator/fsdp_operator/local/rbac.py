@@ -99,6 +99,8 @@ class Access:
     tokens: dict[str, _Token] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     denied: list[Call] = field(default_factory=list)
+    unauthorized: int = 0
+    """Requests refused with 401 (no token, an unknown one, or one that was rotated away or expired)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # --- tokens ---
@@ -122,6 +124,8 @@ class Access:
             entry = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
             if entry is not None and entry.expires is not None and time.monotonic() >= entry.expires:
                 entry = None
+            if entry is None:
+                self.unauthorized += 1
         if entry is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         return User(entry.user.name, (*entry.user.groups, AUTHENTICATED))
