@@ -29,6 +29,7 @@ from typing import Any
 from fsdp_train.events import parse_log
 
 from fsdp_operator import render
+from fsdp_operator.capacity import NoCredentials, ZoneAdvisor, ZoneChoice
 from fsdp_operator.kube import Kube, KubeError
 from fsdp_operator.metrics import Metrics
 from fsdp_operator.rayjobs import (
@@ -58,8 +59,9 @@ from fsdp_operator.reconcile import (
     pass_failed,
     reconcile,
 )
-from fsdp_operator.render import raycluster_name
+from fsdp_operator.render import INSTANCE_TYPE_LABEL, raycluster_name
 from fsdp_operator.settings import OperatorConfig
+from fsdp_operator.spec import ZONE_LABEL, Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.status import JobStatus, Phase, merge_patch, progress_only, within_budget, without_rank_detail
 
 Obj = dict[str, Any]
@@ -78,8 +80,11 @@ class Runtime:
         ray_address: Callable[[Mapping[str, Any]], str] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: Metrics | None = None,
+        zones: ZoneAdvisor | None = None,
     ) -> None:
         self.config = config or OperatorConfig()
+        # AWS, for `placement.availabilityZone: auto`; None: no AWS access (such jobs run unconstrained).
+        self.zones = zones
         self.metrics = metrics or Metrics()
         self._kube = kube
         self.ray: RayJobsFactory = ray or CachingFactory(timeout=self.config.ray_timeout)
@@ -148,6 +153,20 @@ async def cluster_token(runtime: Runtime, namespace: str, job_name: str, uid: st
     if uid and not _owned_by(secret, uid):
         return "", name  # a token someone else chose is never sent to, or trusted for, this job's cluster
     return _token(secret), ""
+
+
+def _auto_zone_job(obj: Obj) -> Job | None:
+    """The job when it asks for `availabilityZone: auto` (an invalid one is reconcile's to report)."""
+    try:
+        job = parse_job(obj)
+    except (SpecError, NotAJobError):
+        return None
+    return job if job.spec.placement.availability_zone == "auto" else None
+
+
+def _zone_of(node: Obj) -> str:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(ZONE_LABEL) or "")
 
 
 class JobLoop:
@@ -284,6 +303,10 @@ class JobLoop:
     async def observe(self, obj: Obj, status: JobStatus) -> Observed:
         now = self.rt.clock()
         submit_error, self.submit_error = self.submit_error, ""
+        if status.phase == Phase.PENDING and not status.placement:
+            job = _auto_zone_job(obj)
+            if job is not None:
+                return Observed(now=now, zone_choice=await self._choose_zone(job))
         if status.phase in (None, Phase.PENDING) or not status.ray_cluster_name:
             return Observed(now=now)
         cluster_obj = await self.rt.kube.get_raycluster(self.namespace, status.ray_cluster_name)
@@ -365,6 +388,26 @@ class JobLoop:
                 return "", len(chunk), 1
             return "", start, 0
         return chunk[start:end], end, 0
+
+    async def _choose_zone(self, job: Job) -> ZoneChoice:
+        """Ask AWS for the best zone among those where the cluster has nodes of the type (any, when it has none)."""
+        instance_type, count = job.spec.workers.instance_type, job.spec.workers.replicas
+        if self.rt.zones is None:
+            return ZoneChoice("", "the operator has no AWS access configured")
+        try:
+            nodes = await self.rt.kube.list_nodes(f"{INSTANCE_TYPE_LABEL}={instance_type}")
+        except KubeError as e:
+            self.log.warning(f"cannot list nodes ({e}); considering every zone")
+            nodes = []
+        zones = sorted({zone for node in nodes if (zone := _zone_of(node))})
+        try:
+            return await asyncio.wait_for(
+                self.rt.zones.choose(instance_type, count, zones), self.rt.config.zone_advice_timeout
+            )
+        except NoCredentials:
+            return ZoneChoice("", "no AWS credentials (IRSA or an instance role) for the operator")
+        except TimeoutError:
+            return ZoneChoice("", f"AWS did not answer within {self.rt.config.zone_advice_timeout:g}s")
 
     async def _unschedulable(self, cluster_name: str) -> str:
         """The scheduler's message for a Pending pod of the cluster (pod condition, else FailedScheduling event)."""

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from fsdp_train.events import Event, clean_text
 
 from fsdp_operator import render
+from fsdp_operator.capacity import ZoneChoice
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.status import (
     CONDITIONS,
@@ -141,6 +142,8 @@ class Observed:
     """More of the job log is waiting than one pass reads: the next pass comes at once."""
     foreign_secret: str = ""
     """The job's auth Secret exists and is not owned by this job: its name."""
+    zone_choice: ZoneChoice | None = None
+    """For `placement.availabilityZone: auto` before the cluster exists: the zone AWS advised (or why none)."""
 
 
 # --- what to do -------------------------------------------------------------------------------------
@@ -300,7 +303,7 @@ def _decide(
             return decision
     match status.phase:
         case Phase.PENDING:
-            return _provision(job, status, obs, security)
+            return _provision(job, status, obs, Reason.CLUSTER_CREATING, "creating RayCluster", security)
         case Phase.PROVISIONING:
             return _wait_for_workers(job, status, obs, package, security)
         case Phase.SUBMITTING | Phase.RUNNING:
@@ -394,14 +397,14 @@ def _name_taken(job: Job, status: JobStatus, obs: Observed) -> Decision | None:
     return _finish(job, status, obs, Phase.FAILED, Reason.CLUSTER_NAME_TAKEN, message, stop_job=False)
 
 
-def _cluster_actions(job: Job, security: render.Security) -> tuple[Action, ...]:
+def _cluster_actions(job: Job, status: JobStatus, security: render.Security) -> tuple[Action, ...]:
     """Create (idempotently) what the RayCluster needs first, then the cluster itself."""
     actions: tuple[Action, ...] = ()
     if security.token_auth:
         actions += (CreateAuthSecret(render.auth_secret(job)),)
     if security.network_policy:
         actions += (ApplyNetworkPolicy(render.network_policy(job, security)),)
-    return (*actions, CreateRayCluster(render.raycluster(job, security)))
+    return (*actions, _raycluster(job, status, security))
 
 
 def _cleanup_actions(job: Job, status: JobStatus, cluster: ClusterView | None) -> tuple[Action, ...]:
@@ -497,6 +500,8 @@ def _check_suspend(job: Job, status: JobStatus, obs: Observed, package: str) -> 
             # activeDeadlineSeconds counts from the resume, as for a Kubernetes Job.
             start_time=obs.now,
             workers="",
+            # A new RayCluster: `availabilityZone: auto` looks for the best zone again.
+            placement={},
         )
         return Decision(resumed)
     if not suspend:
@@ -548,16 +553,43 @@ def _check_deadline(job: Job, status: JobStatus, obs: Observed, package: str) ->
     return _finish(job, status, obs, Phase.FAILED, Reason.DEADLINE_EXCEEDED, message, stop_job=_submitted(status))
 
 
-def _provision(job: Job, status: JobStatus, obs: Observed, security: render.Security) -> Decision:
+def _placed(job: Job, status: JobStatus, obs: Observed) -> JobStatus:
+    """Record the zone for `availabilityZone: auto` once, before the first RayCluster: the choice and why, or
+    why there is none (then the workers run without a zone constraint; a condition says so, not an error)."""
+    if job.spec.placement.availability_zone != "auto" or status.placement:
+        return status
+    choice = obs.zone_choice or ZoneChoice("", "no zone was asked for")
+    if choice.zone:
+        condition = ("True", "ZoneChosen", f"workers placed in {choice.zone}: {choice.reason}")
+    else:
+        condition = ("False", "NoZoneChosen", f"workers run without a zone constraint: {choice.reason}")
+    return replace(
+        status,
+        placement={"availabilityZone": choice.zone, "reason": choice.reason[:1024]},
+        conditions=set_condition(
+            status.conditions, ConditionType.ZONE_PLACED, *condition, now=obs.now, generation=job.generation
+        ),
+    )
+
+
+def _raycluster(job: Job, status: JobStatus, security: render.Security) -> CreateRayCluster:
+    zone = str(status.placement.get("availabilityZone") or "")
+    return CreateRayCluster(render.raycluster(job, security, chosen_zone=zone))
+
+
+def _provision(
+    job: Job, status: JobStatus, obs: Observed, reason: Reason, message: str, security: render.Security
+) -> Decision:
+    status = _placed(job, status, obs)
     new = replace(
         status,
         phase=Phase.PROVISIONING,
-        reason=Reason.CLUSTER_CREATING,
-        message="creating RayCluster",
+        reason=reason,
+        message=message,
         provisioning_since=obs.now,
         workers=f"0/{job.spec.workers.replicas}",
     )
-    return Decision(new, _cluster_actions(job, security))
+    return Decision(new, _cluster_actions(job, new, security))
 
 
 def _workers_gap(job: Job, cluster: ClusterView, nodes: RayNodes | None, ray_error: str) -> str:
@@ -597,7 +629,7 @@ def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str, 
         # Not there (yet, or any more) while provisioning: creating it again is idempotent.
         return Decision(
             replace(status, reason=Reason.CLUSTER_CREATING, message="creating RayCluster"),
-            _cluster_actions(job, security),
+            _cluster_actions(job, status, security),
         )
     if (taken := _name_taken(job, status, obs)) is not None:
         return taken
@@ -677,7 +709,7 @@ def _attempt_failed(
         conditions=_job_submitted_false(fresh, reason, message, obs.now, job.generation),
     )
     # The RayCluster is reused when it is still there (409 on create); a lost one is created again.
-    return Decision(retry, _cluster_actions(job, security))
+    return Decision(retry, _cluster_actions(job, retry, security))
 
 
 def _track_job(job: Job, status: JobStatus, obs: Observed, package: str, security: render.Security) -> Decision:

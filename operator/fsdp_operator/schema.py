@@ -44,7 +44,7 @@ CONDITION_SCHEMA: Schema = {
         "type": {
             "type": "string",
             "description": "Condition type: Validated, WorkersReady, JobSubmitted, Running, TransportVerified, "
-            "InterconnectHealthy, Complete, Failed, ReconcileError.",
+            "InterconnectHealthy, Complete, Failed, ZonePlaced, ReconcileError.",
         },
         "status": {"type": "string", "enum": ["True", "False", "Unknown"], "description": "True, False or Unknown."},
         "reason": {"type": "string", "description": "Why, in one CamelCase word."},
@@ -157,6 +157,14 @@ STATUS_SCHEMA: Schema = {
         "truncated": {
             "type": "string",
             "description": "What was left out of this status to keep it within its size budget (absent: nothing).",
+        },
+        "placement": {
+            "type": "object",
+            "description": "For placement.availabilityZone: auto, the zone the operator chose and why.",
+            "properties": {
+                "availabilityZone": {"type": "string", "description": "The chosen zone; empty: none (unconstrained)."},
+                "reason": {"type": "string", "description": "Why this zone, or why none."},
+            },
         },
         "dashboardURL": {"type": "string", "description": "Ray's dashboard and job API of the job's RayCluster."},
         "conditions": {

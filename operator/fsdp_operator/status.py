@@ -100,6 +100,7 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     RECONCILE_ERROR = "ReconcileError"
     """True while the operator's own passes over the job fail (the message names the error)."""
+    ZONE_PLACED = "ZonePlaced"
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,13 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
         resets_on_new_attempt=False,
         warning_when_false=False,  # turning True posts the Warning (`reconcile.pass_failed`)
         doc="A pass of the operator over the job raised; the message names the error. False once a pass succeeds.",
+    ),
+    ConditionType.ZONE_PLACED: ConditionRule(
+        reasons=frozenset({"ZoneChosen", "NoZoneChosen"}),
+        resets_on_new_attempt=False,  # a retry reuses the RayCluster, so its zone
+        warning_when_false=False,  # not an error: the workers run, only without a zone constraint
+        doc="placement.availabilityZone: auto picked a zone (status.placement says which and why); False: "
+        "the workers run without a zone constraint, and the message says why.",
     ),
 }
 
@@ -292,6 +300,8 @@ class JobStatus:
     """Event lines of the current submission skipped: malformed, or naming a rank the job does not have."""
     dashboard_url: str = ""
     """Ray's dashboard (and job API) of the job's RayCluster, as KubeRay's RayJob reports `dashboardURL`."""
+    placement: dict[str, Any] = field(default_factory=dict)
+    """For `placement.availabilityZone: auto`: the zone chosen ('' for none) and why; empty until decided."""
     conditions: list[Condition] = field(default_factory=list)
     ranks: list[dict[str, Any]] = field(default_factory=list)
     progress: dict[str, Any] = field(default_factory=dict)
@@ -324,6 +334,7 @@ class JobStatus:
             "logOffset": self.log_offset,
             "skippedEvents": self.skipped_events,
             "dashboardURL": self.dashboard_url,
+            "placement": self.placement,
             "conditions": self.conditions,
             "ranks": self.ranks,
             "progress": self.progress,
@@ -371,6 +382,7 @@ class JobStatus:
             log_offset=integer("logOffset"),
             skipped_events=integer("skippedEvents"),
             dashboard_url=str(raw.get("dashboardURL") or ""),
+            placement=mapping("placement"),
             conditions=listing("conditions"),
             ranks=listing("ranks"),
             progress=mapping("progress"),
@@ -669,13 +681,12 @@ def without_rank_detail(status: JobStatus) -> JobStatus:
 
 
 def _fits_world(event: Event, world_size: int) -> bool:
-    """Whether every rank the event names exists in a job of `world_size` ranks."""
+    """Whether every rank the event names (its own, a placement's local and node rank) exists in the job."""
     if not 0 <= event.rank < world_size:
         return False
     if isinstance(event, Placement):
         return event.local_rank < world_size and event.node_rank < world_size
-    if isinstance(event, Probe):
-        return 0 < event.ranks <= world_size
+    # A probe's `ranks` is a measured group size, kept as reported (bounded by the parser): it makes no entries.
     return True
 
 
