@@ -27,10 +27,12 @@ def parse_spec(spec: dict[str, Any]) -> Spec:
 @pytest.fixture(scope="module")
 def ec2_instance_types() -> dict[str, dict[str, object]]:
     """`DescribeInstanceTypes` for every catalog entry, answered by moto from EC2's published data."""
-    with moto.mock_aws():
-        ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-        names = sorted(catalog.INSTANCE_TYPES)
-        answer = ec2.describe_instance_types(InstanceTypes=names)
+    with pytest.MonkeyPatch.context() as patch:
+        # moto's thousands of public AMIs cost seconds and nothing here needs them.
+        patch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+        with moto.mock_aws():
+            ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+            answer = ec2.describe_instance_types(InstanceTypes=sorted(catalog.INSTANCE_TYPES))
     return {item["InstanceType"]: item for item in answer["InstanceTypes"]}
 
 
