@@ -73,6 +73,7 @@ _INT: Schema = {"type": "integer"}
 # Fields written from what the ranks print (their bounds are the event parser's, `fsdp_train.events`).
 RANK_SCHEMA: Schema = {
     "type": "object",
+    "x-kubernetes-preserve-unknown-fields": True,
     "properties": {
         "rank": _INT,
         "localRank": _INT,
@@ -87,6 +88,7 @@ RANK_SCHEMA: Schema = {
 }
 TRANSPORT_SCHEMA: Schema = {
     "type": "object",
+    "x-kubernetes-preserve-unknown-fields": True,
     "description": "Which transport NCCL really used, per rank and in summary, read from each rank's NCCL log.",
     "properties": {
         "requested": {"type": "string"},
@@ -97,6 +99,7 @@ TRANSPORT_SCHEMA: Schema = {
             "type": "array",
             "items": {
                 "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
                 "properties": {
                     "rank": _INT,
                     "transport": _text("transport"),
@@ -189,13 +192,18 @@ STATUS_SCHEMA: Schema = {
         "checkpoint": {
             "type": "object",
             "description": "The last checkpoint: step, path, seconds.",
+            "x-kubernetes-preserve-unknown-fields": True,
             "properties": {"step": _INT, "path": _text("path"), "seconds": {"type": "number", "nullable": True}},
         },
         "rankFailures": {
             "type": "array",
             "maxItems": 16,
             "description": "Ranks that reported a failure, with their messages (the last 16).",
-            "items": {"type": "object", "properties": {"rank": _INT, "message": _text("message")}},
+            "items": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "properties": {"rank": _INT, "message": _text("message")},
+            },
         },
     },
 }
