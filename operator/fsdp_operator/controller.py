@@ -19,6 +19,7 @@ from typing import Any
 from fsdp_train.events import parse_lines
 
 from fsdp_operator.kube import Kube, KubeError
+from fsdp_operator.metrics import Metrics
 from fsdp_operator.rayjobs import CachingFactory, RayJobs, RayJobsFactory, RayUnavailable, SubmissionRejected
 from fsdp_operator.reconcile import (
     ClusterView,
@@ -53,8 +54,10 @@ class Runtime:
         ray: RayJobsFactory | None = None,
         ray_address: Callable[[Mapping[str, Any]], str] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config or OperatorConfig()
+        self.metrics = metrics or Metrics()
         self._kube = kube
         self.ray: RayJobsFactory = ray or CachingFactory(timeout=self.config.ray_timeout)
         # Hook for setups where the dashboard is reachable elsewhere than KubeRay's status says.
@@ -117,8 +120,11 @@ class JobLoop:
             while not stopped:
                 wake.clear()
                 try:
-                    decision = await self.pass_once(stopped)
+                    with self.rt.metrics.reconcile_seconds.time():
+                        decision = await self.pass_once(stopped)
+                    self.rt.metrics.reconcile_passes.labels("ok").inc()
                 except (KubeError, RayUnavailable) as e:
+                    self.rt.metrics.reconcile_passes.labels("error").inc()
                     self.log.warning(f"pass failed, retrying in {self.rt.config.error_backoff:g}s: {e}")
                     await self._sleep(wake, stopped, self.rt.config.error_backoff)
                     continue
@@ -169,6 +175,7 @@ class JobLoop:
         status = self.status if self.status is not None else JobStatus.from_dict(stored)
         observed = await self.observe(obj, status)
         decision = reconcile(obj, status, observed, training_package=self.rt.config.training_package)
+        self.rt.metrics.record_pass((self.namespace, self.name), obj, status, decision.status, observed.now)
         await self.write(stored, decision.status)
         if stopped:
             return None  # kopf is stopping this loop (deletion or shutdown): leave the acting to the next owner
@@ -191,6 +198,7 @@ class JobLoop:
             try:
                 return Observed(now=now, cluster=cluster, ray_job=await self._ray().info(status.submission_id))
             except RayUnavailable:
+                self.rt.metrics.ray_api_errors.labels("info").inc()
                 return Observed(now=now, cluster=cluster)  # unknowable now: do not hold the job's loop open
         if status.terminal or status.phase == Phase.SUSPENDED or cluster.deleting:
             return Observed(now=now, cluster=cluster)
@@ -203,6 +211,7 @@ class JobLoop:
             try:
                 nodes = await self._ray().nodes()
             except RayUnavailable as e:
+                self.rt.metrics.ray_api_errors.labels("nodes").inc()
                 return Observed(now=now, cluster=cluster, ray_error=str(e))
             return Observed(now=now, cluster=cluster, ray_nodes=nodes)
 
@@ -216,6 +225,7 @@ class JobLoop:
                 return Observed(now=now, cluster=cluster, submit_error=submit_error)
             text = _cut_complete_lines(await client.logs(status.submission_id, status.log_offset))
         except RayUnavailable as e:
+            self.rt.metrics.ray_api_errors.labels("job").inc()
             return Observed(now=now, cluster=cluster, ray_error=str(e))
         return Observed(
             now=now,
@@ -265,8 +275,14 @@ class JobLoop:
         now = time.monotonic()
         if progress_only(stored, new) and now - self.last_write < self.rt.config.progress_write_interval:
             self.status, self.pending_write = status, True  # the loop comes back when the write is due
+            self.rt.metrics.status_writes.labels("deferred").inc()
             return
-        await self.rt.kube.patch_job_status(self.namespace, self.name, merge_patch(stored, new))
+        try:
+            await self.rt.kube.patch_job_status(self.namespace, self.name, merge_patch(stored, new))
+        except KubeError:
+            self.rt.metrics.status_writes.labels("failed").inc()
+            raise
+        self.rt.metrics.status_writes.labels("written").inc()
         self.status, self.pending_write, self.last_write = status, False, now
 
     # --- acting ---
@@ -302,12 +318,15 @@ class JobLoop:
         try:
             created = await self._ray().submit(action.submission)
         except SubmissionRejected as e:
+            self.rt.metrics.submissions.labels("rejected").inc()
             self.submit_error = str(e)
             self.log.warning(f"Ray rejected submission {submission_id}: {e}")
             return
         except RayUnavailable as e:
+            self.rt.metrics.submissions.labels("unavailable").inc()
             self.log.warning(f"submission {submission_id} not sent, will retry: {e}")
             return
+        self.rt.metrics.submissions.labels("created" if created else "exists").inc()
         self.log.info(f"submission {submission_id} " + ("sent" if created else "already known to Ray"))
 
 
@@ -315,6 +334,7 @@ async def finalize(runtime: Runtime, body: Mapping[str, Any], logger: Logger) ->
     """On delete: stop the Ray job (bounded when Ray does not answer), delete the RayCluster explicitly."""
     meta = body.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+    runtime.metrics.forget((namespace, name))
     status = JobStatus.from_dict(body.get("status"))
     cluster_name = status.ray_cluster_name or raycluster_name(name)
     cluster_obj = await runtime.kube.get_raycluster(namespace, cluster_name)

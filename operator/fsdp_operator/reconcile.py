@@ -22,6 +22,7 @@ from fsdp_train.events import Event
 from fsdp_operator import render
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.status import (
+    CONDITIONS,
     WARNING_REASONS,
     ConditionType,
     JobStatus,
@@ -30,6 +31,7 @@ from fsdp_operator.status import (
     cleared_run_data,
     fold_events,
     set_condition,
+    with_lifecycle_conditions,
 )
 
 # Ray's job states (ray.job_submission.JobStatus values).
@@ -178,6 +180,13 @@ class Decision:
 def reconcile(manifest: Mapping[str, Any], status: JobStatus, observed: Observed, *, training_package: str) -> Decision:
     """One pass: the new status and the actions, with an Event for every phase or reason change."""
     decision = _decide(manifest, status, observed, training_package)
+    new = decision.status
+    if observed.cluster is not None and observed.cluster.dashboard_url and not status.terminal:
+        new = replace(new, dashboard_url=observed.cluster.dashboard_url)
+    generation = int((manifest.get("metadata") or {}).get("generation") or 0)
+    new = with_lifecycle_conditions(status, new, now=observed.now, generation=generation)
+    if new is not decision.status:
+        decision = replace(decision, status=new)
     return _with_transition_events(status, decision)
 
 
@@ -660,7 +669,8 @@ def _with_transition_events(old: JobStatus, decision: Decision) -> Decision:
     for condition in new.conditions:
         type_ = str(condition["type"])
         turned_false = condition.get("status") == "False" and before.conditions.get(type_) != "False"
-        if turned_false and type_ in (ConditionType.TRANSPORT_VERIFIED, ConditionType.INTERCONNECT_HEALTHY):
+        rule = CONDITIONS.get(ConditionType(type_)) if type_ in ConditionType._value2member_map_ else None
+        if turned_false and rule is not None and rule.warning_when_false:
             reason, message = str(condition.get("reason", type_)), str(condition.get("message", ""))
             events.append(PostEvent("Warning", reason, message))
     if not events:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsdp_operator import schema
+from fsdp_operator import spec as spec_mod
 from fsdp_operator.spec import Job, Spec
 
 MANAGED_BY = "fsdp-operator"
@@ -209,31 +210,11 @@ class Submission:
 
 
 def train_config(job: Job) -> dict[str, Any]:
-    """The training function's config (`fsdp_train.config.TrainConfig.from_dict`) for this job."""
-    spec, t = job.spec, job.spec.training
-    return {
-        "model": spec.model.name,
-        "model_init": spec.model.init,
-        "model_overrides": dict(spec.model.overrides),
-        "steps": t.steps,
-        "seq_len": t.seq_len,
-        "batch_size_per_rank": t.batch_size_per_rank,
-        "grad_accum": t.gradient_accumulation,
-        "learning_rate": t.learning_rate,
-        "lr_schedule": t.lr_schedule,
-        "warmup_steps": t.warmup_steps,
-        "sharding": t.sharding,
-        "mixed_precision": t.mixed_precision,
-        "activation_checkpointing": t.activation_checkpointing,
-        "compile": t.compile,
-        "reshard_after_forward": t.reshard_after_forward,
-        "loss_chunk_tokens": t.loss_chunk_tokens,
-        "seed": t.seed,
-        "data": "random",
-        "checkpoint_path": t.checkpoint.storage,
-        "checkpoint_interval": t.checkpoint.interval_steps,
-        "probe_size_bytes": t.probe_size_bytes,
-    }
+    """The training function's config (`fsdp_train.config.TrainConfig.from_dict`) for this job.
+
+    The same TrainConfig that `parse_job` built and checked when it accepted the job.
+    """
+    return spec_mod.train_config(job.spec).to_dict()
 
 
 def submission(job: Job, submission_id: str, training_package: str) -> Submission:
