@@ -78,7 +78,9 @@ def main() -> int:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     sync()
     kernel_type = torch.autograd.DeviceType.CUDA if device.type == "cuda" else torch.autograd.DeviceType.CPU
-    activities = [torch.profiler.ProfilerActivity.CUDA if device.type == "cuda" else torch.profiler.ProfilerActivity.CPU]
+    activities = [
+        torch.profiler.ProfilerActivity.CUDA if device.type == "cuda" else torch.profiler.ProfilerActivity.CPU
+    ]
     with torch.profiler.profile(activities=activities) as prof:
         for step in range(args.warmup + 1, args.warmup + args.steps + 1):
             train_step(cfg, topo, model, optimizer, step, "full", device, config.vocab_size)

@@ -42,12 +42,12 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
+from fsdp_train import loop
 from fsdp_train.config import TrainConfig
 from fsdp_train.loop import build, train_step
 from fsdp_train.metrics import flops_per_token, mfu, peak_flops
-from fsdp_train.model import hf_config, init_weights
-from fsdp_train import loop
-from fsdp_train.parallelize import Topology, parallelize
+from fsdp_train.model import build_meta_model, hf_config, init_weights
+from fsdp_train.parallelize import Topology
 from fsdp_train.precision import DEFAULT_FLOAT8, Float8Choice
 
 FINAL: dict[str, Any] = {"compile": True, "loss_chunk_tokens": 4096, "reshard_after_forward": False}
@@ -64,7 +64,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ours-eager-chunked": {"compile": False, "loss_chunk_tokens": 4096},
     # what docs/performance.md recommends on GPUs
     "ours-final": {"compile": True, "loss_chunk_tokens": 4096, "reshard_after_forward": False},
-    # round two, each on top of ours-final; ``x_`` keys are ``parallelize`` arguments, not config fields
+    # round two, each on top of ours-final; ``x_`` keys are arguments of ``meta_model_with`` (the levers that
+    # did not win) or the ``Float8Choice`` that precision fp8 converts with, not config fields
     "ours-liger": {**FINAL, "x_kernels": "liger"},
     "ours-cudnn": {**FINAL, "x_attention": "cudnn"},
     "ours-liger-cudnn": {**FINAL, "x_kernels": "liger", "x_attention": "cudnn"},
@@ -135,6 +136,50 @@ class TextWindows:
             start = int.from_bytes(digest[:8], "little") % (len(self.data) - seq_len)
             rows.append(self.data[start : start + seq_len].long())
         return torch.stack(rows)
+
+
+# Levers measured and not kept (docs/performance.md): they live here, not in the training function.
+
+
+def meta_model_with(config: Any, *, kernels: str = "none", attention: str = "sdpa") -> torch.nn.Module:
+    """``build_meta_model``, then Liger's kernels (``kernels="liger"``) or cuDNN attention (``attention="cudnn"``)."""
+    model = build_meta_model(config)
+    if kernels == "liger":
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen2
+
+        apply_liger_kernel_to_qwen2(
+            rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model
+        )
+    if attention == "cudnn":
+        from transformers import AttentionInterface
+
+        AttentionInterface.register("bench_cudnn", cudnn_attention_forward)
+        model.config._attn_implementation = "bench_cudnn"
+    return model
+
+
+def cudnn_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention through cuDNN's fused kernel, K and V expanded to all heads first (cuDNN takes no
+    grouped KV heads); the aten op directly, so the block's compiled graph keeps it."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    if attention_mask is not None or dropout or query.shape[2] != key.shape[2] or query.device.type != "cuda":
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    out = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        query, key, value, None, True, 0.0, True, False, scale=scaling
+    )[0]
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _tokens(
@@ -220,11 +265,11 @@ def run_ours(
     )
     extra = {k[2:]: v for k, v in VARIANTS[recipe.name].items() if k.startswith("x_")}
     loop.DEFAULT_FLOAT8 = extra.pop("float8", DEFAULT_FLOAT8)  # what build() converts with for precision fp8
-    loop.parallelize = partial(parallelize, **extra)  # type: ignore[assignment]
+    loop.build_meta_model = partial(meta_model_with, **extra)  # type: ignore[assignment]
     try:
         model, optimizer, config = build(cfg, topo, "full", device)
     finally:
-        loop.parallelize, loop.DEFAULT_FLOAT8 = parallelize, DEFAULT_FLOAT8
+        loop.build_meta_model, loop.DEFAULT_FLOAT8 = build_meta_model, DEFAULT_FLOAT8
     if cfg.precision == "fp8":
         fp8_layers = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
         if topo.rank == 0:
@@ -342,8 +387,8 @@ def main() -> int:
         tail = min(20, args.warmup + args.steps)
         print(f"\n{topo.world_size} GPU(s), seq {args.seq_len}, {args.warmup} + {args.steps} steps")
         print(
-            f"| recipe | tokens/GPU/step | tokens/s/GPU | MFU | peak memory | loss after {args.warmup + args.steps} steps "
-            f"| mean loss, last {tail} steps | ratio |"
+            "| recipe | tokens/GPU/step | tokens/s/GPU | MFU | peak memory "
+            f"| loss after {args.warmup + args.steps} steps | mean loss, last {tail} steps | ratio |"
         )
         print("|---|---|---|---|---|---|---|---|")
         for r in results:

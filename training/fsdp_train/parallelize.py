@@ -133,22 +133,14 @@ def parallelize(
     compile_blocks: bool,
     reshard_after_forward: bool = True,
     float8: Float8Choice | None = None,
-    kernels: str = "none",
-    attention: str = "sdpa",
 ) -> nn.Module:
-    """Apply kernels, fp8, activation checkpointing, per-block compile and FSDP2 to ``model`` (on meta) in place.
+    """Apply fp8, activation checkpointing, per-block compile and FSDP2 to ``model`` (still on meta) in place.
 
     ``float8``: convert the blocks' chosen linear layers to torchao's float8 training (``precision: fp8``).
-    ``kernels``: ``liger`` swaps RMSNorm, rotary and SwiGLU for Liger's Triton kernels.
-    ``attention``: ``cudnn`` runs attention through cuDNN's fused kernel (``use_attention``).
     """
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    if kernels == "liger":
-        use_liger_kernels(model)
-    if attention != "sdpa":
-        use_attention(model, attention)
     if float8 is not None:
         convert_to_float8(blocks, float8)
         if compile_blocks:
@@ -179,63 +171,3 @@ def parallelize(
     # ends of forward, so it stays gathered between forward and backward.
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     return model
-
-
-def use_liger_kernels(model: nn.Module) -> None:
-    """Liger's fused RMSNorm, rotary and SwiGLU kernels on a Qwen2 model (its loss stays ours)."""
-    from liger_kernel.transformers import apply_liger_kernel_to_qwen2
-
-    if getattr(getattr(model, "config", None), "model_type", None) != "qwen2":
-        raise ValueError("Liger kernels are wired for qwen2 models only")
-    apply_liger_kernel_to_qwen2(
-        rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False, model=model
-    )
-
-
-CUDNN_ATTENTION = "fsdp_train_cudnn"
-
-
-def use_attention(model: nn.Module, attention: str) -> None:
-    """Route the model's attention through cuDNN's fused kernel (Hopper: FlashAttention-3-class speed).
-
-    SDPA's cuDNN backend does not take grouped KV heads (``enable_gqa``), so Hugging Face's SDPA path
-    lands on the FlashAttention-2 backend for Qwen2; here K and V are expanded to all heads first.
-    Anything cuDNN cannot take (a mask, dropout) falls back to the plain SDPA path.
-    """
-    if attention != "cudnn":
-        raise ValueError(f"unknown attention {attention!r}")
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(CUDNN_ATTENTION, cudnn_attention_forward)
-    config = getattr(model, "config", None)
-    if config is None:
-        raise ValueError("the model has no config to set its attention on")
-    config._attn_implementation = CUDNN_ATTENTION
-
-
-def cudnn_attention_forward(
-    module: nn.Module,
-    query: Any,
-    key: Any,
-    value: Any,
-    attention_mask: Any,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[Any, None]:
-    """Hugging Face attention-interface function: causal attention through cuDNN's fused kernel.
-
-    The aten op is called directly (not under ``sdpa_kernel``), so ``torch.compile`` keeps it in the
-    block's graph; autograd has its backward.
-    """
-    import torch
-    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
-
-    if attention_mask is not None or dropout or query.shape[2] != key.shape[2] or query.device.type != "cuda":
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    groups = int(getattr(module, "num_key_value_groups", 1))
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    out = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        query, key, value, None, True, 0.0, True, False, scale=scaling
-    )[0]
-    return out.transpose(1, 2).contiguous(), None
