@@ -131,7 +131,7 @@ class Summary(Event):
     """The sharding actually used (``full`` or ``hybrid``), after ``auto`` was resolved."""
     resumed_from_step: int = 0
     precision: str = ""
-    """The matmul precision actually used (``bf16`` or ``fp8``), after ``auto`` was resolved."""
+    """The matmul precision actually used (``bf16``, ``fp8``, or ``fp32`` without mixed precision)."""
 
 
 @dataclass(kw_only=True, slots=True)

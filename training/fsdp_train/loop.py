@@ -209,7 +209,9 @@ def build(
 
 
 def matmul_precision(cfg: TrainConfig, device: torch.device, config: Any) -> str:
-    """``bf16`` or ``fp8``: ``cfg.precision`` resolved for this device and model (``fsdp_train.precision``)."""
+    """``bf16``, ``fp8`` or ``fp32``: the matmuls' precision for this device and model (``fsdp_train.precision``)."""
+    if cfg.mixed_precision == "fp32":
+        return "fp32"  # no mixed precision at all (the config refuses fp8 with it)
     on_gpu = device.type == "cuda"
     return resolve_precision(
         cfg.precision,
