@@ -139,10 +139,10 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         step_seconds = time.perf_counter() - t0
         if step == resumed_from + 1:
             clock.mark("first_step")
-            if topo.rank == 0:
-                emit(clock.timings(0, compile_cache))
         peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
         event = metrics.log(StepMetrics(step, loss, step_seconds, tokens_per_step, peak_mem))
+        if step == resumed_from + 1 and topo.rank == 0:
+            emit(clock.timings(0, compile_cache))
         if cfg.checkpoint_path and (
             step == cfg.steps or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
         ):
