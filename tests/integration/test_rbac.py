@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,10 @@ def test_the_emulator_refuses_what_rbac_does_not_allow() -> None:
             'pods is forbidden: User "system:serviceaccount:ml:demo-fsdp-operator" cannot list resource "pods" '
             'in API group "" at the cluster scope'
         )
+        access.add_token("short-lived", User("admin", (MASTERS,)), ttl=0.3)  # an exec plugin's expiring token
+        assert code("GET", "/api/v1/namespaces/ml/pods/other", {"Authorization": "Bearer short-lived"}) == 200
+        time.sleep(0.4)
+        assert code("GET", "/api/v1/namespaces/ml/pods/other", {"Authorization": "Bearer short-lived"}) == 401
         access.rotate("admin", "new-admin-token")
         assert code("GET", "/api/v1/namespaces/ml/pods/other", admin) == 401
         assert code("GET", "/api/v1/namespaces/ml/pods/other", {"Authorization": "Bearer new-admin-token"}) == 200
