@@ -59,11 +59,11 @@ EXPECTED_CALLS = {
 }  # fmt: skip
 # kopf watching chosen namespaces also follows the namespaces themselves, at cluster scope.
 NAMESPACED_EXTRA = {("list", "", "namespaces"), ("watch", "", "namespaces")}
+
+
 # Replicas elect the active one through kopf's peering object: it watches the object and writes its heartbeat.
-PEERING_CALLS = {
-    ("list", "kopf.dev", "clusterkopfpeerings"), ("watch", "kopf.dev", "clusterkopfpeerings"),
-    ("patch", "kopf.dev", "clusterkopfpeerings"),
-}  # fmt: skip
+def peering_calls(resource: str) -> set[tuple[str, str, str]]:
+    return {("list", "kopf.dev", resource), ("watch", "kopf.dev", resource), ("patch", "kopf.dev", resource)}
 
 
 def rendered_rbac(watch_all: bool, replicas: int = 1, watched: tuple[str, ...] = ()) -> list[dict[str, Any]]:
@@ -177,8 +177,14 @@ def test_the_emulator_refuses_what_rbac_does_not_allow() -> None:
 
 @pytest.mark.parametrize(
     ("watch_all", "replicas", "watched"),
-    [(True, 1, ()), (False, 1, ()), (True, 2, ()), (False, 1, ("team-a", "team-b"))],
-    ids=["all-namespaces", "one-namespace", "all-namespaces-with-peering", "listed-namespaces"],
+    [(True, 1, ()), (False, 1, ()), (True, 2, ()), (False, 2, ()), (False, 1, ("team-a", "team-b"))],
+    ids=[
+        "all-namespaces",
+        "one-namespace",
+        "all-namespaces-with-peering",
+        "one-namespace-with-peering",
+        "listed-namespaces",
+    ],
 )
 def test_the_operator_runs_a_job_under_the_charts_rbac(
     watch_all: bool, replicas: int, watched: tuple[str, ...]
@@ -210,8 +216,9 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
             async with kopf_operator(registry, api.url, namespaces=namespaces, token=OPERATOR_TOKEN):
                 if replicas > 1:
                     # The replica announces itself (id, priority, heartbeat) in the peering object's status.
+                    plural = "clusterkopfpeerings" if watch_all else "kopfpeerings"
                     await eventually(
-                        lambda: any(p.get("status") for p in api.store.find("clusterkopfpeerings", "kopf.dev")),
+                        lambda: any(p.get("status") for p in api.store.find(plural, "kopf.dev")),
                         message="the operator never wrote its heartbeat into the peering object",
                     )
                 job = manifest(runPolicy={"ttlSecondsAfterFinished": 0})
@@ -234,7 +241,7 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
     made = {(verb, group, resource) for verb, group, resource, _ in calls}
     expected = EXPECTED_CALLS if watch_all else EXPECTED_CALLS | NAMESPACED_EXTRA
     if replicas > 1:
-        expected = expected | PEERING_CALLS
+        expected = expected | peering_calls("clusterkopfpeerings" if watch_all else "kopfpeerings")
     assert made == expected, f"missing: {expected - made}; unexpected: {made - expected}"
     assert granted(docs) == expected, (
         f"granted but never called: {granted(docs) - expected}; called but not granted: {expected - granted(docs)}"
