@@ -144,9 +144,9 @@ def test_every_reason_a_job_can_fail_with_is_a_reason_of_the_failed_condition() 
             continue
         args = node.args
         # A plain name there is a reason handed through (`_attempt_failed` -> `_finish`): counted at its source.
-        if node.func.id == "_finish" and len(args) >= 5 and getattr(args[3], "attr", "") == "FAILED":
-            if isinstance(args[4], ast.Attribute):
-                failing.add(args[4].attr)
+        finish = node.func.id == "_finish" and len(args) >= 5 and getattr(args[3], "attr", "") == "FAILED"
+        if finish and isinstance(args[4], ast.Attribute):
+            failing.add(args[4].attr)
         if node.func.id == "_attempt_failed" and len(args) >= 4 and isinstance(args[3], ast.Attribute):
             failing.add(args[3].attr)
     assert len(failing) > 5, failing
