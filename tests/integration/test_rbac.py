@@ -224,7 +224,10 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
                 job = manifest(runPolicy={"ttlSecondsAfterFinished": 0})
                 response = await asyncio.to_thread(admin.post, api.url + jobs, json=job)
                 assert response.status_code == 201, response.text
-                await eventually(lambda: status().get("phase") == "Succeeded", timeout=20, message=str(status()))
+                try:
+                    await eventually(lambda: status().get("phase") == "Succeeded", timeout=30)
+                except AssertionError:
+                    raise AssertionError(f"not Succeeded; status {status()}; 403s {access.denied}") from None
                 # ttlSecondsAfterFinished: 0: the operator deletes the job, its finalizer deletes the cluster.
                 await eventually(
                     lambda: not api.store.find(schema.PLURAL, schema.GROUP) and not api.store.find("rayclusters"),
