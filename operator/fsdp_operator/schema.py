@@ -94,6 +94,14 @@ STATUS_SCHEMA: Schema = {
             "description": "Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED).",
         },
         "logOffset": {"type": "integer", "description": "How much of the current submission's log has been read."},
+        "placement": {
+            "type": "object",
+            "description": "For placement.availabilityZone: auto, the zone the operator chose and why.",
+            "properties": {
+                "availabilityZone": {"type": "string", "description": "The chosen zone; empty: none (unconstrained)."},
+                "reason": {"type": "string", "description": "Why this zone, or why none."},
+            },
+        },
         "dashboardURL": {"type": "string", "description": "Ray's dashboard and job API of the job's RayCluster."},
         "conditions": {
             "type": "array",

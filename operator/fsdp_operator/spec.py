@@ -67,6 +67,8 @@ InstanceType = catalog.InstanceType
 
 # The node labels Kubernetes sets from the instance type; a nodeSelector may repeat, never contradict, it.
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+# The zone label of every node (the cloud provider sets it); placement.availabilityZone becomes a selector on it.
+ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 class SpecError(ValueError):
@@ -379,6 +381,27 @@ class Network:
 
 
 @dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the workers run. EFA traffic does not cross Availability Zones: all workers belong in one zone."""
+
+    availability_zone: str = declare(
+        "The Availability Zone of every worker (a topology.kubernetes.io/zone selector), e.g. us-east-1b. auto: "
+        "the operator picks the best zone where the cluster has nodes of the instance type (offered, quota room, "
+        "Spot placement score; it needs AWS credentials such as IRSA) and records it and why in status.placement; "
+        "without credentials the workers run unconstrained and the ZonePlaced condition says so. Empty: no zone "
+        "constraint.",
+        default="",
+        grammar=formats.or_empty(formats.ZONE_OR_AUTO),
+    )
+    capacity_reservation_id: str = declare(
+        "An EC2 On-Demand Capacity Reservation (cr-...) for the workers: they are constrained to nodes launched "
+        "into it, as Karpenter labels them (karpenter.k8s.aws/capacity-reservation-id). Empty: none.",
+        default="",
+        grammar=formats.or_empty(formats.CAPACITY_RESERVATION_ID),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Checkpoint:
     """Distributed checkpoints (torch.distributed.checkpoint); resumed from on restart."""
 
@@ -531,6 +554,7 @@ class Spec:
     head: Head = declare(Head.__doc__ or "", factory=Head)
     workers: Workers = declare(Workers.__doc__ or "", factory=Workers)
     network: Network = declare(Network.__doc__ or "", factory=Network)
+    placement: Placement = declare(Placement.__doc__ or "", factory=Placement)
     training: Training = declare(Training.__doc__ or "", factory=Training)
     runtime_env: RuntimeEnv = declare(RuntimeEnv.__doc__ or "", factory=RuntimeEnv)
     run_policy: RunPolicy = declare(RunPolicy.__doc__ or "", factory=RunPolicy)
@@ -559,6 +583,12 @@ class Spec:
             problems.append(f"{path}.training.sharding: hybrid needs at least 2 workers (it replicates across nodes)")
         if t["checkpoint"]["interval_steps"] and not t["checkpoint"]["storage"]:
             problems.append(f"{path}.training.checkpoint.intervalSteps: set, but checkpoint.storage is empty")
+        zone, chosen = s["placement"]["availability_zone"], w["node_selector"].get(ZONE_LABEL)
+        if zone and chosen is not None and chosen != zone:
+            problems.append(
+                f"{path}.workers.nodeSelector.{ZONE_LABEL}: {show(chosen)} contradicts "
+                f"{path}.placement.availabilityZone ({zone}); choose the zone with placement.availabilityZone"
+            )
         for i, env in enumerate(n["env"]):
             _refuse_operator_env(env["name"], f"{path}.network.env[{i}].name", problems)
         for name in s["runtime_env"]["env_vars"]:

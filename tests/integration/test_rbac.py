@@ -28,6 +28,7 @@ from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
 from fsdp_operator.rayjobs import FakeRay
 from support import k8s_tools
+from support.aws import FixedZone
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
 from test_operator import FAST, Script, manifest
@@ -56,6 +57,8 @@ EXPECTED_CALLS = {
     ("delete", "fsdp.dev", "fsdptrainingjobs"),
     ("get", "ray.io", "rayclusters"), ("create", "ray.io", "rayclusters"), ("delete", "ray.io", "rayclusters"),
     ("list", "", "events"), ("create", "", "events"),
+    # The controller, for placement.availabilityZone: auto: where nodes of the instance type are.
+    ("list", "", "nodes"),
 }  # fmt: skip
 # kopf watching chosen namespaces also follows the namespaces themselves, at cluster scope.
 NAMESPACED_EXTRA = {("list", "", "namespaces"), ("watch", "", "namespaces")}
@@ -210,7 +213,7 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
         async with kuberay.running():
             kube = AioKube(api.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=FAST.kube_timeout)
             peering = "demo-fsdp-operator" if replicas > 1 else None
-            runtime = Runtime(replace(FAST, peering=peering), kube=kube, ray=ray.client)
+            runtime = Runtime(replace(FAST, peering=peering), kube=kube, ray=ray.client, zones=FixedZone("us-east-1b"))
             namespaces = None if watch_all else list(watched or [RELEASE_NAMESPACE])
             registry = build_registry(runtime, login=False)
             async with kopf_operator(registry, api.url, namespaces=namespaces, token=OPERATOR_TOKEN):
@@ -221,7 +224,7 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
                         lambda: any(p.get("status") for p in api.store.find(plural, "kopf.dev")),
                         message="the operator never wrote its heartbeat into the peering object",
                     )
-                job = manifest(runPolicy={"ttlSecondsAfterFinished": 0})
+                job = manifest(runPolicy={"ttlSecondsAfterFinished": 0}, placement={"availabilityZone": "auto"})
                 response = await asyncio.to_thread(admin.post, api.url + jobs, json=job)
                 assert response.status_code == 201, response.text
                 try:
