@@ -224,13 +224,22 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
                         lambda: any(p.get("status") for p in api.store.find(plural, "kopf.dev")),
                         message="the operator never wrote its heartbeat into the peering object",
                     )
+                # Ready means watching (as in test_operator's World): kopf's ready flag comes before its watches.
+                await eventually(
+                    lambda: api.count("watch", schema.PLURAL, schema.GROUP) > 0,
+                    message="the operator never started watching the jobs",
+                )
                 job = manifest(runPolicy={"ttlSecondsAfterFinished": 0}, placement={"availabilityZone": "auto"})
                 response = await asyncio.to_thread(admin.post, api.url + jobs, json=job)
                 assert response.status_code == 201, response.text
                 try:
                     await eventually(lambda: status().get("phase") == "Succeeded", timeout=30)
                 except AssertionError:
-                    raise AssertionError(f"not Succeeded; status {status()}; 403s {access.denied}") from None
+                    seen = sorted(access.calls_by(ACCOUNT.name))
+                    raise AssertionError(
+                        f"not Succeeded; status {status()}; 403s {access.denied}; 401s {access.unauthorized}; "
+                        f"calls {seen}"
+                    ) from None
                 # ttlSecondsAfterFinished: 0: the operator deletes the job, its finalizer deletes the cluster.
                 await eventually(
                     lambda: not api.store.find(schema.PLURAL, schema.GROUP) and not api.store.find("rayclusters"),
