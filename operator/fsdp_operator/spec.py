@@ -311,14 +311,11 @@ class Workers:
             _fits_instance(known, w, path, problems)
             if gpus > known.gpus:
                 problems.append(f"{path}.gpusPerWorker: {gpus} GPUs requested, {instance_type} has {known.gpus}")
-            if efa > known.efa_interfaces:
-                if known.efa_interfaces == 0:
-                    problems.append(f"{path}.efaPerWorker: {instance_type} does not support EFA")
-                else:
-                    problems.append(
-                        f"{path}.efaPerWorker: {efa} EFA interfaces requested, "
-                        f"{instance_type} has {known.efa_interfaces}"
-                    )
+            # A type without EFA is Spec._rules' to judge: that depends on the transport.
+            if efa > known.efa_interfaces > 0:
+                problems.append(
+                    f"{path}.efaPerWorker: {efa} EFA interfaces requested, {instance_type} has {known.efa_interfaces}"
+                )
         elif instance_type and efa > 0:
             problems.append(
                 f"{path}.efaPerWorker: unknown instance type {show(instance_type)}; EFA can only be checked on known "
@@ -561,7 +558,10 @@ class Spec:
 
     @property
     def efa_requested(self) -> bool:
-        return self.workers.efa_per_worker > 0 and self.network.transport != "socket"
+        """EFA goes into the worker pods: asked for, not `socket`, and (for `auto`) the type has EFA."""
+        if self.workers.efa_per_worker == 0 or self.network.transport == "socket":
+            return False
+        return self.network.transport == "efa" or _has_efa(self.workers.instance_type)
 
     @staticmethod
     def _rules(s: dict[str, Any], path: str, problems: Problems) -> None:
@@ -569,6 +569,9 @@ class Spec:
         efa, transport = w["efa_per_worker"], n["transport"]
         if n["require_efa"] is None:
             n["require_efa"] = transport == "efa"
+        if efa > 0 and (transport == "efa" or n["require_efa"]) and not _has_efa(w["instance_type"]):
+            # transport: auto on such a type simply runs without EFA; socket never asks for it.
+            problems.append(f"{path}.workers.efaPerWorker: {w['instance_type']} does not support EFA")
         if n["require_efa"] and transport == "socket":
             problems.append(f"{path}.network.requireEFA: true contradicts transport: socket")
         if n["require_efa"] and efa == 0:
@@ -599,6 +602,12 @@ def _refuse_operator_env(name: str, path: str, problems: Problems) -> None:
     why = operator_owned(name)
     if why is not None:
         problems.append(f"{path}: {name} is set by the operator (transport verification, log collection); {why}")
+
+
+def _has_efa(instance_type: str) -> bool:
+    """False only for a type the catalog knows to have no EFA (an unknown type is taken at its word)."""
+    known = catalog.instance_type(instance_type)
+    return known is None or known.efa_interfaces > 0
 
 
 def default_interconnect_floor_gbps(instance_type: str) -> float:
