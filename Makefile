@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test lint typecheck unit demo crds clean
+.PHONY: setup test test-all lint typecheck unit mutation demo crds clean
 
 setup: $(STAMP)
 
@@ -22,11 +22,32 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy operator/fsdp_operator
 
+# The default run leaves out the end-to-end cases marked `slow` (each e2e suite keeps a representative case
+# in it); `make test-all` runs every test. Both print line and branch coverage of the two packages.
+PYTEST_MARKS ?= not slow
+COVERAGE := --cov --cov-report=term
+
 test: setup lint typecheck
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -m "$(PYTEST_MARKS)" $(COVERAGE)
+
+test-all: setup lint typecheck
+	$(BIN)/python -m pytest -q -ra $(COVERAGE)
 
 unit: setup
 	$(BIN)/python -m pytest -q tests/unit
+
+# Mutation testing of the pure core (docs/testing.md): slow, CPU-heavy, never part of `make test`.
+# mutmut names mutants after file paths, so the packages are copied flat into build/mutation first.
+# MUTANTS narrows the run (`make mutation MUTANTS='fsdp_operator.status*'`); MUTATION_JOBS sets the parallelism.
+MUTATION_DIR := build/mutation
+MUTATION_JOBS ?= 2
+MUTANTS ?=
+
+mutation: setup
+	rm -rf $(MUTATION_DIR) && mkdir -p $(MUTATION_DIR)
+	cp -r operator/fsdp_operator training/fsdp_train tests examples crds charts pyproject.toml $(MUTATION_DIR)/
+	cd $(MUTATION_DIR) && nice -n 15 $(CURDIR)/$(BIN)/mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS) > mutmut.log
+	$(BIN)/python tests/support/mutation_scores.py $(MUTATION_DIR)/mutants
 
 demo: setup
 	$(BIN)/fsdpctl run-local -f examples/tiny-cpu.yaml

@@ -532,7 +532,7 @@ def _why(zone: Zone, quota: Quota | None, request: Request) -> str:
     if quota is None:
         parts.append("no vCPU quota known for this family")
     elif quota.error:
-        parts.append(f"quota unknown ({quota.error})")
+        parts.append("quota unknown (the region's note says why)")
     elif quota.free is not None:
         enough = quota.enough_for(request.vcpus)
         relation = ">=" if enough else "<"
@@ -737,12 +737,13 @@ def choose_zone(plan: Plan, zones: Sequence[str]) -> ZoneChoice:
     """The best usable zone of the plan among `zones` (all when empty), with the reasons; none when no zone fits."""
     allowed = set(zones)
     candidates = [r for r in rank(plan) if r.usable and (not allowed or r.zone.name in allowed)]
+    where = f"among the zones with nodes of the type ({', '.join(sorted(allowed))})" if allowed else "in the region"
     if not candidates:
         region = plan.regions[0] if plan.regions else None
-        why = region.error if region is not None and region.error else "no zone offers it with quota room"
-        return ZoneChoice("", f"no zone chosen for {plan.request.count}x {plan.request.instance_type}: {why}")
+        why = region.error if region is not None and region.error else f"no usable zone {where}"
+        return ZoneChoice("", f"no zone for {plan.request.count}x {plan.request.instance_type}: {why}")
     best = candidates[0]
-    return ZoneChoice(best.zone.name, f"best of {len(candidates)} zone(s) with nodes: {best.why}")
+    return ZoneChoice(best.zone.name, f"best of {len(candidates)} usable zone(s) {where}: {best.why}")
 
 
 @dataclass(slots=True)

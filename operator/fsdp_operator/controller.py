@@ -18,6 +18,7 @@ from typing import Any
 
 from fsdp_train.events import parse_lines
 
+from fsdp_operator.capacity import NoCredentials, ZoneAdvisor, ZoneChoice
 from fsdp_operator.kube import Kube, KubeError
 from fsdp_operator.metrics import Metrics
 from fsdp_operator.rayjobs import CachingFactory, RayJobs, RayJobsFactory, RayUnavailable, SubmissionRejected
@@ -35,8 +36,9 @@ from fsdp_operator.reconcile import (
     finalize_actions,
     reconcile,
 )
-from fsdp_operator.render import raycluster_name
+from fsdp_operator.render import INSTANCE_TYPE_LABEL, raycluster_name
 from fsdp_operator.settings import OperatorConfig
+from fsdp_operator.spec import ZONE_LABEL, Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.status import JobStatus, Phase, merge_patch, progress_only
 
 Obj = dict[str, Any]
@@ -55,8 +57,11 @@ class Runtime:
         ray_address: Callable[[Mapping[str, Any]], str] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         metrics: Metrics | None = None,
+        zones: ZoneAdvisor | None = None,
     ) -> None:
         self.config = config or OperatorConfig()
+        # AWS, for `placement.availabilityZone: auto`; None: no AWS access (such jobs run unconstrained).
+        self.zones = zones
         self.metrics = metrics or Metrics()
         self._kube = kube
         self.ray: RayJobsFactory = ray or CachingFactory(timeout=self.config.ray_timeout)
@@ -90,6 +95,20 @@ class Runtime:
     async def close(self) -> None:
         if self._kube is not None:
             await self._kube.close()
+
+
+def _auto_zone_job(obj: Obj) -> Job | None:
+    """The job when it asks for `availabilityZone: auto` (an invalid one is reconcile's to report)."""
+    try:
+        job = parse_job(obj)
+    except (SpecError, NotAJobError):
+        return None
+    return job if job.spec.placement.availability_zone == "auto" else None
+
+
+def _zone_of(node: Obj) -> str:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(ZONE_LABEL) or "")
 
 
 def _cut_complete_lines(text: str) -> str:
@@ -186,6 +205,10 @@ class JobLoop:
     async def observe(self, obj: Obj, status: JobStatus) -> Observed:
         now = self.rt.clock()
         submit_error, self.submit_error = self.submit_error, ""
+        if status.phase == Phase.PENDING and not status.placement:
+            job = _auto_zone_job(obj)
+            if job is not None:
+                return Observed(now=now, zone_choice=await self._choose_zone(job))
         if status.phase in (None, Phase.PENDING) or not status.ray_cluster_name:
             return Observed(now=now)
         cluster_obj = await self.rt.kube.get_raycluster(self.namespace, status.ray_cluster_name)
@@ -234,6 +257,26 @@ class JobLoop:
             events=tuple(parse_lines(text.splitlines())),
             log_offset=status.log_offset + len(text),
         )
+
+    async def _choose_zone(self, job: Job) -> ZoneChoice:
+        """Ask AWS for the best zone among those where the cluster has nodes of the type (any, when it has none)."""
+        instance_type, count = job.spec.workers.instance_type, job.spec.workers.replicas
+        if self.rt.zones is None:
+            return ZoneChoice("", "the operator has no AWS access configured")
+        try:
+            nodes = await self.rt.kube.list_nodes(f"{INSTANCE_TYPE_LABEL}={instance_type}")
+        except KubeError as e:
+            self.log.warning(f"cannot list nodes ({e}); considering every zone")
+            nodes = []
+        zones = sorted({zone for node in nodes if (zone := _zone_of(node))})
+        try:
+            return await asyncio.wait_for(
+                self.rt.zones.choose(instance_type, count, zones), self.rt.config.zone_advice_timeout
+            )
+        except NoCredentials:
+            return ZoneChoice("", "no AWS credentials (IRSA or an instance role) for the operator")
+        except TimeoutError:
+            return ZoneChoice("", f"AWS did not answer within {self.rt.config.zone_advice_timeout:g}s")
 
     async def _unschedulable(self, cluster_name: str) -> str:
         """The scheduler's message for a Pending pod of the cluster (pod condition, else FailedScheduling event)."""

@@ -313,6 +313,30 @@ def _field_path(value: str) -> str | None:
     return None
 
 
+# --- EC2 placement --------------------------------------------------------------------------------------
+
+# A zone name as EC2 and the topology.kubernetes.io/zone label spell it: us-east-1b, us-gov-west-1a,
+# and Local Zones such as us-west-2-lax-1a.
+_ZONE = r"[a-z]{2}(-[a-z]+)+-[0-9]+(-[a-z]+-[0-9]+)?[a-z]"
+
+
+def _zone_or_auto(value: str) -> str | None:
+    if value != "auto" and not re.fullmatch(_ZONE, value):
+        return "must be auto or an Availability Zone name such as us-east-1b"
+    return None
+
+
+def _capacity_reservation_id(value: str) -> str | None:
+    if not re.fullmatch(r"cr-[0-9a-f]{8}([0-9a-f]{9})?", value):
+        return "must be an EC2 Capacity Reservation id: cr- and 17 hexadecimal digits"
+    return None
+
+
+ZONE_OR_AUTO = Grammar("Availability Zone or auto", _zone_or_auto, 64, f"^(auto|{_ZONE})$")
+CAPACITY_RESERVATION_ID = Grammar(
+    "Capacity Reservation id", _capacity_reservation_id, 20, r"^cr-[0-9a-f]{8}([0-9a-f]{9})?$"
+)
+
 MODEL_NAME = Grammar("Hugging Face model id or path", _model_name, 256)
 RAY_VERSION = Grammar("Ray version", _ray_version, 64)
 INTERFACE_NAMES = Grammar("interface names", _interface_names, 256)

@@ -67,6 +67,10 @@ class Kube(Protocol):
 
     async def list_events(self, namespace: str, field_selector: str) -> list[Obj]: ...
 
+    async def list_nodes(self, label_selector: str) -> list[Obj]:
+        """Nodes (cluster-scoped): where nodes of an instance type are, for `availabilityZone: auto`."""
+        ...
+
     async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about `involved` (an object with apiVersion, kind, metadata)."""
         ...
@@ -234,6 +238,10 @@ class AioKube:
         _, listing = await self._request(
             "GET", f"/api/v1/namespaces/{quote(namespace)}/pods", query={"labelSelector": label_selector}
         )
+        return list(listing.get("items") or [])
+
+    async def list_nodes(self, label_selector: str) -> list[Obj]:
+        _, listing = await self._request("GET", "/api/v1/nodes", query={"labelSelector": label_selector})
         return list(listing.get("items") or [])
 
     async def list_events(self, namespace: str, field_selector: str) -> list[Obj]:

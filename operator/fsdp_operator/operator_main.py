@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import kopf
 
+from fsdp_operator.capacity import Ec2ZoneAdvisor
 from fsdp_operator.cli import add_operator_arguments
 from fsdp_operator.controller import Runtime
 from fsdp_operator.handlers import build_registry
@@ -46,7 +47,8 @@ def run_operator(
     kopf.configure(log_format=LOG_FORMATS[log_format])
     logging.getLogger().setLevel(log_level.upper())
     logging.getLogger("kopf.objects").addFilter(_QuietWakeups())
-    runtime = Runtime(OperatorConfig(peering=peering))
+    # `availabilityZone: auto` asks AWS with the operator's own credentials (IRSA), found when first needed.
+    runtime = Runtime(OperatorConfig(peering=peering), zones=Ec2ZoneAdvisor())
     if metrics_port:
         runtime.metrics.serve(metrics_port)
     registry = build_registry(runtime)

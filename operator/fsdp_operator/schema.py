@@ -36,7 +36,11 @@ CONDITION_SCHEMA: Schema = {
     "type": "object",
     "required": ["type", "status"],
     "properties": {
-        "type": {"type": "string", "description": "Condition type, e.g. WorkersReady, TransportVerified."},
+        "type": {
+            "type": "string",
+            "description": "Condition type: Validated, WorkersReady, JobSubmitted, Running, TransportVerified, "
+            "InterconnectHealthy, Complete, Failed.",
+        },
         "status": {"type": "string", "enum": ["True", "False", "Unknown"], "description": "True, False or Unknown."},
         "reason": {"type": "string", "description": "Why, in one CamelCase word."},
         "message": {"type": "string", "description": "Human-readable detail."},
@@ -90,13 +94,26 @@ STATUS_SCHEMA: Schema = {
             "description": "Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED).",
         },
         "logOffset": {"type": "integer", "description": "How much of the current submission's log has been read."},
+        "placement": {
+            "type": "object",
+            "description": "For placement.availabilityZone: auto, the zone the operator chose and why.",
+            "properties": {
+                "availabilityZone": {"type": "string", "description": "The chosen zone; empty: none (unconstrained)."},
+                "reason": {"type": "string", "description": "Why this zone, or why none."},
+            },
+        },
+        "dashboardURL": {"type": "string", "description": "Ray's dashboard and job API of the job's RayCluster."},
         "conditions": {
             "type": "array",
             "description": "Conditions, in metav1.Condition shape.",
             "items": CONDITION_SCHEMA,
         },
         "ranks": _free("array", "Where each rank ran: rank, local rank, node rank, node IP, pod, device."),
-        "progress": _free("object", "Training progress: step, total steps, loss, tokens per second, MFU."),
+        "progress": _free(
+            "object",
+            "Training progress: step, total steps, loss, tokens per second, MFU, and lossHistory "
+            "(at most 64 [step, loss] points spanning the run).",
+        ),
         "transport": _free("object", "Which transport NCCL really used, per rank and in summary."),
         "interconnect": _free("object", "Measured all-reduce and all-gather bus bandwidth against the floor."),
         "probes": _free("array", "The collective bandwidth probes, per scope."),

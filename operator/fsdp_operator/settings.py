@@ -32,6 +32,8 @@ class OperatorConfig:
     """Bound on each call to Ray's job API or dashboard."""
     kube_timeout: float = 30.0
     """Bound on each call to the Kubernetes API."""
+    zone_advice_timeout: float = 60.0
+    """For `availabilityZone: auto`: how long AWS may take to advise a zone before the job runs unconstrained."""
     finalize_timeout: float = 20.0
     """On delete: how long to try to stop the Ray job when Ray does not answer, before going on."""
     daemon_cancellation_timeout: float = 10.0

@@ -67,6 +67,8 @@ InstanceType = catalog.InstanceType
 
 # The node labels Kubernetes sets from the instance type; a nodeSelector may repeat, never contradict, it.
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
+# The zone label of every node (the cloud provider sets it); placement.availabilityZone becomes a selector on it.
+ZONE_LABEL = "topology.kubernetes.io/zone"
 
 
 class SpecError(ValueError):
@@ -309,14 +311,11 @@ class Workers:
             _fits_instance(known, w, path, problems)
             if gpus > known.gpus:
                 problems.append(f"{path}.gpusPerWorker: {gpus} GPUs requested, {instance_type} has {known.gpus}")
-            if efa > known.efa_interfaces:
-                if known.efa_interfaces == 0:
-                    problems.append(f"{path}.efaPerWorker: {instance_type} does not support EFA")
-                else:
-                    problems.append(
-                        f"{path}.efaPerWorker: {efa} EFA interfaces requested, "
-                        f"{instance_type} has {known.efa_interfaces}"
-                    )
+            # A type without EFA is Spec._rules' to judge: that depends on the transport.
+            if efa > known.efa_interfaces > 0:
+                problems.append(
+                    f"{path}.efaPerWorker: {efa} EFA interfaces requested, {instance_type} has {known.efa_interfaces}"
+                )
         elif instance_type and efa > 0:
             problems.append(
                 f"{path}.efaPerWorker: unknown instance type {show(instance_type)}; EFA can only be checked on known "
@@ -375,6 +374,27 @@ class Network:
         factory=list,
         shape=EnvVar,
         max_items=128,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the workers run. EFA traffic does not cross Availability Zones: all workers belong in one zone."""
+
+    availability_zone: str = declare(
+        "The Availability Zone of every worker (a topology.kubernetes.io/zone selector), e.g. us-east-1b. auto: "
+        "the operator picks the best zone where the cluster has nodes of the instance type (offered, quota room, "
+        "Spot placement score; it needs AWS credentials such as IRSA) and records it and why in status.placement; "
+        "without credentials the workers run unconstrained and the ZonePlaced condition says so. Empty: no zone "
+        "constraint.",
+        default="",
+        grammar=formats.or_empty(formats.ZONE_OR_AUTO),
+    )
+    capacity_reservation_id: str = declare(
+        "An EC2 On-Demand Capacity Reservation (cr-...) for the workers: they are constrained to nodes launched "
+        "into it, as Karpenter labels them (karpenter.k8s.aws/capacity-reservation-id). Empty: none.",
+        default="",
+        grammar=formats.or_empty(formats.CAPACITY_RESERVATION_ID),
     )
 
 
@@ -531,13 +551,17 @@ class Spec:
     head: Head = declare(Head.__doc__ or "", factory=Head)
     workers: Workers = declare(Workers.__doc__ or "", factory=Workers)
     network: Network = declare(Network.__doc__ or "", factory=Network)
+    placement: Placement = declare(Placement.__doc__ or "", factory=Placement)
     training: Training = declare(Training.__doc__ or "", factory=Training)
     runtime_env: RuntimeEnv = declare(RuntimeEnv.__doc__ or "", factory=RuntimeEnv)
     run_policy: RunPolicy = declare(RunPolicy.__doc__ or "", factory=RunPolicy)
 
     @property
     def efa_requested(self) -> bool:
-        return self.workers.efa_per_worker > 0 and self.network.transport != "socket"
+        """EFA goes into the worker pods: asked for, not `socket`, and (for `auto`) the type has EFA."""
+        if self.workers.efa_per_worker == 0 or self.network.transport == "socket":
+            return False
+        return self.network.transport == "efa" or _has_efa(self.workers.instance_type)
 
     @staticmethod
     def _rules(s: dict[str, Any], path: str, problems: Problems) -> None:
@@ -545,6 +569,9 @@ class Spec:
         efa, transport = w["efa_per_worker"], n["transport"]
         if n["require_efa"] is None:
             n["require_efa"] = transport == "efa"
+        if efa > 0 and (transport == "efa" or n["require_efa"]) and not _has_efa(w["instance_type"]):
+            # transport: auto on such a type simply runs without EFA; socket never asks for it.
+            problems.append(f"{path}.workers.efaPerWorker: {w['instance_type']} does not support EFA")
         if n["require_efa"] and transport == "socket":
             problems.append(f"{path}.network.requireEFA: true contradicts transport: socket")
         if n["require_efa"] and efa == 0:
@@ -559,6 +586,12 @@ class Spec:
             problems.append(f"{path}.training.sharding: hybrid needs at least 2 workers (it replicates across nodes)")
         if t["checkpoint"]["interval_steps"] and not t["checkpoint"]["storage"]:
             problems.append(f"{path}.training.checkpoint.intervalSteps: set, but checkpoint.storage is empty")
+        zone, chosen = s["placement"]["availability_zone"], w["node_selector"].get(ZONE_LABEL)
+        if zone and chosen is not None and chosen != zone:
+            problems.append(
+                f"{path}.workers.nodeSelector.{ZONE_LABEL}: {show(chosen)} contradicts "
+                f"{path}.placement.availabilityZone ({zone}); choose the zone with placement.availabilityZone"
+            )
         for i, env in enumerate(n["env"]):
             _refuse_operator_env(env["name"], f"{path}.network.env[{i}].name", problems)
         for name in s["runtime_env"]["env_vars"]:
@@ -569,6 +602,12 @@ def _refuse_operator_env(name: str, path: str, problems: Problems) -> None:
     why = operator_owned(name)
     if why is not None:
         problems.append(f"{path}: {name} is set by the operator (transport verification, log collection); {why}")
+
+
+def _has_efa(instance_type: str) -> bool:
+    """False only for a type the catalog knows to have no EFA (an unknown type is taken at its word)."""
+    known = catalog.instance_type(instance_type)
+    return known is None or known.efa_interfaces > 0
 
 
 def default_interconnect_floor_gbps(instance_type: str) -> float:

@@ -83,6 +83,7 @@ class ConditionType(StrEnum):
     INTERCONNECT_HEALTHY = transport_mod.INTERCONNECT_CONDITION
     COMPLETE = "Complete"
     FAILED = "Failed"
+    ZONE_PLACED = "ZonePlaced"
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +167,13 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
         warning_when_false=False,
         set_once=True,
         doc="The job failed for good (as batch/v1 Job: `kubectl wait --for=condition=Failed`).",
+    ),
+    ConditionType.ZONE_PLACED: ConditionRule(
+        reasons=frozenset({"ZoneChosen", "NoZoneChosen"}),
+        resets_on_new_attempt=False,  # a retry reuses the RayCluster, so its zone
+        warning_when_false=False,  # not an error: the workers run, only without a zone constraint
+        doc="placement.availabilityZone: auto picked a zone (status.placement says which and why); False: "
+        "the workers run without a zone constraint, and the message says why.",
     ),
 }
 
@@ -267,6 +275,8 @@ class JobStatus:
     """How much of the current submission's log has been folded in."""
     dashboard_url: str = ""
     """Ray's dashboard (and job API) of the job's RayCluster, as KubeRay's RayJob reports `dashboardURL`."""
+    placement: dict[str, Any] = field(default_factory=dict)
+    """For `placement.availabilityZone: auto`: the zone chosen ('' for none) and why; empty until decided."""
     conditions: list[Condition] = field(default_factory=list)
     ranks: list[dict[str, Any]] = field(default_factory=list)
     progress: dict[str, Any] = field(default_factory=dict)
@@ -298,6 +308,7 @@ class JobStatus:
             "rayJobStatus": self.ray_job_status,
             "logOffset": self.log_offset,
             "dashboardURL": self.dashboard_url,
+            "placement": self.placement,
             "conditions": self.conditions,
             "ranks": self.ranks,
             "progress": self.progress,
@@ -344,6 +355,7 @@ class JobStatus:
             ray_job_status=str(raw.get("rayJobStatus") or ""),
             log_offset=integer("logOffset"),
             dashboard_url=str(raw.get("dashboardURL") or ""),
+            placement=mapping("placement"),
             conditions=listing("conditions"),
             ranks=listing("ranks"),
             progress=mapping("progress"),

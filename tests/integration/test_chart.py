@@ -164,9 +164,10 @@ def test_namespaced_modes(helm: Path) -> None:
     docs = template(helm, "--set", "watchAllNamespaces=false")
     assert one(docs, "Role")["metadata"]["namespace"] == "ml"
     assert "--namespace=ml" in container(docs)["args"]
-    # kopf lists namespaces and CRDs at cluster scope even when namespaced: a small ClusterRole for that.
+    # kopf lists namespaces and CRDs at cluster scope even when namespaced, and availabilityZone: auto lists
+    # nodes: a small ClusterRole for that.
     cluster_rules = one(docs, "ClusterRole")["rules"]
-    assert {g for r in cluster_rules for g in r["resources"]} == {"namespaces", "customresourcedefinitions"}
+    assert {g for r in cluster_rules for g in r["resources"]} == {"namespaces", "customresourcedefinitions", "nodes"}
     several = template(helm, "--set", "watchAllNamespaces=false", "--set", "watchNamespaces={team-a,team-b}")
     assert sorted(r["metadata"]["namespace"] for r in by_kind(several)["Role"]) == ["team-a", "team-b"]
     assert sorted(r["metadata"]["namespace"] for r in by_kind(several)["RoleBinding"]) == ["team-a", "team-b"]

@@ -27,6 +27,7 @@ from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
 from fsdp_operator.rayjobs import FakeRay
 from support import k8s_tools
+from support.aws import FixedZone
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
 from test_operator import FAST, Script, manifest
@@ -55,6 +56,8 @@ EXPECTED_CALLS = {
     ("delete", "fsdp.dev", "fsdptrainingjobs"),
     ("get", "ray.io", "rayclusters"), ("create", "ray.io", "rayclusters"), ("delete", "ray.io", "rayclusters"),
     ("list", "", "events"), ("create", "", "events"),
+    # The controller, for placement.availabilityZone: auto: where nodes of the instance type are.
+    ("list", "", "nodes"),
 }  # fmt: skip
 # kopf watching chosen namespaces also follows the namespaces themselves, at cluster scope.
 NAMESPACED_EXTRA = {("list", "", "namespaces"), ("watch", "", "namespaces")}
@@ -65,7 +68,7 @@ PEERING_CALLS = {
 }  # fmt: skip
 
 
-def rendered_rbac(watch_all: bool, replicas: int = 1) -> list[dict[str, Any]]:
+def rendered_rbac(watch_all: bool, replicas: int = 1, watched: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The chart's RBAC objects, and with replicas > 1 its kopf peering CRDs and peering object."""
     try:
         helm = k8s_tools.helm()
@@ -75,7 +78,7 @@ def rendered_rbac(watch_all: bool, replicas: int = 1) -> list[dict[str, Any]]:
         [str(helm), "template", "demo", str(CHART), "--namespace", RELEASE_NAMESPACE,
          "--set", "image.repository=registry.example.com/fsdp-operator",
          "--set", f"watchAllNamespaces={str(watch_all).lower()}", "--set", f"replicas={replicas}",
-         "--include-crds"],
+         *(("--set", "watchNamespaces={" + ",".join(watched) + "}") if watched else ()), "--include-crds"],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     kinds = RBAC_KINDS | ({"ClusterKopfPeering", "KopfPeering"} if replicas > 1 else set())
@@ -99,13 +102,14 @@ def granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
     }
 
 
-def secured_server(docs: list[dict[str, Any]]) -> tuple[ThreadedApiServer, Access]:
+def secured_server(docs: list[dict[str, Any]], namespaces: tuple[str, ...] = ()) -> tuple[ThreadedApiServer, Access]:
     access = Access()
     access.add_token(ADMIN_TOKEN, User("admin", (MASTERS,)))
     access.add_token(OPERATOR_TOKEN, ACCOUNT)
     api = ThreadedApiServer(access=access).start()
     store = api.store
-    store.create(store.resource("namespaces"), {"metadata": {"name": RELEASE_NAMESPACE}})
+    for namespace in {RELEASE_NAMESPACE, *namespaces}:
+        store.create(store.resource("namespaces"), {"metadata": {"name": namespace}})
     crds = store.resource("customresourcedefinitions", "apiextensions.k8s.io")
     store.create(crds, schema.crd())
     store.create(crds, RAYCLUSTER_CRD)
@@ -170,13 +174,17 @@ def test_the_emulator_refuses_what_rbac_does_not_allow() -> None:
 
 
 @pytest.mark.parametrize(
-    ("watch_all", "replicas"),
-    [(True, 1), (False, 1), (True, 2)],
-    ids=["all-namespaces", "one-namespace", "all-namespaces-with-peering"],
+    ("watch_all", "replicas", "watched"),
+    [(True, 1, ()), (False, 1, ()), (True, 2, ()), (False, 1, ("team-a", "team-b"))],
+    ids=["all-namespaces", "one-namespace", "all-namespaces-with-peering", "listed-namespaces"],
 )
-def test_the_operator_runs_a_job_under_the_charts_rbac(watch_all: bool, replicas: int) -> None:
-    docs = rendered_rbac(watch_all, replicas)
-    api, access = secured_server(docs)
+def test_the_operator_runs_a_job_under_the_charts_rbac(
+    watch_all: bool, replicas: int, watched: tuple[str, ...]
+) -> None:
+    docs = rendered_rbac(watch_all, replicas, watched)
+    api, access = secured_server(docs, watched)
+    # The job runs in the last watched namespace: the Role there (not only the first) must do.
+    job_namespace = watched[-1] if watched else RELEASE_NAMESPACE
     script = Script()
     ray = FakeRay(script=script)
     kuberay = FakeKubeRay(api.url, ray)
@@ -184,18 +192,18 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(watch_all: bool, replicas
     kuberay.ready_delay = 0.3  # Pending pods first: the operator asks why (pods, then scheduling events)
     admin = requests.Session()
     admin.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{RELEASE_NAMESPACE}/{schema.PLURAL}"
+    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{job_namespace}/{schema.PLURAL}"
 
     def status() -> dict[str, Any]:
-        found = api.store.find(schema.PLURAL, schema.GROUP, RELEASE_NAMESPACE)
+        found = api.store.find(schema.PLURAL, schema.GROUP, job_namespace)
         return dict(found[0].get("status") or {}) if found else {}
 
     async def main() -> None:
         async with kuberay.running():
             kube = AioKube(api.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=FAST.kube_timeout)
             peering = "demo-fsdp-operator" if replicas > 1 else None
-            runtime = Runtime(replace(FAST, peering=peering), kube=kube, ray=ray.client)
-            namespaces = None if watch_all else [RELEASE_NAMESPACE]
+            runtime = Runtime(replace(FAST, peering=peering), kube=kube, ray=ray.client, zones=FixedZone("us-east-1b"))
+            namespaces = None if watch_all else list(watched or [RELEASE_NAMESPACE])
             registry = build_registry(runtime, login=False)
             async with kopf_operator(registry, api.url, namespaces=namespaces, token=OPERATOR_TOKEN):
                 if replicas > 1:
@@ -204,7 +212,7 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(watch_all: bool, replicas
                         lambda: any(p.get("status") for p in api.store.find("clusterkopfpeerings", "kopf.dev")),
                         message="the operator never wrote its heartbeat into the peering object",
                     )
-                job = manifest(runPolicy={"ttlSecondsAfterFinished": 0})
+                job = manifest(runPolicy={"ttlSecondsAfterFinished": 0}, placement={"availabilityZone": "auto"})
                 response = await asyncio.to_thread(admin.post, api.url + jobs, json=job)
                 assert response.status_code == 201, response.text
                 await eventually(lambda: status().get("phase") == "Succeeded", timeout=20, message=str(status()))

@@ -10,13 +10,14 @@ answers are the test's), and timing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import boto3
 from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 from botocore.stub import Stubber
+from fsdp_operator.capacity import ZoneChoice
 
 STUBBED_EC2 = frozenset(
     {
@@ -112,3 +113,15 @@ class _Raw:
 
     def stream(self, **_: Any) -> Any:
         yield self.body
+
+
+class FixedZone:
+    """A `ZoneAdvisor` that always advises one zone, and remembers what it was asked."""
+
+    def __init__(self, zone: str, reason: str = "the only zone of the test") -> None:
+        self.zone, self.reason = zone, reason
+        self.asked: list[tuple[str, int, list[str]]] = []
+
+    async def choose(self, instance_type: str, count: int, zones: Sequence[str]) -> ZoneChoice:
+        self.asked.append((instance_type, count, list(zones)))
+        return ZoneChoice(self.zone, self.reason)

@@ -3,6 +3,7 @@ placement scores, Capacity Reservations, Service Quotas): the ranked plan, error
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import threading
@@ -404,3 +405,58 @@ def test_probe_in_the_plan_and_ctrl_c_while_regions_run(aws: None) -> None:
         "probe: capacity for 2 confirmed; quota: 192 vCPUs free >= 96 needed; Spot placement score 2/10"
     )
     assert json.loads(out)["leftoverReservations"] == []
+
+
+# --- the operator's advisor -----------------------------------------------------------------------------------
+
+
+class AdvisorClients(PinnedClients):
+    """The operator's boto3 wiring, its clients from moto and the stubs."""
+
+    def __init__(self, regions: Regions) -> None:
+        super().__init__()
+        self.regions = regions
+
+    def __call__(self, service: str, region: str) -> Any:
+        return self.regions(service, region)
+
+
+def test_the_operator_advisor_picks_among_the_zones_with_nodes(aws: None) -> None:
+    regions = Regions(["us-east-1"])
+    _quota(regions, "us-east-1", 192)
+    # us-east-1b scores best, but the cluster has no g6.12xlarge nodes there.
+    _spot(regions.ec2["us-east-1"], "us-east-1", {"use1-az1": 10, "use1-az2": 4, "use1-az4": 7})
+    advisor = capacity.Ec2ZoneAdvisor(AdvisorClients(regions), region="us-east-1")
+    choice = asyncio.run(advisor.choose(G6, 2, ["us-east-1c", "us-east-1d"]))
+    regions.assert_all_answered()
+    assert choice == capacity.ZoneChoice(
+        "us-east-1d",
+        "best of 2 usable zone(s) among the zones with nodes of the type (us-east-1c, us-east-1d): "
+        "quota: 144 vCPUs free >= 96 needed; Spot placement score 7/10",
+    )
+
+
+def test_the_operator_advisor_without_room(aws: None) -> None:
+    regions = Regions(["us-west-2"])
+    _quota(regions, "us-west-2", 128)  # 96 used: 32 free
+    _spot(regions.ec2["us-west-2"], "us-west-2", {"usw2-az1": 9})
+    advisor = capacity.Ec2ZoneAdvisor(AdvisorClients(regions), region="us-west-2")
+    choice = asyncio.run(advisor.choose(G6, 2, []))
+    assert choice == capacity.ZoneChoice("", "no zone for 2x g6.12xlarge: no usable zone in the region")
+
+
+def test_the_command_line_with_boto3s_own_clients(
+    aws: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fsdpctl capacity` as typed, its clients from a real boto3 session (moto answers what it implements)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    assert main(["capacity", "--count", "1", "--regions", "us-east-1", "--regions", "ap-east-1", "-o", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["count"], plan["vcpusNeeded"]) == (1, 48)
+    assert [(r["zone"], r["usable"]) for r in plan["ranking"]][:2] == [("us-east-1a", True), ("us-east-1b", True)]
+    regions = {r["region"]: r for r in plan["regions"]}
+    assert regions["ap-east-1"]["error"] == "ap-east-1 is an opt-in region not enabled for this account"
+    # moto 5.2.5 has neither Spot placement scores nor EC2's Service Quotas: both become notes, not tracebacks.
+    assert regions["us-east-1"]["notes"][0].startswith("Spot placement score: ")
+    assert regions["us-east-1"]["quota"]["error"].startswith("quota L-DB2E81BA: ")

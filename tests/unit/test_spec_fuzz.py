@@ -87,6 +87,8 @@ SAMPLES: dict[str, tuple[list[Any], list[Any]]] = {
     formats.CONFIG_KEY.name: (["hidden_size", "num_hidden_layers", "vocab_size"], ["1x"]),
     formats.SECRET_KEY.name: (["key", "aws.secret"], ["a b"]),
     formats.FIELD_PATH.name: (["metadata.name", "status.podIP"], ["x y"]),
+    f"{formats.ZONE_OR_AUTO.name} or empty": (["", "auto", "us-east-1b", "us-west-2-lax-1a"], ["us-east-1", "Auto"]),
+    f"{formats.CAPACITY_RESERVATION_ID.name} or empty": (["", "cr-0123456789abcdef0"], ["cr-XYZ", "0123"]),
 }
 
 
