@@ -56,8 +56,8 @@ Sharding = Literal["full", "hybrid", "auto"]
 Cleanup = Literal["Delete", "Keep"]
 
 INT32_MAX = 2**31 - 1
-ANNOTATIONS_MAX_BYTES = 256 * 1024  # Kubernetes' limit on all annotations of an object together
 INT64_MAX = 2**63 - 1
+ANNOTATIONS_MAX_BYTES = 256 * 1024  # Kubernetes' limit on all annotations of an object together
 MAX_STEPS = 100_000_000
 
 
@@ -742,13 +742,14 @@ def parse_job(manifest: Any) -> Job:
     )
 
 
-# The TrainConfig field each spec field becomes, and back: declared once, with `train=`.
+# TrainConfig fields no spec field sets (yet); a declared field with the same `train=` name wins.
 TRAIN_CONSTANTS: dict[str, Any] = {"data": "random"}
 
 
 def train_config(spec: Spec) -> TrainConfig:
-    """The training function's config for `spec`; ConfigError when the training function would refuse it."""
-    return TrainConfig.from_dict({**fields.gather(Spec, spec, lambda meta: meta.train), **TRAIN_CONSTANTS})
+    """The training function's config for `spec` (each field declared with `train=` becomes the named
+    TrainConfig field); ConfigError when the training function would refuse it."""
+    return TrainConfig.from_dict({**TRAIN_CONSTANTS, **fields.gather(Spec, spec, lambda meta: meta.train)})
 
 
 def _train_paths() -> dict[str, str]:
