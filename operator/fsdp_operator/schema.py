@@ -188,13 +188,22 @@ STATUS_SCHEMA: Schema = {
         "transport": TRANSPORT_SCHEMA,
         "interconnect": _free("object", "Measured all-reduce and all-gather bus bandwidth against the floor."),
         "probes": _free("array", "The collective bandwidth probes, per scope."),
-        "result": _free("object", "The finished run: steps, first and final loss, tokens per second, seconds."),
+        "result": _free(
+            "object",
+            "The finished run: steps, first and final loss, tokens per second, seconds, sharding and precision used.",
+        ),
         "checkpoint": {
             "type": "object",
             "description": "The last checkpoint: step, path, seconds.",
             "x-kubernetes-preserve-unknown-fields": True,
             "properties": {"step": _INT, "path": _text("path"), "seconds": {"type": "number", "nullable": True}},
         },
+        "timings": _free(
+            "object",
+            "Time to the first optimizer step (seconds, from rank 0's process start): toFirstStepSeconds, split into "
+            "startupSeconds, probeSeconds, buildSeconds (model, sharding, weights) and firstStepSeconds (compilation "
+            "included); compileCache: cold or warm when spec.training.compileCacheDir is set.",
+        ),
         "rankFailures": {
             "type": "array",
             "maxItems": 16,

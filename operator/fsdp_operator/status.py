@@ -27,6 +27,7 @@ from fsdp_train.events import (
     Probe,
     Step,
     Summary,
+    Timings,
     Transport,
     TransportName,
 )
@@ -310,6 +311,8 @@ class JobStatus:
     probes: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+    """Where the time to the first step went (rank 0's ``timings`` event)."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -343,6 +346,7 @@ class JobStatus:
             "probes": self.probes,
             "result": self.result,
             "checkpoint": self.checkpoint,
+            "timings": self.timings,
             "rankFailures": self.rank_failures,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
@@ -391,6 +395,7 @@ class JobStatus:
             probes=listing("probes"),
             result=mapping("result"),
             checkpoint=mapping("checkpoint"),
+            timings=mapping("timings"),
             rank_failures=listing("rankFailures"),
         )
 
@@ -561,6 +566,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     progress = dict(status.progress)
     result = dict(status.result)
     checkpoint = dict(status.checkpoint)
+    timings = dict(status.timings)
     probes = [dict(p) for p in status.probes]
     failures = [dict(f) for f in status.rank_failures]
     transports = _transport_events(status)
@@ -625,6 +631,16 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress["lossHistory"] = history
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
+        elif isinstance(event, Timings):
+            timings = {
+                "toFirstStepSeconds": _round(event.to_first_step_seconds, 2),
+                "startupSeconds": _round(event.startup_seconds, 2),
+                "probeSeconds": _round(event.probe_seconds, 2),
+                "buildSeconds": _round(event.build_seconds, 2),
+                "firstStepSeconds": _round(event.first_step_seconds, 2),
+            }
+            if event.compile_cache:
+                timings["compileCache"] = event.compile_cache
         elif isinstance(event, Summary):
             if event.rank != 0:
                 continue  # rank 0's summary is the job's result
@@ -641,6 +657,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 result["sharding"] = event.sharding
             if event.resumed_from_step:
                 result["resumedFromStep"] = event.resumed_from_step
+            if event.precision:
+                result["precision"] = event.precision
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
             if failure not in failures:
@@ -652,6 +670,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         progress=progress,
         result=result,
         checkpoint=checkpoint,
+        timings=timings,
         probes=probes,
         rank_failures=failures[-16:],
     )
