@@ -337,7 +337,7 @@ def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems:
     )
     # Nothing was created for an invalid job unless it was valid before: clean up what may exist (if ours).
     actions: tuple[Action, ...] = ()
-    ours = obs.cluster is not None and not _foreign(obs.cluster, str(meta.get("uid") or ""))
+    ours = not _foreign(obs.cluster, str(meta.get("uid") or ""))  # absent: a delete by name is a harmless 404
     if ours and status.submission_id and status.phase in (Phase.SUBMITTING, Phase.RUNNING):
         actions += (StopJob(status.submission_id),)
     if ours and status.ray_cluster_name:

@@ -226,9 +226,13 @@ def raycluster(job: Job, security: Security | None = None, *, chosen_zone: str =
     security = security or Security()
     name = raycluster_name(job.name)
     common_labels = labels(job)
-    auth_env = _auth_env(job) if security.token_auth else []
 
-    head_env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}, *_downward_env(), *auth_env]
+    auth = security.token_auth
+    head_env = [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+        *_downward_env(),
+        *(_auth_env(job) if auth else []),
+    ]
     head = _container("ray-head", spec, _resources(spec.head.cpu, spec.head.memory, {}), head_env)
     head["ports"] = [{"containerPort": port, "name": port_name} for port_name, port in HEAD_PORTS]
 
@@ -238,7 +242,7 @@ def raycluster(job: Job, security: Security | None = None, *, chosen_zone: str =
         extra[GPU_RESOURCE] = gpus
     if spec.efa_requested:
         extra[EFA_RESOURCE] = str(workers.efa_per_worker)
-    worker_env = [*nccl_env(spec), *_downward_env(), *auth_env, *spec.network.env]
+    worker_env = [*nccl_env(spec), *_downward_env(), *(_auth_env(job) if auth else []), *spec.network.env]
     worker = _container("ray-worker", spec, _resources(workers.cpu, workers.memory, extra), worker_env)
 
     selector = dict(workers.node_selector)

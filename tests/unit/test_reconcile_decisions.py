@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from fsdp_operator import schema
 from fsdp_operator.reconcile import (
+    ApplyNetworkPolicy,
     ClusterView,
+    CreateAuthSecret,
     CreateRayCluster,
     DeleteJob,
     DeleteRayCluster,
@@ -181,7 +183,8 @@ def test_a_cluster_that_never_appears_on_both_sides(waited: int, fails: bool) ->
         assert (d.status.phase, d.status.reason, d.status.message) == (
             Phase.PROVISIONING, Reason.CLUSTER_CREATING, "creating RayCluster",
         )  # fmt: skip
-        (create,) = without_events(d.actions)
+        secret, policy, create = without_events(d.actions)
+        assert isinstance(secret, CreateAuthSecret) and isinstance(policy, ApplyNetworkPolicy)
         assert isinstance(create, CreateRayCluster) and create.manifest["metadata"]["name"] == CLUSTER
 
 
@@ -245,7 +248,8 @@ def test_a_failed_attempt_with_retries_left_in_full() -> None:
     submitted = next(c for c in s.conditions if c["type"] == "JobSubmitted")
     assert submitted == {"type": "JobSubmitted", "status": "False", "reason": "RayJobFailed", "message": "Ray: exit 1",
                          "lastTransitionTime": "2026-11-29T12:00:00Z", "observedGeneration": 2}  # fmt: skip
-    (create,) = without_events(d.actions)
+    secret, policy, create = without_events(d.actions)
+    assert isinstance(secret, CreateAuthSecret) and isinstance(policy, ApplyNetworkPolicy)
     assert isinstance(create, CreateRayCluster) and create.manifest["metadata"]["name"] == CLUSTER
 
 
@@ -265,8 +269,11 @@ def test_the_last_allowed_attempt_failing_fails_the_job_in_full() -> None:
 
 def test_a_foreign_cluster_is_a_conflict_and_left_alone() -> None:
     d = run(manifest(), at(Phase.PROVISIONING, provisioning_since=NOW), cluster=cluster(owner_uid="someone-else"))
-    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.CLUSTER_CONFLICT)
-    assert d.status.message == "RayCluster qwen-ray exists and belongs to another object (owner uid someone-else)"
+    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.CLUSTER_NAME_TAKEN)
+    assert d.status.message == (
+        "RayCluster qwen-ray exists and was not created for this job (owned by uid someone-else); it is left alone: "
+        "delete it or rename the job"
+    )
     assert without_events(d.actions) == []
 
 
