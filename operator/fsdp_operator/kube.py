@@ -7,6 +7,7 @@ as "already gone": every call is safe to repeat after a restart.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -25,6 +26,11 @@ Obj = dict[str, Any]
 
 RAYCLUSTER_GROUP, RAYCLUSTER_VERSION, RAYCLUSTER_PLURAL = "ray.io", "v1", "rayclusters"
 EVENT_SOURCE = "fsdp-operator"
+USER_AGENT = "fsdp-operator/0.1.0"
+"""Names the operator's own requests in the API server's audit log (kopf's own say `kopf/<version>`)."""
+THROTTLE_RETRIES = 3
+"""A 429 is retried this often after its `Retry-After` (as client-go does) before the pass gives up."""
+MAX_RETRY_AFTER = 10.0
 
 
 class KubeError(RuntimeError):
@@ -75,6 +81,14 @@ def _job_path(namespace: str, name: str = "") -> str:
 def _cluster_path(namespace: str, name: str = "") -> str:
     base = f"/apis/{RAYCLUSTER_GROUP}/{RAYCLUSTER_VERSION}/namespaces/{quote(namespace)}/{RAYCLUSTER_PLURAL}"
     return f"{base}/{quote(name)}" if name else base
+
+
+def _seconds(retry_after: str) -> float:
+    """`Retry-After` in seconds (the API server sends whole seconds); 1 when absent or unreadable."""
+    try:
+        return max(float(retry_after), 0.0)
+    except ValueError:
+        return 1.0
 
 
 def _as_file(data: bytes | str | None, name: str) -> str | None:
@@ -150,13 +164,18 @@ class AioKube:
     ) -> tuple[int, Obj]:
         url = self.server + path + (f"?{urlencode(query)}" if query else "")
         data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
-        try:
-            async with self._client().request(method, url, data=data, headers=headers, ssl=self.ssl_context) as r:
-                text = await r.text()
-                status = r.status
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise KubeError(0, f"{method} {path}: {e}") from e
+        headers = {"Content-Type": content_type, "Accept": "application/json", "User-Agent": USER_AGENT}
+        for attempt in range(THROTTLE_RETRIES + 1):
+            try:
+                async with self._client().request(method, url, data=data, headers=headers, ssl=self.ssl_context) as r:
+                    text = await r.text()
+                    status, retry_after = r.status, r.headers.get("Retry-After", "")
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise KubeError(0, f"{method} {path}: {e}") from e
+            # Throttled (API Priority and Fairness): the request was not processed, so even a POST is safe to repeat.
+            if status != 429 or attempt == THROTTLE_RETRIES:
+                break
+            await asyncio.sleep(min(_seconds(retry_after), MAX_RETRY_AFTER))
         try:
             payload = json.loads(text) if text else {}
         except ValueError:

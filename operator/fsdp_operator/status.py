@@ -171,6 +171,8 @@ class JobStatus:
     end_time: datetime | None = None
     provisioning_since: datetime | None = None
     """When the current wait for workers began (`waitForWorkersTimeoutSeconds` counts from here)."""
+    ray_unreachable_since: datetime | None = None
+    """When Ray's job API stopped answering a live job (the operator's `ray_unreachable_timeout` counts from here)."""
     ray_job_status: str = ""
     """Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), apart from `phase`."""
     log_offset: int = 0
@@ -203,6 +205,7 @@ class JobStatus:
             "startTime": format_time(self.start_time) if self.start_time else None,
             "endTime": format_time(self.end_time) if self.end_time else None,
             "provisioningSince": format_time(self.provisioning_since) if self.provisioning_since else None,
+            "rayUnreachableSince": format_time(self.ray_unreachable_since) if self.ray_unreachable_since else None,
             "rayJobStatus": self.ray_job_status,
             "logOffset": self.log_offset,
             "conditions": self.conditions,
@@ -248,6 +251,7 @@ class JobStatus:
             start_time=parse_time(raw.get("startTime")),
             end_time=parse_time(raw.get("endTime")),
             provisioning_since=parse_time(raw.get("provisioningSince")),
+            ray_unreachable_since=parse_time(raw.get("rayUnreachableSince")),
             ray_job_status=str(raw.get("rayJobStatus") or ""),
             log_offset=integer("logOffset"),
             conditions=listing("conditions"),
@@ -268,6 +272,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
     return replace(
         status,
         ray_job_status="",
+        ray_unreachable_since=None,
         log_offset=0,
         conditions=kept,
         ranks=[],

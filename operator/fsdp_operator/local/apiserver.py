@@ -33,6 +33,7 @@ import yaml
 from aiohttp import web
 
 from fsdp_operator.local import patching, tables, validation
+from fsdp_operator.local.faults import FaultInjector
 from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType
 from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
 from fsdp_operator.local.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent
@@ -82,8 +83,11 @@ class ApiServer:
         port: int = 0,
         bookmark_interval: float = 5.0,
         history_length: int = HISTORY_LENGTH,
+        faults: FaultInjector | None = None,
     ) -> None:
         self.host = host
+        self.faults = faults
+        """Injects API errors, slow answers and broken watches (`faults.py`); None: a well-behaved server."""
         self.port = port
         self.bookmark_interval = bookmark_interval
         self.store = Store(history_length=history_length)
@@ -182,6 +186,11 @@ class ApiServer:
     # ------------------------------------------------------------------ HTTP dispatch
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if self.faults is not None:
+            return await self.faults.handle(request, self._answer)
+        return await self._answer(request)
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         try:
             return await self._dispatch(request)
         except ApiError as e:
