@@ -274,7 +274,9 @@ def _record_identity(job: Job, status: JobStatus, now: datetime) -> Decision:
             generation=job.generation,
         ),
     )
-    return Decision(new)
+    # Nothing to wait for: the next pass (which creates the RayCluster) follows at once, not on the watch
+    # event of this write; under many jobs that round trip was most of the time to a RayCluster.
+    return Decision(new, requeue_after=0.0)
 
 
 def _foreign(cluster: ClusterView | None, uid: str) -> bool:

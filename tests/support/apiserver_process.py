@@ -47,12 +47,18 @@ def _request_key(request: web.Request) -> tuple[str, str, str, str]:
 async def _main(conn: Connection, plan: FaultPlan | None) -> None:
     requests: Counter[tuple[str, str, str, str]] = Counter()
     status_writes: Counter[str] = Counter()
+    created: dict[str, dict[str, float]] = {"jobs": {}, "clusters": {}, "loops": {}}
+    """Commit times of jobs and RayClusters, and when the controller first asked about each job."""
 
     async def count(request: web.Request, response: web.StreamResponse) -> None:
         if not request.headers.get("User-Agent", "").startswith(OPERATOR_AGENTS):
             return
         key = _request_key(request)
         requests[key] += 1
+        if key[0] == "controller" and key[2] == schema.PLURAL:
+            # The controller's first request about a job: its loop (the kopf daemon) has started.
+            name = request.path.split("/")[-2 if key[3] else -1]
+            created["loops"].setdefault(name, time.monotonic())
         if key[1:] == ("PATCH", schema.PLURAL, "status") and key[0] == "controller":
             status_writes[request.path.split("/")[-2]] += 1
 
@@ -62,7 +68,6 @@ async def _main(conn: Connection, plan: FaultPlan | None) -> None:
     crds = store.resource("customresourcedefinitions", "apiextensions.k8s.io")
     store.create(crds, schema.crd())
     store.create(crds, RAYCLUSTER_CRD)
-    created: dict[str, dict[str, float]] = {"jobs": {}, "clusters": {}}
 
     def recorder(bucket: dict[str, float]) -> Any:
         def deliver(event: WatchEvent) -> None:
