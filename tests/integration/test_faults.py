@@ -43,6 +43,9 @@ def expected_final(steps: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
+CHECKED_CONDITIONS = ("JobSubmitted", "TransportVerified", "Validated", "WorkersReady")
+
+
 def summary(status: dict[str, Any]) -> dict[str, Any]:
     """The fields `expected_final` names, read from a status."""
     return {
@@ -56,7 +59,7 @@ def summary(status: dict[str, Any]) -> dict[str, Any]:
         "result.steps": (status.get("result") or {}).get("steps"),
         "transport.summary": (status.get("transport") or {}).get("summary"),
         "ranks": [r["rank"] for r in status.get("ranks", [])],
-        "conditions": {c["type"]: c["status"] for c in status.get("conditions", [])},
+        "conditions": {c["type"]: c["status"] for c in status.get("conditions", []) if c["type"] in CHECKED_CONDITIONS},
     }
 
 

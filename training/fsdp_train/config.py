@@ -22,6 +22,16 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+class ConfigError(ValueError):
+    """A field of the config is refused: ``field`` names it, ``detail`` says why (it may name others
+    as ``training.<field>``), so that a caller can say the same in its own field names."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{TrainConfig.PREFIX}.{field} {detail}")
+        self.field = field
+        self.detail = detail
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """What one training run does; every rank builds the same one."""
@@ -88,23 +98,23 @@ class TrainConfig:
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
-                raise ValueError(f"{p}.{name} must be one of {', '.join(choices)}; got {value!r}.")
+                raise ConfigError(name, f"must be one of {', '.join(choices)}; got {value!r}.")
         if not self.model:
-            raise ValueError(f"{p}.model must not be empty.")
+            raise ConfigError("model", "must not be empty.")
         for name in ("steps", "seq_len", "batch_size_per_rank", "grad_accum"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{p}.{name} must be greater than 0.")
+                raise ConfigError(name, "must be greater than 0.")
         for name in ("warmup_steps", "checkpoint_interval", "probe_size_bytes", "seed", "loss_chunk_tokens"):
             if getattr(self, name) < 0:
-                raise ValueError(f"{p}.{name} must be 0 or greater.")
+                raise ConfigError(name, "must be 0 or greater.")
         if self.warmup_steps >= self.steps and self.warmup_steps > 0:
-            raise ValueError(f"{p}.warmup_steps must be less than {p}.steps ({self.warmup_steps} >= {self.steps}).")
+            raise ConfigError("warmup_steps", f"must be less than {p}.steps ({self.warmup_steps} >= {self.steps}).")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise ValueError(f"{p}.learning_rate must be greater than 0.")
+            raise ConfigError("learning_rate", "must be greater than 0.")
         for name in ("weight_decay", "max_grad_norm", "min_cross_node_gbps"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{p}.{name} must be 0 or greater.")
+                raise ConfigError(name, "must be 0 or greater.")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -114,9 +124,9 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - set(known))
         if unknown:
-            raise ValueError(f"{cls.PREFIX}.{unknown[0]} is not a known field (known: {', '.join(sorted(known))}).")
+            raise ConfigError(unknown[0], f"is not a known field (known: {', '.join(sorted(known))}).")
         defaults = cls()
-        kwargs = {key: _coerce(f"{cls.PREFIX}.{key}", value, getattr(defaults, key)) for key, value in d.items()}
+        kwargs = {key: _coerce(key, value, getattr(defaults, key)) for key, value in d.items()}
         return cls(**kwargs)
 
     @classmethod
@@ -153,22 +163,22 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     """Check ``value`` against the type of the field's default; ints are accepted for floats."""
     if isinstance(default, bool):
         if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, got {value!r}.")
+            raise ConfigError(name, f"must be true or false, got {value!r}.")
         return value
     if isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an integer, got {value!r}.")
+            raise ConfigError(name, f"must be an integer, got {value!r}.")
         return value
     if isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{name} must be a number, got {value!r}.")
+            raise ConfigError(name, f"must be a number, got {value!r}.")
         return float(value)
     if isinstance(default, str):
         if not isinstance(value, str):
-            raise ValueError(f"{name} must be a string, got {value!r}.")
+            raise ConfigError(name, f"must be a string, got {value!r}.")
         return value
     if isinstance(default, dict):
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ValueError(f"{name} must be a mapping with string keys, got {value!r}.")
+            raise ConfigError(name, f"must be a mapping with string keys, got {value!r}.")
         return dict(value)
     raise AssertionError(f"no coercion for {name}")  # a new field type needs a branch above
