@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Transport
+from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Timings, Transport
 
 from fsdp_operator import transport as transport_mod
 from fsdp_operator.spec import Job
@@ -287,6 +287,8 @@ class JobStatus:
     probes: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+    """Where the time to the first step went (rank 0's ``timings`` event)."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -320,6 +322,7 @@ class JobStatus:
             "probes": self.probes,
             "result": self.result,
             "checkpoint": self.checkpoint,
+            "timings": self.timings,
             "rankFailures": self.rank_failures,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
@@ -368,6 +371,7 @@ class JobStatus:
             probes=listing("probes"),
             result=mapping("result"),
             checkpoint=mapping("checkpoint"),
+            timings=mapping("timings"),
             rank_failures=listing("rankFailures"),
         )
 
@@ -519,6 +523,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     progress = dict(status.progress)
     result = dict(status.result)
     checkpoint = dict(status.checkpoint)
+    timings = dict(status.timings)
     probes = [dict(p) for p in status.probes]
     failures = [dict(f) for f in status.rank_failures]
     transports = _transport_events(status)
@@ -577,6 +582,16 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress["lossHistory"] = history
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
+        elif isinstance(event, Timings):
+            timings = {
+                "toFirstStepSeconds": _round(event.to_first_step_seconds, 2),
+                "startupSeconds": _round(event.startup_seconds, 2),
+                "probeSeconds": _round(event.probe_seconds, 2),
+                "buildSeconds": _round(event.build_seconds, 2),
+                "firstStepSeconds": _round(event.first_step_seconds, 2),
+            }
+            if event.compile_cache:
+                timings["compileCache"] = event.compile_cache
         elif isinstance(event, Summary):
             if event.rank != 0:
                 continue  # rank 0's summary is the job's result
@@ -593,6 +608,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 result["sharding"] = event.sharding
             if event.resumed_from_step:
                 result["resumedFromStep"] = event.resumed_from_step
+            if event.precision:
+                result["precision"] = event.precision
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
             if failure not in failures:
@@ -605,6 +622,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         progress=progress,
         result=result,
         checkpoint=checkpoint,
+        timings=timings,
         probes=probes,
         rank_failures=failures[-16:],
     )
