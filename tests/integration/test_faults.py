@@ -100,6 +100,8 @@ def _api_faults_converge(api: ThreadedApiServer, jobs: int = 3, steps: int = 5) 
 
     scenario(api, body, Script(steps=steps))
     # The faults really happened: every kind at least once (the counts are in docs/reliability.md).
+    print(f"\nAPI FAULTS seed {injector.plan.seed} rate {injector.plan.rate}: {dict(injector.injected)} in "
+          f"{injector.eligible} operator requests, {jobs} jobs converged")  # fmt: skip
     missing = set(REQUEST_FAULTS + WATCH_FAULTS) - set(injector.injected)
     assert not missing, f"never injected: {missing} ({dict(injector.injected)} of {injector.eligible} requests)"
 

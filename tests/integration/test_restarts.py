@@ -305,7 +305,7 @@ async def _run(w: World, plan: KillPlan, test_loop: asyncio.AbstractEventLoop) -
 def comparable(status: dict[str, Any], w: World) -> dict[str, Any]:
     """A final status without what differs between two correct runs: times, the uid in submission ids, and the
     log cursor (each event line carries its wall-clock time, so the log's length varies by a character or so)."""
-    varying = ("startTime", "endTime", "provisioningSince", "logOffset")
+    varying = ("startTime", "endTime", "provisioningSince", "logOffset", "workerGroupStartTime")
     text = json.dumps({k: v for k, v in status.items() if k not in varying})
     text = text.replace(w.sid(1), "<submission 1>")
     out: dict[str, Any] = json.loads(text)
