@@ -94,6 +94,20 @@ STATUS_SCHEMA: Schema = {
             "description": "Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED).",
         },
         "logOffset": {"type": "integer", "description": "How much of the current submission's log has been read."},
+        "rayUnreachableSince": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When Ray's job API stopped answering (the operator fails the job after its timeout).",
+        },
+        "workerRestarts": {
+            "type": "integer",
+            "description": "Worker-group restarts by Ray Train in this attempt (runPolicy.maxWorkerRestarts).",
+        },
+        "workerGroupStartTime": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When rank 0 of the current worker group started (each restart moves it).",
+        },
         "placement": {
             "type": "object",
             "description": "For placement.availabilityZone: auto, the zone the operator chose and why.",
@@ -117,8 +131,17 @@ STATUS_SCHEMA: Schema = {
         "transport": _free("object", "Which transport NCCL really used, per rank and in summary."),
         "interconnect": _free("object", "Measured all-reduce and all-gather bus bandwidth against the floor."),
         "probes": _free("array", "The collective bandwidth probes, per scope."),
-        "result": _free("object", "The finished run: steps, first and final loss, tokens per second, seconds."),
+        "result": _free(
+            "object",
+            "The finished run: steps, first and final loss, tokens per second, seconds, sharding and precision used.",
+        ),
         "checkpoint": _free("object", "The last checkpoint: step, path, seconds."),
+        "timings": _free(
+            "object",
+            "Time to the first optimizer step (seconds, from rank 0's process start): toFirstStepSeconds, split into "
+            "startupSeconds, probeSeconds, buildSeconds (model, sharding, weights) and firstStepSeconds (compilation "
+            "included); compileCache: cold or warm when spec.training.compileCacheDir is set.",
+        ),
         "rankFailures": _free("array", "Ranks that reported a failure, with their messages."),
     },
 }

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Transport
+from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Timings, Transport
 
 from fsdp_operator import transport as transport_mod
 from fsdp_operator.spec import Job
@@ -109,6 +109,7 @@ _FAILURE_REASONS = frozenset(
         Reason.RAY_JOB_FAILED,
         Reason.RAY_JOB_STOPPED,
         Reason.RAY_JOB_LOST,
+        Reason.RAY_UNREACHABLE,
         Reason.DEADLINE_EXCEEDED,
         Reason.WAIT_FOR_WORKERS_TIMEOUT,
         Reason.CLUSTER_LOST,
@@ -269,6 +270,8 @@ class JobStatus:
     end_time: datetime | None = None
     provisioning_since: datetime | None = None
     """When the current wait for workers began (`waitForWorkersTimeoutSeconds` counts from here)."""
+    ray_unreachable_since: datetime | None = None
+    """When Ray's job API stopped answering a live job (the operator's `ray_unreachable_timeout` counts from here)."""
     ray_job_status: str = ""
     """Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), apart from `phase`."""
     log_offset: int = 0
@@ -285,7 +288,13 @@ class JobStatus:
     probes: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, Any] = field(default_factory=dict)
+    """Where the time to the first step went (rank 0's ``timings`` event)."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
+    worker_restarts: int = 0
+    """Ray Train restarts of the worker group within this attempt (rank 0 started again)."""
+    worker_group_start: datetime | None = None
+    """When rank 0 of the current worker group reported its placement (second precision)."""
 
     @property
     def terminal(self) -> bool:
@@ -305,6 +314,7 @@ class JobStatus:
             "startTime": format_time(self.start_time) if self.start_time else None,
             "endTime": format_time(self.end_time) if self.end_time else None,
             "provisioningSince": format_time(self.provisioning_since) if self.provisioning_since else None,
+            "rayUnreachableSince": format_time(self.ray_unreachable_since) if self.ray_unreachable_since else None,
             "rayJobStatus": self.ray_job_status,
             "logOffset": self.log_offset,
             "dashboardURL": self.dashboard_url,
@@ -317,7 +327,10 @@ class JobStatus:
             "probes": self.probes,
             "result": self.result,
             "checkpoint": self.checkpoint,
+            "timings": self.timings,
             "rankFailures": self.rank_failures,
+            "workerRestarts": self.worker_restarts,
+            "workerGroupStartTime": format_time(self.worker_group_start) if self.worker_group_start else None,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
         return copy.deepcopy({k: v for k, v in out.items() if v not in (None, "", [], {}, 0)})
@@ -352,6 +365,7 @@ class JobStatus:
             start_time=parse_time(raw.get("startTime")),
             end_time=parse_time(raw.get("endTime")),
             provisioning_since=parse_time(raw.get("provisioningSince")),
+            ray_unreachable_since=parse_time(raw.get("rayUnreachableSince")),
             ray_job_status=str(raw.get("rayJobStatus") or ""),
             log_offset=integer("logOffset"),
             dashboard_url=str(raw.get("dashboardURL") or ""),
@@ -364,7 +378,10 @@ class JobStatus:
             probes=listing("probes"),
             result=mapping("result"),
             checkpoint=mapping("checkpoint"),
+            timings=mapping("timings"),
             rank_failures=listing("rankFailures"),
+            worker_restarts=integer("workerRestarts"),
+            worker_group_start=parse_time(raw.get("workerGroupStartTime")),
         )
 
 
@@ -404,6 +421,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
     return replace(
         status,
         ray_job_status="",
+        ray_unreachable_since=None,
         log_offset=0,
         conditions=kept,
         ranks=[],
@@ -414,6 +432,8 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
         result={},
         checkpoint={},
         rank_failures=[],
+        worker_restarts=0,
+        worker_group_start=None,
     )
 
 
@@ -514,13 +534,23 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     progress = dict(status.progress)
     result = dict(status.result)
     checkpoint = dict(status.checkpoint)
+    timings = dict(status.timings)
     probes = [dict(p) for p in status.probes]
     failures = [dict(f) for f in status.rank_failures]
+    restarts, group_start = status.worker_restarts, status.worker_group_start
     transports = _transport_events(status)
     saw_transport = saw_probe = False
 
     for event in events:
         if isinstance(event, Placement):
+            if event.rank == 0:
+                # Rank 0 placed again, later than the group we know (a re-read line has the same second): Ray
+                # Train restarted the worker group.
+                started = datetime.fromtimestamp(int(event.time), UTC)
+                if group_start is not None and started > group_start:
+                    restarts += 1
+                if group_start is None or started > group_start:
+                    group_start = started
             entry = _rank_entry(ranks, event.rank)
             entry.update(
                 localRank=event.local_rank,
@@ -572,6 +602,16 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress["lossHistory"] = history
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
+        elif isinstance(event, Timings):
+            timings = {
+                "toFirstStepSeconds": _round(event.to_first_step_seconds, 2),
+                "startupSeconds": _round(event.startup_seconds, 2),
+                "probeSeconds": _round(event.probe_seconds, 2),
+                "buildSeconds": _round(event.build_seconds, 2),
+                "firstStepSeconds": _round(event.first_step_seconds, 2),
+            }
+            if event.compile_cache:
+                timings["compileCache"] = event.compile_cache
         elif isinstance(event, Summary):
             if event.rank != 0:
                 continue  # rank 0's summary is the job's result
@@ -588,6 +628,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 result["sharding"] = event.sharding
             if event.resumed_from_step:
                 result["resumedFromStep"] = event.resumed_from_step
+            if event.precision:
+                result["precision"] = event.precision
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
             if failure not in failures:
@@ -600,8 +642,11 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         progress=progress,
         result=result,
         checkpoint=checkpoint,
+        timings=timings,
         probes=probes,
         rank_failures=failures[-16:],
+        worker_restarts=restarts,
+        worker_group_start=group_start,
     )
     spec = job.spec
     conditions = new.conditions

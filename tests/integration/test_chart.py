@@ -53,8 +53,19 @@ def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return c
 
 
-def test_lint_strict(helm: Path) -> None:
-    proc = helm_run(helm, "lint", "--strict", str(CHART), *IMAGE)
+@pytest.mark.parametrize(
+    "settings",
+    [
+        (),
+        ("replicas=3", "metrics.serviceMonitor.enabled=true"),
+        ("watchAllNamespaces=false", "watchNamespaces={a,b}", "replicas=2", "networkPolicy.dns.podLabels=null"),
+        ("metrics.enabled=false", "networkPolicy.enabled=false", "serviceAccount.create=false"),
+    ],
+    ids=["defaults", "replicas-and-monitor", "namespaced-peering", "minimal"],
+)
+def test_lint_strict(helm: Path, settings: tuple[str, ...]) -> None:
+    extra = [arg for setting in settings for arg in ("--set", setting)]
+    proc = helm_run(helm, "lint", "--strict", str(CHART), *IMAGE, *extra)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -140,6 +151,9 @@ def test_every_admin_value_lands_where_it_should(helm: Path) -> None:
     monitor = one(docs, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    service_labels = one(docs, "Service")["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service_labels.items()
+    assert "app.kubernetes.io/version" not in monitor["spec"]["selector"]["matchLabels"]
 
 
 def test_replicas_elect_a_leader_through_kopf_peering(helm: Path) -> None:

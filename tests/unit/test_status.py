@@ -20,7 +20,18 @@ from fsdp_operator.status import (
     progress_only,
     set_condition,
 )
-from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Transport, parse_lines
+from fsdp_train.events import (
+    Checkpoint,
+    Event,
+    Failure,
+    Placement,
+    Probe,
+    Step,
+    Summary,
+    Timings,
+    Transport,
+    parse_lines,
+)
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
@@ -203,3 +214,46 @@ def test_non_finite_numbers_never_reach_the_api_server() -> None:
     json.dumps(status.to_dict(), allow_nan=False)  # raises on NaN or infinity
     assert status.progress["loss"] is None and status.progress["tokensPerSecond"] is None
     assert status.result["finalLoss"] is None
+
+
+def test_fold_timings_and_precision() -> None:
+    events: list[Event] = [
+        Timings(
+            rank=0,
+            to_first_step_seconds=19.2658,
+            startup_seconds=6.5214,
+            probe_seconds=0.3276,
+            build_seconds=10.0476,
+            first_step_seconds=2.3693,
+            compile_cache="warm",
+        ),
+        Summary(rank=0, steps=3, final_loss=1.5, first_loss=6.0, tokens_per_second=55603.6, precision="fp8"),
+    ]
+    status = fold_events(job(), JobStatus(), events, now=NOW).status
+    assert status.timings == {
+        "toFirstStepSeconds": 19.27,
+        "startupSeconds": 6.52,
+        "probeSeconds": 0.33,
+        "buildSeconds": 10.05,
+        "firstStepSeconds": 2.37,
+        "compileCache": "warm",
+    }
+    assert status.result["precision"] == "fp8"
+    assert JobStatus.from_dict(status.to_dict()).timings == status.timings
+
+
+def test_fold_counts_worker_group_restarts_once_each() -> None:
+    def placed(rank: int, at: float) -> Placement:
+        return Placement(rank=rank, world_size=2, local_rank=0, local_world_size=1, node_rank=rank,
+                         node_ip=f"10.0.0.{rank + 1}", hostname="h", pod="p", device="cpu", time=at)  # fmt: skip
+
+    t0 = NOW.timestamp()
+    first = [placed(0, t0), placed(1, t0 + 0.2), step(1), step(2)]
+    folded = fold_events(job(), JobStatus(), first, now=NOW).status
+    assert folded.worker_restarts == 0 and folded.worker_group_start == NOW
+    # Ray Train restarted the group 30 s later: rank 0 is placed again, steps resume from a checkpoint.
+    again = fold_events(job(), folded, [placed(0, t0 + 30.4), placed(1, t0 + 30.5), step(2)], now=NOW).status
+    assert again.worker_restarts == 1 and again.worker_group_start == NOW + timedelta(seconds=30)
+    # The same lines read again (an operator restart re-reads from its last written offset): no new count.
+    reread = fold_events(job(), JobStatus.from_dict(again.to_dict()), [placed(0, t0 + 30.4)], now=NOW).status
+    assert reread.worker_restarts == 1 and reread.to_dict()["workerRestarts"] == 1
