@@ -270,6 +270,7 @@ class JobLoop:
                     observed,
                     training_package=self.rt.config.training_package,
                     security=self.rt.config.security,
+                    ray_unreachable_timeout=self.rt.config.ray_unreachable_timeout,
                 )
             except Exception as e:  # contained: becomes the ReconcileError condition
                 self.log.exception("reconcile failed")

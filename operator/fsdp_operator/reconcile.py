@@ -40,6 +40,8 @@ from fsdp_operator.status import (
 RAY_PENDING, RAY_RUNNING, RAY_SUCCEEDED = "PENDING", "RUNNING", "SUCCEEDED"
 RAY_FAILED, RAY_STOPPED = "FAILED", "STOPPED"
 RAY_TERMINAL = frozenset({RAY_SUCCEEDED, RAY_FAILED, RAY_STOPPED})
+RAY_UNREACHABLE_TIMEOUT = 300.0
+"""Seconds a submitted job's Ray job API may stay silent before the job fails (the operator's default)."""
 
 
 # --- what was observed ----------------------------------------------------------------------------------
@@ -231,9 +233,12 @@ def reconcile(
     *,
     training_package: str,
     security: render.Security | None = None,
+    ray_unreachable_timeout: float = RAY_UNREACHABLE_TIMEOUT,
 ) -> Decision:
     """One pass: the new status and the actions, with an Event for every phase or reason change."""
-    decision = _decide(manifest, status, observed, training_package, security or render.Security())
+    decision = _decide(
+        manifest, status, observed, training_package, security or render.Security(), ray_unreachable_timeout
+    )
     new = decision.status
     if observed.cluster is not None and observed.cluster.dashboard_url and not status.terminal:
         new = replace(new, dashboard_url=observed.cluster.dashboard_url)
@@ -282,7 +287,12 @@ def _error_cleared(decision: Decision, now: datetime) -> Decision:
 
 
 def _decide(
-    manifest: Mapping[str, Any], status: JobStatus, obs: Observed, package: str, security: render.Security
+    manifest: Mapping[str, Any],
+    status: JobStatus,
+    obs: Observed,
+    package: str,
+    security: render.Security,
+    ray_unreachable_timeout: float,
 ) -> Decision:
     try:
         job = parse_job(dict(manifest))
@@ -307,7 +317,7 @@ def _decide(
         case Phase.PROVISIONING:
             return _wait_for_workers(job, status, obs, package, security)
         case Phase.SUBMITTING | Phase.RUNNING:
-            return _track_job(job, status, obs, package, security)
+            return _track_job(job, status, obs, package, security, ray_unreachable_timeout)
         case _:
             raise AssertionError(f"unhandled phase {status.phase}")
 
@@ -367,7 +377,9 @@ def _record_identity(job: Job, status: JobStatus, now: datetime) -> Decision:
             generation=job.generation,
         ),
     )
-    return Decision(new)
+    # Nothing to wait for: the next pass (which creates the RayCluster) follows at once, not on the watch
+    # event of this write; under many jobs that round trip was most of the time to a RayCluster.
+    return Decision(new, requeue_after=0.0)
 
 
 def _foreign(cluster: ClusterView | None, uid: str) -> bool:
@@ -712,7 +724,9 @@ def _attempt_failed(
     return Decision(retry, _cluster_actions(job, retry, security))
 
 
-def _track_job(job: Job, status: JobStatus, obs: Observed, package: str, security: render.Security) -> Decision:
+def _track_job(
+    job: Job, status: JobStatus, obs: Observed, package: str, security: render.Security, unreachable_timeout: float
+) -> Decision:
     cluster = obs.cluster
     if (taken := _name_taken(job, status, obs)) is not None:
         return taken  # a cluster swapped under our name: its Ray is not ours to stop
@@ -739,16 +753,24 @@ def _track_job(job: Job, status: JobStatus, obs: Observed, package: str, securit
             )
 
     info = obs.ray_job
+    if obs.ray_error:
+        return _ray_unreachable(job, status, obs, unreachable_timeout)
+    status = replace(status, ray_unreachable_since=None)
     if info is None:
-        if obs.ray_error:
-            return Decision(replace(status, reason=Reason.RAY_UNREACHABLE, message=f"Ray job API: {obs.ray_error}"))
-        if status.phase == Phase.RUNNING:
+        if status.phase == Phase.RUNNING and status.ray_job_status != RAY_PENDING:
             message = f"Ray no longer knows submission {status.submission_id} (head restarted?)"
             return _attempt_failed(job, status, obs, Reason.RAY_JOB_LOST, message, security)
         if obs.submit_error:
             return _attempt_failed(job, status, obs, Reason.SUBMISSION_FAILED, obs.submit_error, security)
-        # Submitting and not known to Ray yet: (re)submit; "already exists" counts as success.
-        new = replace(status, reason=Reason.WORKERS_READY, message=f"submitting {status.submission_id}")
+        # Not known to Ray, and no step of it ever ran (never sent, or forgotten while still PENDING, e.g. by a
+        # head restart): (re)submit under the recorded id; "already exists" counts as success.
+        new = replace(
+            status,
+            phase=Phase.SUBMITTING,
+            reason=Reason.WORKERS_READY,
+            message=f"submitting {status.submission_id}",
+            ray_job_status="",
+        )
         return Decision(new, (SubmitJob(render.submission(job, status.submission_id, package)),))
 
     status = replace(status, ray_job_status=info.status)
@@ -788,6 +810,19 @@ def _track_job(job: Job, status: JobStatus, obs: Observed, package: str, securit
         replace(status, phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, message=running_message),
         requeue_after=0.0 if obs.log_pending else None,
     )
+
+
+def _ray_unreachable(job: Job, status: JobStatus, obs: Observed, timeout: float) -> Decision:
+    """Ray's job API does not answer a submitted job: wait, but never longer than `timeout` (then Failed)."""
+    since = status.ray_unreachable_since or obs.now
+    silent = (obs.now - since).total_seconds()
+    if silent >= timeout:
+        message = f"Ray's job API did not answer for {silent:.0f}s (limit {timeout:g}s): {obs.ray_error}"
+        return _finish(job, status, obs, Phase.FAILED, Reason.RAY_UNREACHABLE, message, stop_job=True)
+    new = replace(
+        status, reason=Reason.RAY_UNREACHABLE, message=f"Ray job API: {obs.ray_error}", ray_unreachable_since=since
+    )
+    return Decision(new)
 
 
 def finalize_actions(

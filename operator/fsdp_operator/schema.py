@@ -161,6 +161,20 @@ STATUS_SCHEMA: Schema = {
             "type": "string",
             "description": "What was left out of this status to keep it within its size budget (absent: nothing).",
         },
+        "rayUnreachableSince": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When Ray's job API stopped answering (the operator fails the job after its timeout).",
+        },
+        "workerRestarts": {
+            "type": "integer",
+            "description": "Worker-group restarts by Ray Train in this attempt (runPolicy.maxWorkerRestarts).",
+        },
+        "workerGroupStartTime": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When rank 0 of the current worker group started (each restart moves it).",
+        },
         "placement": {
             "type": "object",
             "description": "For placement.availabilityZone: auto, the zone the operator chose and why.",
