@@ -48,7 +48,11 @@ def test_operator_process_reconciles_and_stops(apiserver: ThreadedApiServer, kub
                 break
             time.sleep(0.2)
         assert status.get("phase") == "Provisioning", status
-        cluster = http.get(f"{apiserver.url}/apis/ray.io/v1/namespaces/default/rayclusters/proc-ray").json()
+        # Status is written before the pass acts: the Secret, the NetworkPolicy and then the cluster follow.
+        cluster_url = f"{apiserver.url}/apis/ray.io/v1/namespaces/default/rayclusters/proc-ray"
+        while time.monotonic() < deadline and http.get(cluster_url).status_code == 404:
+            time.sleep(0.1)
+        cluster = http.get(cluster_url).json()
         assert cluster["metadata"]["labels"][render.LABEL_JOB] == "proc"
         assert http.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
         finalizers = http.get(f"{jobs}/proc").json()["metadata"]["finalizers"]
