@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from fsdp_operator import render, schema
+from fsdp_operator import manifest_yaml, render, schema
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -26,18 +26,20 @@ class InputError(Exception):
 
 
 def load_manifest(path: str) -> Any:
-    """The single YAML document in `path` (`-` for stdin)."""
+    """The single YAML document in `path` (`-` for stdin), read as kubectl would (see manifest_yaml)."""
+    limit = manifest_yaml.MAX_REQUEST_BYTES + 1  # never read more than can be refused
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        if path == "-":
+            data = sys.stdin.buffer.read(limit)
+        else:
+            with Path(path).open("rb") as f:
+                data = f.read(limit)
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from e
     try:
-        docs = [doc for doc in yaml.safe_load_all(text) if doc is not None]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise InputError(f"{path}: not valid YAML: {where}{problem}") from e
+        docs = [doc for doc in manifest_yaml.load_all(manifest_yaml.decode(data)) if doc is not None]
+    except manifest_yaml.ManifestError as e:
+        raise InputError(f"{path}: {e}") from e
     if len(docs) != 1:
         raise InputError(f"{path}: expected one YAML document (an FSDPTrainingJob), found {len(docs)}")
     return docs[0]
@@ -55,11 +57,16 @@ def load_job_from(path: str, manifest: Any) -> Job:
         raise InputError(f"{path}: {e}") from e
 
 
+MAX_PROBLEMS_SHOWN = 50
+
+
 def print_problems(source: str, problems: list[str]) -> None:
     count = len(problems)
     print(f"{source}: invalid FSDPTrainingJob, {count} problem{'' if count == 1 else 's'}:", file=sys.stderr)
-    for problem in problems:
+    for problem in problems[:MAX_PROBLEMS_SHOWN]:
         print(f"  {problem}", file=sys.stderr)
+    if count > MAX_PROBLEMS_SHOWN:
+        print(f"  ... and {count - MAX_PROBLEMS_SHOWN} more", file=sys.stderr)
 
 
 def _dump(obj: Any, output: str) -> str:
@@ -95,22 +102,86 @@ def cmd_diagnose_nccl(args: argparse.Namespace) -> int:
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from fsdp_operator.operator_main import run_operator
+    from fsdp_operator.operator_main import run_from_args
 
-    return run_operator(namespace=args.namespace, liveness=args.liveness)
+    return run_from_args(args)
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
-    from fsdp_operator.local.run import run_local
+    from fsdp_operator.local.run import cannot_run_locally, run_local
 
     manifest = load_manifest(args.file)  # read once: `-` is stdin
     try:
-        load_job_from(args.file, manifest)
+        job = load_job_from(args.file, manifest)
     except SpecError as e:
         # Nothing is started for a job that cannot run: bad input, like a file that is not YAML.
         print_problems(args.file, e.problems)
         return EXIT_BAD_INPUT
+    if reason := cannot_run_locally(job):
+        print(f"{args.file}: cannot run on this machine: {reason}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return run_local(manifest, keep=args.keep, timeout=args.timeout, status_out=args.status_out)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """One job in the current cluster: the run-local summary, its conditions and its loss curve."""
+    import kubernetes
+    import urllib3
+
+    from fsdp_operator.summary import loss_curve, summary_lines
+
+    try:
+        kubernetes.config.load_kube_config(config_file=args.kubeconfig, context=args.context)  # type: ignore[no-untyped-call]
+        _, active = kubernetes.config.list_kube_config_contexts(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
+    except (kubernetes.config.ConfigException, OSError) as e:
+        raise InputError(f"no usable kubeconfig: {e}") from e
+    namespace = args.namespace or (active.get("context") or {}).get("namespace") or "default"
+    api = kubernetes.client.CustomObjectsApi()
+    try:
+        found: Any = api.get_namespaced_custom_object(schema.GROUP, schema.VERSION, namespace, schema.PLURAL, args.name)
+    except kubernetes.client.ApiException as e:
+        if e.status == 404:
+            print(f"error: no {schema.KIND} {namespace}/{args.name}", file=sys.stderr)
+            return EXIT_FINDING
+        raise InputError(f"the API server answered {e.status}: {e.reason}") from e
+    except (urllib3.exceptions.HTTPError, OSError) as e:
+        raise InputError(f"cannot reach the API server: {e}") from e
+    status = (found.get("status") if isinstance(found, dict) else None) or {}
+    if args.output != "text":
+        print(_dump(status, args.output).rstrip("\n"))
+        return EXIT_OK
+    print(f"{schema.KIND} {namespace}/{args.name}")
+    print("\n".join(summary_lines(status)))
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    if conditions:
+        print("\nconditions")
+        width = max(len(str(c.get("type"))) for c in conditions)
+        for c in conditions:
+            print(f"  {str(c.get('type')).ljust(width)}  {c.get('status')!s:7} {c.get('reason', '')}")
+    if curve := loss_curve(status):
+        print("\n" + curve)
+    return EXIT_FINDING if status.get("phase") == "Failed" else EXIT_OK
+
+
+def cmd_capacity(args: argparse.Namespace) -> int:
+    from fsdp_operator import capacity_cli
+
+    regions = [r.strip() for r in ",".join(args.regions or []).split(",") if r.strip()]
+    return capacity_cli.run(
+        args.instance_type, args.count, regions=regions, probe=args.probe, output=args.output, profile=args.profile
+    )
+
+
+def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of `fsdpctl operator` and `python -m fsdp_operator` (here: no kopf import to build them)."""
+    parser.add_argument(
+        "-n", "--namespace", action="append", default=None, help="watch this namespace (repeatable; default: all)"
+    )
+    parser.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
+    parser.add_argument("--peering", default=None, help="kopf peering object for leader election between replicas")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--log-format", default="text", choices=["json", "text"])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,10 +208,32 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("-o", "--output", choices=["text", "json"], default="text")
     d.set_defaults(func=cmd_diagnose_nccl)
 
+    p = sub.add_parser("capacity", help="where an instance type can run now: zones, quota, Spot scores, probes")
+    p.add_argument("--instance-type", default="g6.12xlarge", help="EC2 instance type (default: g6.12xlarge)")
+    p.add_argument("--count", type=int, default=2, help="instances needed in one zone (default: 2)")
+    p.add_argument(
+        "--regions", action="append", metavar="R1,R2", help="regions to check (default: every region enabled)"
+    )
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="reserve COUNT instances per zone and cancel at once: EC2's definitive answer (billed for seconds)",
+    )
+    p.add_argument("--profile", help="AWS profile (default: the usual boto3 chain)")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.set_defaults(func=cmd_capacity)
+
     p = sub.add_parser("operator", help="run the operator (kopf) against the current kubeconfig")
-    p.add_argument("-n", "--namespace", help="watch one namespace (default: all)")
-    p.add_argument("--liveness", default="http://0.0.0.0:8080/healthz", help="liveness endpoint URL")
-    p.set_defaults(func=cmd_operator)
+    add_operator_arguments(p)
+    p.set_defaults(func=cmd_operator, liveness="http://0.0.0.0:8080/healthz")
+
+    p = sub.add_parser("status", help="a job in the current cluster: summary, conditions, loss curve")
+    p.add_argument("name", help="the FSDPTrainingJob's name")
+    p.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's)")
+    p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    p.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
+    p.add_argument("-o", "--output", choices=["text", "yaml", "json"], default="text")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("run-local", help="run a job end to end on this machine (emulated API server, local Ray)")
     p.add_argument("-f", "--file", required=True, help="FSDPTrainingJob YAML")

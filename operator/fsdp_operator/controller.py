@@ -18,7 +18,9 @@ from typing import Any
 
 from fsdp_train.events import parse_lines
 
+from fsdp_operator.capacity import NoCredentials, ZoneAdvisor, ZoneChoice
 from fsdp_operator.kube import Kube, KubeError
+from fsdp_operator.metrics import Metrics
 from fsdp_operator.rayjobs import CachingFactory, RayJobs, RayJobsFactory, RayUnavailable, SubmissionRejected
 from fsdp_operator.reconcile import (
     ClusterView,
@@ -34,8 +36,9 @@ from fsdp_operator.reconcile import (
     finalize_actions,
     reconcile,
 )
-from fsdp_operator.render import raycluster_name
+from fsdp_operator.render import INSTANCE_TYPE_LABEL, raycluster_name
 from fsdp_operator.settings import OperatorConfig
+from fsdp_operator.spec import ZONE_LABEL, Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.status import JobStatus, Phase, merge_patch, progress_only
 
 Obj = dict[str, Any]
@@ -53,8 +56,13 @@ class Runtime:
         ray: RayJobsFactory | None = None,
         ray_address: Callable[[Mapping[str, Any]], str] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        metrics: Metrics | None = None,
+        zones: ZoneAdvisor | None = None,
     ) -> None:
         self.config = config or OperatorConfig()
+        # AWS, for `placement.availabilityZone: auto`; None: no AWS access (such jobs run unconstrained).
+        self.zones = zones
+        self.metrics = metrics or Metrics()
         self._kube = kube
         self.ray: RayJobsFactory = ray or CachingFactory(timeout=self.config.ray_timeout)
         # Hook for setups where the dashboard is reachable elsewhere than KubeRay's status says.
@@ -89,6 +97,20 @@ class Runtime:
             await self._kube.close()
 
 
+def _auto_zone_job(obj: Obj) -> Job | None:
+    """The job when it asks for `availabilityZone: auto` (an invalid one is reconcile's to report)."""
+    try:
+        job = parse_job(obj)
+    except (SpecError, NotAJobError):
+        return None
+    return job if job.spec.placement.availability_zone == "auto" else None
+
+
+def _zone_of(node: Obj) -> str:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(ZONE_LABEL) or "")
+
+
 def _cut_complete_lines(text: str) -> str:
     """The text up to and including its last newline: a half-written line waits for the next pass."""
     return text[: text.rfind("\n") + 1]
@@ -117,8 +139,11 @@ class JobLoop:
             while not stopped:
                 wake.clear()
                 try:
-                    decision = await self.pass_once(stopped)
+                    with self.rt.metrics.reconcile_seconds.time():
+                        decision = await self.pass_once(stopped)
+                    self.rt.metrics.reconcile_passes.labels("ok").inc()
                 except (KubeError, RayUnavailable) as e:
+                    self.rt.metrics.reconcile_passes.labels("error").inc()
                     self.log.warning(f"pass failed, retrying in {self.rt.config.error_backoff:g}s: {e}")
                     await self._sleep(wake, stopped, self.rt.config.error_backoff)
                     continue
@@ -169,6 +194,7 @@ class JobLoop:
         status = self.status if self.status is not None else JobStatus.from_dict(stored)
         observed = await self.observe(obj, status)
         decision = reconcile(obj, status, observed, training_package=self.rt.config.training_package)
+        self.rt.metrics.record_pass((self.namespace, self.name), obj, status, decision.status, observed.now)
         await self.write(stored, decision.status)
         if stopped:
             return None  # kopf is stopping this loop (deletion or shutdown): leave the acting to the next owner
@@ -179,6 +205,10 @@ class JobLoop:
     async def observe(self, obj: Obj, status: JobStatus) -> Observed:
         now = self.rt.clock()
         submit_error, self.submit_error = self.submit_error, ""
+        if status.phase == Phase.PENDING and not status.placement:
+            job = _auto_zone_job(obj)
+            if job is not None:
+                return Observed(now=now, zone_choice=await self._choose_zone(job))
         if status.phase in (None, Phase.PENDING) or not status.ray_cluster_name:
             return Observed(now=now)
         cluster_obj = await self.rt.kube.get_raycluster(self.namespace, status.ray_cluster_name)
@@ -191,6 +221,7 @@ class JobLoop:
             try:
                 return Observed(now=now, cluster=cluster, ray_job=await self._ray().info(status.submission_id))
             except RayUnavailable:
+                self.rt.metrics.ray_api_errors.labels("info").inc()
                 return Observed(now=now, cluster=cluster)  # unknowable now: do not hold the job's loop open
         if status.terminal or status.phase == Phase.SUSPENDED or cluster.deleting:
             return Observed(now=now, cluster=cluster)
@@ -203,6 +234,7 @@ class JobLoop:
             try:
                 nodes = await self._ray().nodes()
             except RayUnavailable as e:
+                self.rt.metrics.ray_api_errors.labels("nodes").inc()
                 return Observed(now=now, cluster=cluster, ray_error=str(e))
             return Observed(now=now, cluster=cluster, ray_nodes=nodes)
 
@@ -216,6 +248,7 @@ class JobLoop:
                 return Observed(now=now, cluster=cluster, submit_error=submit_error)
             text = _cut_complete_lines(await client.logs(status.submission_id, status.log_offset))
         except RayUnavailable as e:
+            self.rt.metrics.ray_api_errors.labels("job").inc()
             return Observed(now=now, cluster=cluster, ray_error=str(e))
         return Observed(
             now=now,
@@ -224,6 +257,26 @@ class JobLoop:
             events=tuple(parse_lines(text.splitlines())),
             log_offset=status.log_offset + len(text),
         )
+
+    async def _choose_zone(self, job: Job) -> ZoneChoice:
+        """Ask AWS for the best zone among those where the cluster has nodes of the type (any, when it has none)."""
+        instance_type, count = job.spec.workers.instance_type, job.spec.workers.replicas
+        if self.rt.zones is None:
+            return ZoneChoice("", "the operator has no AWS access configured")
+        try:
+            nodes = await self.rt.kube.list_nodes(f"{INSTANCE_TYPE_LABEL}={instance_type}")
+        except KubeError as e:
+            self.log.warning(f"cannot list nodes ({e}); considering every zone")
+            nodes = []
+        zones = sorted({zone for node in nodes if (zone := _zone_of(node))})
+        try:
+            return await asyncio.wait_for(
+                self.rt.zones.choose(instance_type, count, zones), self.rt.config.zone_advice_timeout
+            )
+        except NoCredentials:
+            return ZoneChoice("", "no AWS credentials (IRSA or an instance role) for the operator")
+        except TimeoutError:
+            return ZoneChoice("", f"AWS did not answer within {self.rt.config.zone_advice_timeout:g}s")
 
     async def _unschedulable(self, cluster_name: str) -> str:
         """The scheduler's message for a Pending pod of the cluster (pod condition, else FailedScheduling event)."""
@@ -265,8 +318,14 @@ class JobLoop:
         now = time.monotonic()
         if progress_only(stored, new) and now - self.last_write < self.rt.config.progress_write_interval:
             self.status, self.pending_write = status, True  # the loop comes back when the write is due
+            self.rt.metrics.status_writes.labels("deferred").inc()
             return
-        await self.rt.kube.patch_job_status(self.namespace, self.name, merge_patch(stored, new))
+        try:
+            await self.rt.kube.patch_job_status(self.namespace, self.name, merge_patch(stored, new))
+        except KubeError:
+            self.rt.metrics.status_writes.labels("failed").inc()
+            raise
+        self.rt.metrics.status_writes.labels("written").inc()
         self.status, self.pending_write, self.last_write = status, False, now
 
     # --- acting ---
@@ -302,12 +361,15 @@ class JobLoop:
         try:
             created = await self._ray().submit(action.submission)
         except SubmissionRejected as e:
+            self.rt.metrics.submissions.labels("rejected").inc()
             self.submit_error = str(e)
             self.log.warning(f"Ray rejected submission {submission_id}: {e}")
             return
         except RayUnavailable as e:
+            self.rt.metrics.submissions.labels("unavailable").inc()
             self.log.warning(f"submission {submission_id} not sent, will retry: {e}")
             return
+        self.rt.metrics.submissions.labels("created" if created else "exists").inc()
         self.log.info(f"submission {submission_id} " + ("sent" if created else "already known to Ray"))
 
 
@@ -315,6 +377,7 @@ async def finalize(runtime: Runtime, body: Mapping[str, Any], logger: Logger) ->
     """On delete: stop the Ray job (bounded when Ray does not answer), delete the RayCluster explicitly."""
     meta = body.get("metadata") or {}
     namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+    runtime.metrics.forget((namespace, name))
     status = JobStatus.from_dict(body.get("status"))
     cluster_name = status.ray_cluster_name or raycluster_name(name)
     cluster_obj = await runtime.kube.get_raycluster(namespace, cluster_name)

@@ -11,6 +11,7 @@ annotation writes on the job, and the loop re-reads the whole spec on each pass 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -44,11 +45,19 @@ def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegi
 
         @kopf.on.login(registry=registry)
         def fsdp_login(*, logger: Logger, **kwargs: Any) -> Any:
+            # kopf calls this again whenever the API server answers 401 (a rotated or expired token): each
+            # call re-reads the service-account token file or re-runs the kubeconfig's exec plugin.
             info = kopf.login_via_client(logger=logger, **kwargs)
             if info is None:
                 raise kopf.PermanentError("no Kubernetes credentials (in-cluster service account or kubeconfig)")
             if not runtime.has_kube():
-                runtime.set_kube(AioKube.from_connection_info(info, timeout=config.kube_timeout))
+
+                async def refresh() -> Any:
+                    return await asyncio.to_thread(kopf.login_via_client, logger=logger, **kwargs)
+
+                runtime.set_kube(AioKube.from_connection_info(info, timeout=config.kube_timeout, refresh=refresh))
+            elif isinstance(runtime.kube, AioKube):
+                runtime.kube.use_credentials(info)
             return info
 
     @kopf.on.cleanup(registry=registry)

@@ -1,8 +1,15 @@
 """Kubernetes access behind a small protocol: the job, its RayCluster, pods, events. aiohttp over HTTP(S).
 
 The operator uses the same credentials kopf logged in with (`AioKube.from_connection_info`), so the
-API server, token and CA come from one place. Creates treat 409 as "already there"; deletes treat 404
-as "already gone": every call is safe to repeat after a restart.
+API server, token and CA come from one place. Credentials rotate (a service-account token file the
+kubelet refreshes, an exec plugin's token that expires every 15 minutes): on a 401 the client asks its
+`refresh` source for new ones and repeats the request once, as kopf does for its own requests; kopf's
+re-login hands them over too (`use_credentials`). Creates treat 409 as "already there"; deletes treat
+404 as "already gone": every call is safe to repeat after a restart.
+
+Hand-written rather than `kubernetes_asyncio` or `kr8s`: nine calls on three resources fit in this file,
+with timeouts and typed errors the state machine relies on, and credentials shared with kopf's login
+instead of a second configuration loader with its own refresh logic.
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import json
 import os
 import ssl
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 from urllib.parse import quote, urlencode
@@ -60,6 +67,10 @@ class Kube(Protocol):
 
     async def list_events(self, namespace: str, field_selector: str) -> list[Obj]: ...
 
+    async def list_nodes(self, label_selector: str) -> list[Obj]:
+        """Nodes (cluster-scoped): where nodes of an instance type are, for `availabilityZone: auto`."""
+        ...
+
     async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about `involved` (an object with apiVersion, kind, metadata)."""
         ...
@@ -88,6 +99,20 @@ def _as_file(data: bytes | str | None, name: str) -> str | None:
     return path
 
 
+CredentialSource = Callable[[], Awaitable[Any]]
+"""Returns fresh credentials as a `kopf.ConnectionInfo` (or None when there are none)."""
+
+
+def _authorization(info: Any) -> dict[str, str]:
+    """The `Authorization` header a `kopf.ConnectionInfo` asks for (none for client certificates)."""
+    if info.token:
+        return {"Authorization": f"{info.scheme or 'Bearer'} {info.token}"}
+    if info.username and info.password:
+        pair = base64.b64encode(f"{info.username}:{info.password}".encode()).decode()
+        return {"Authorization": f"Basic {pair}"}
+    return {}
+
+
 class AioKube:
     """The real client: plain HTTP calls with aiohttp, one session per operator process."""
 
@@ -98,22 +123,30 @@ class AioKube:
         headers: Mapping[str, str] | None = None,
         ssl_context: ssl.SSLContext | bool = True,
         timeout: float = 30.0,
+        refresh: CredentialSource | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         self.headers = dict(headers or {})
         self.ssl_context = ssl_context
         self.timeout = timeout
+        self.refresh = refresh
+        self.refreshes = 0
+        """How often new credentials were taken (after a 401 or from kopf's re-login)."""
         self._session: aiohttp.ClientSession | None = None
 
+    def use_credentials(self, info: Any) -> None:
+        """Take the token or password of a newer `kopf.ConnectionInfo` (kopf logged in again)."""
+        fresh = _authorization(info)
+        if fresh and fresh != {k: v for k, v in self.headers.items() if k == "Authorization"}:
+            self.headers.update(fresh)
+            self.refreshes += 1
+
     @classmethod
-    def from_connection_info(cls, info: Any, *, timeout: float = 30.0) -> AioKube:
+    def from_connection_info(
+        cls, info: Any, *, timeout: float = 30.0, refresh: CredentialSource | None = None
+    ) -> AioKube:
         """From a `kopf.ConnectionInfo` (what the operator's login handler returned)."""
-        headers: dict[str, str] = {}
-        if info.token:
-            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-        elif info.username and info.password:
-            pair = base64.b64encode(f"{info.username}:{info.password}".encode()).decode()
-            headers["Authorization"] = f"Basic {pair}"
+        headers = _authorization(info)
         context: ssl.SSLContext | bool = True
         if info.insecure:
             context = False
@@ -124,13 +157,11 @@ class AioKube:
             key = info.private_key_path or _as_file(info.private_key_data, "client.key")
             if certificate and key:
                 context.load_cert_chain(certificate, key)
-        return cls(str(info.server), headers=headers, ssl_context=context, timeout=timeout)
+        return cls(str(info.server), headers=headers, ssl_context=context, timeout=timeout, refresh=refresh)
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                headers=self.headers, timeout=aiohttp.ClientTimeout(total=self.timeout)
-            )
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
         return self._session
 
     async def close(self) -> None:
@@ -150,13 +181,13 @@ class AioKube:
     ) -> tuple[int, Obj]:
         url = self.server + path + (f"?{urlencode(query)}" if query else "")
         data = None if body is None else json.dumps(body)
-        headers = {"Content-Type": content_type, "Accept": "application/json"}
-        try:
-            async with self._client().request(method, url, data=data, headers=headers, ssl=self.ssl_context) as r:
-                text = await r.text()
-                status = r.status
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise KubeError(0, f"{method} {path}: {e}") from e
+        status, text = await self._send(method, url, path, data, content_type)
+        if status == 401 and self.refresh is not None:
+            # The token may have rotated under us: take fresh credentials and try once more.
+            info = await self.refresh()
+            if info is not None:
+                self.use_credentials(info)
+                status, text = await self._send(method, url, path, data, content_type)
         try:
             payload = json.loads(text) if text else {}
         except ValueError:
@@ -164,6 +195,14 @@ class AioKube:
         if status >= 400 and status not in allow:
             raise KubeError(status, f"{method} {path}: {payload.get('message', text)[:500]}")
         return status, payload
+
+    async def _send(self, method: str, url: str, path: str, data: str | None, content_type: str) -> tuple[int, str]:
+        headers = {**self.headers, "Content-Type": content_type, "Accept": "application/json"}
+        try:
+            async with self._client().request(method, url, data=data, headers=headers, ssl=self.ssl_context) as r:
+                return r.status, await r.text()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise KubeError(0, f"{method} {path}: {e}") from e
 
     async def get_job(self, namespace: str, name: str) -> Obj | None:
         status, obj = await self._request("GET", _job_path(namespace, name), allow=(404,))
@@ -199,6 +238,10 @@ class AioKube:
         _, listing = await self._request(
             "GET", f"/api/v1/namespaces/{quote(namespace)}/pods", query={"labelSelector": label_selector}
         )
+        return list(listing.get("items") or [])
+
+    async def list_nodes(self, label_selector: str) -> list[Obj]:
+        _, listing = await self._request("GET", "/api/v1/nodes", query={"labelSelector": label_selector})
         return list(listing.get("items") or [])
 
     async def list_events(self, namespace: str, field_selector: str) -> list[Obj]:

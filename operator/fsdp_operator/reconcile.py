@@ -20,8 +20,10 @@ from typing import Any, Literal
 from fsdp_train.events import Event
 
 from fsdp_operator import render
+from fsdp_operator.capacity import ZoneChoice
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.status import (
+    CONDITIONS,
     WARNING_REASONS,
     ConditionType,
     JobStatus,
@@ -30,6 +32,7 @@ from fsdp_operator.status import (
     cleared_run_data,
     fold_events,
     set_condition,
+    with_lifecycle_conditions,
 )
 
 # Ray's job states (ray.job_submission.JobStatus values).
@@ -121,6 +124,8 @@ class Observed:
     """The log offset after `events`; None when the log was not read."""
     submit_error: str = ""
     """Ray rejected the submission of `status.submissionId` (not a transient error)."""
+    zone_choice: ZoneChoice | None = None
+    """For `placement.availabilityZone: auto` before the cluster exists: the zone AWS advised (or why none)."""
 
 
 # --- what to do -------------------------------------------------------------------------------------
@@ -178,6 +183,13 @@ class Decision:
 def reconcile(manifest: Mapping[str, Any], status: JobStatus, observed: Observed, *, training_package: str) -> Decision:
     """One pass: the new status and the actions, with an Event for every phase or reason change."""
     decision = _decide(manifest, status, observed, training_package)
+    new = decision.status
+    if observed.cluster is not None and observed.cluster.dashboard_url and not status.terminal:
+        new = replace(new, dashboard_url=observed.cluster.dashboard_url)
+    generation = int((manifest.get("metadata") or {}).get("generation") or 0)
+    new = with_lifecycle_conditions(status, new, now=observed.now, generation=generation)
+    if new is not decision.status:
+        decision = replace(decision, status=new)
     return _with_transition_events(status, decision)
 
 
@@ -364,6 +376,8 @@ def _check_suspend(job: Job, status: JobStatus, obs: Observed, package: str) -> 
             # activeDeadlineSeconds counts from the resume, as for a Kubernetes Job.
             start_time=obs.now,
             workers="",
+            # A new RayCluster: `availabilityZone: auto` looks for the best zone again.
+            placement={},
         )
         return Decision(resumed)
     if not suspend:
@@ -413,7 +427,31 @@ def _check_deadline(job: Job, status: JobStatus, obs: Observed, package: str) ->
     return _finish(job, status, obs, Phase.FAILED, Reason.DEADLINE_EXCEEDED, message, stop_job=_submitted(status))
 
 
+def _placed(job: Job, status: JobStatus, obs: Observed) -> JobStatus:
+    """Record the zone for `availabilityZone: auto` once, before the first RayCluster: the choice and why, or
+    why there is none (then the workers run without a zone constraint; a condition says so, not an error)."""
+    if job.spec.placement.availability_zone != "auto" or status.placement:
+        return status
+    choice = obs.zone_choice or ZoneChoice("", "no zone was asked for")
+    if choice.zone:
+        condition = ("True", "ZoneChosen", f"workers placed in {choice.zone}: {choice.reason}")
+    else:
+        condition = ("False", "NoZoneChosen", f"workers run without a zone constraint: {choice.reason}")
+    return replace(
+        status,
+        placement={"availabilityZone": choice.zone, "reason": choice.reason[:1024]},
+        conditions=set_condition(
+            status.conditions, ConditionType.ZONE_PLACED, *condition, now=obs.now, generation=job.generation
+        ),
+    )
+
+
+def _raycluster(job: Job, status: JobStatus) -> CreateRayCluster:
+    return CreateRayCluster(render.raycluster(job, chosen_zone=str(status.placement.get("availabilityZone") or "")))
+
+
 def _provision(job: Job, status: JobStatus, obs: Observed, reason: Reason, message: str) -> Decision:
+    status = _placed(job, status, obs)
     new = replace(
         status,
         phase=Phase.PROVISIONING,
@@ -422,7 +460,7 @@ def _provision(job: Job, status: JobStatus, obs: Observed, reason: Reason, messa
         provisioning_since=obs.now,
         workers=f"0/{job.spec.workers.replicas}",
     )
-    return Decision(new, (CreateRayCluster(render.raycluster(job)),))
+    return Decision(new, (_raycluster(job, new),))
 
 
 def _workers_gap(job: Job, cluster: ClusterView, nodes: RayNodes | None, ray_error: str) -> str:
@@ -462,7 +500,7 @@ def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str) 
         # Not there (yet, or any more) while provisioning: creating it again is idempotent.
         return Decision(
             replace(status, reason=Reason.CLUSTER_CREATING, message="creating RayCluster"),
-            (CreateRayCluster(render.raycluster(job)),),
+            (_raycluster(job, status),),
         )
     if _foreign(cluster, job.uid):
         message = f"RayCluster {cluster.name} exists and belongs to another object (owner uid {cluster.owner_uid})"
@@ -541,7 +579,7 @@ def _attempt_failed(job: Job, status: JobStatus, obs: Observed, reason: Reason, 
         conditions=_job_submitted_false(fresh, reason, message, obs.now, job.generation),
     )
     # The RayCluster is reused when it is still there (409 on create); a lost one is created again.
-    return Decision(retry, (CreateRayCluster(render.raycluster(job)),))
+    return Decision(retry, (_raycluster(job, retry),))
 
 
 def _track_job(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision:
@@ -660,7 +698,8 @@ def _with_transition_events(old: JobStatus, decision: Decision) -> Decision:
     for condition in new.conditions:
         type_ = str(condition["type"])
         turned_false = condition.get("status") == "False" and before.conditions.get(type_) != "False"
-        if turned_false and type_ in (ConditionType.TRANSPORT_VERIFIED, ConditionType.INTERCONNECT_HEALTHY):
+        rule = CONDITIONS.get(ConditionType(type_)) if type_ in ConditionType._value2member_map_ else None
+        if turned_false and rule is not None and rule.warning_when_false:
             reason, message = str(condition.get("reason", type_)), str(condition.get("message", ""))
             events.append(PostEvent("Warning", reason, message))
     if not events:

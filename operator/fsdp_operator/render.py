@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsdp_operator import schema
+from fsdp_operator import spec as spec_mod
 from fsdp_operator.spec import Job, Spec
 
 MANAGED_BY = "fsdp-operator"
@@ -21,6 +22,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_JOB = "fsdp.dev/job"
 LABEL_NAME = "app.kubernetes.io/name"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# Karpenter's label on nodes it launched into an On-Demand Capacity Reservation.
+CAPACITY_RESERVATION_LABEL = "karpenter.k8s.aws/capacity-reservation-id"
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
@@ -126,8 +129,18 @@ def _volumes(shm_size: str) -> list[dict[str, Any]]:
     ]
 
 
-def raycluster(job: Job) -> dict[str, Any]:
-    """The RayCluster that runs `job`: a GPU-less head and one fixed-size worker group requesting EFA."""
+def worker_zone(spec: Spec, chosen: str = "") -> str:
+    """The zone the workers are constrained to: the spec's, or for `auto` the one the operator chose ('' none)."""
+    zone = spec.placement.availability_zone
+    return chosen if zone == "auto" else zone
+
+
+def raycluster(job: Job, *, chosen_zone: str = "") -> dict[str, Any]:
+    """The RayCluster that runs `job`: a GPU-less head and one fixed-size worker group requesting EFA.
+
+    `chosen_zone` is the zone the operator picked for `placement.availabilityZone: auto` (recorded in
+    status); the workers of one job land in one zone because EFA traffic does not cross zones.
+    """
     spec, workers = job.spec, job.spec.workers
     name = raycluster_name(job.name)
     common_labels = labels(job)
@@ -148,6 +161,10 @@ def raycluster(job: Job) -> dict[str, Any]:
     selector = dict(workers.node_selector)
     if workers.instance_type:
         selector[INSTANCE_TYPE_LABEL] = workers.instance_type
+    if zone := worker_zone(spec, chosen_zone):
+        selector[spec_mod.ZONE_LABEL] = zone
+    if spec.placement.capacity_reservation_id:
+        selector[CAPACITY_RESERVATION_LABEL] = spec.placement.capacity_reservation_id
     tolerations = list(workers.tolerations)
     if workers.gpus_per_worker:
         tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
@@ -209,31 +226,11 @@ class Submission:
 
 
 def train_config(job: Job) -> dict[str, Any]:
-    """The training function's config (`fsdp_train.config.TrainConfig.from_dict`) for this job."""
-    spec, t = job.spec, job.spec.training
-    return {
-        "model": spec.model.name,
-        "model_init": spec.model.init,
-        "model_overrides": dict(spec.model.overrides),
-        "steps": t.steps,
-        "seq_len": t.seq_len,
-        "batch_size_per_rank": t.batch_size_per_rank,
-        "grad_accum": t.gradient_accumulation,
-        "learning_rate": t.learning_rate,
-        "lr_schedule": t.lr_schedule,
-        "warmup_steps": t.warmup_steps,
-        "sharding": t.sharding,
-        "mixed_precision": t.mixed_precision,
-        "activation_checkpointing": t.activation_checkpointing,
-        "compile": t.compile,
-        "reshard_after_forward": t.reshard_after_forward,
-        "loss_chunk_tokens": t.loss_chunk_tokens,
-        "seed": t.seed,
-        "data": "random",
-        "checkpoint_path": t.checkpoint.storage,
-        "checkpoint_interval": t.checkpoint.interval_steps,
-        "probe_size_bytes": t.probe_size_bytes,
-    }
+    """The training function's config (`fsdp_train.config.TrainConfig.from_dict`) for this job.
+
+    The same TrainConfig that `parse_job` built and checked when it accepted the job.
+    """
+    return spec_mod.train_config(job.spec).to_dict()
 
 
 def submission(job: Job, submission_id: str, training_package: str) -> Submission:

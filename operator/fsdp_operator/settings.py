@@ -32,10 +32,14 @@ class OperatorConfig:
     """Bound on each call to Ray's job API or dashboard."""
     kube_timeout: float = 30.0
     """Bound on each call to the Kubernetes API."""
+    zone_advice_timeout: float = 60.0
+    """For `availabilityZone: auto`: how long AWS may take to advise a zone before the job runs unconstrained."""
     finalize_timeout: float = 20.0
     """On delete: how long to try to stop the Ray job when Ray does not answer, before going on."""
     daemon_cancellation_timeout: float = 10.0
     training_package: str = field(default_factory=default_training_package)
+    peering: str | None = None
+    """kopf peering object shared by the replicas (one runs, the others pause); None: standalone."""
     finalizer: str = FINALIZER
     annotation_prefix: str = ANNOTATION_PREFIX
 
@@ -59,8 +63,12 @@ def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     # A job loop exits within a moment of being signalled (it waits on the stop flag): give it that moment
     # instead of re-checking only after the cancellation backoff, which would delay every deletion.
     settings.background.instant_exit_timeout = 1.0
-    # One operator instance per cluster (the chart runs one replica): no peering objects needed.
-    settings.peering.standalone = True
+    # Replicas elect one active operator through a kopf peering object (the chart ships its CRD and the
+    # object); a single replica runs standalone and needs neither.
+    settings.peering.standalone = config.peering is None
+    if config.peering is not None:
+        settings.peering.name = config.peering
+        settings.peering.mandatory = True
     # Only the children we made are watched (server-side selectors; pods can be many).
     managed = f"{render.LABEL_MANAGED_BY}={render.MANAGED_BY}"
     settings.watching.label_selectors["ray.io", "rayclusters"] = managed

@@ -68,16 +68,114 @@ class Reason(StrEnum):
     SUSPENDED = "Suspended"
 
 
-# Reasons posted as Warning events (everything in phase Failed is a Warning too).
-WARNING_REASONS = frozenset({Reason.UNSCHEDULABLE, Reason.RAY_UNREACHABLE, Reason.RETRYING, Reason.WORKERS_NOT_READY})
+# Reasons posted as Warning events (everything in phase Failed is a Warning too). Waiting for workers
+# is the normal start of every job and posts Normal events; a pod the scheduler cannot place is a Warning,
+# as the scheduler's own FailedScheduling event is.
+WARNING_REASONS = frozenset({Reason.UNSCHEDULABLE, Reason.RAY_UNREACHABLE, Reason.RETRYING})
 
 
 class ConditionType(StrEnum):
     VALIDATED = "Validated"
     WORKERS_READY = "WorkersReady"
     JOB_SUBMITTED = "JobSubmitted"
+    RUNNING = "Running"
     TRANSPORT_VERIFIED = transport_mod.TRANSPORT_CONDITION
     INTERCONNECT_HEALTHY = transport_mod.INTERCONNECT_CONDITION
+    COMPLETE = "Complete"
+    FAILED = "Failed"
+    ZONE_PLACED = "ZonePlaced"
+
+
+@dataclass(frozen=True, slots=True)
+class ConditionRule:
+    """How one condition type behaves; `CONDITIONS` below is the only place that says it."""
+
+    reasons: frozenset[str]
+    """Every reason the operator writes with this type (tests hold the code to this list)."""
+    resets_on_new_attempt: bool
+    """Removed when a retry or resume starts a new submission (it spoke for the previous attempt's ranks)."""
+    warning_when_false: bool
+    """Turning False posts a Warning event with the condition's reason and message."""
+    set_once: bool = False
+    """Once True, never changed or removed (batch/v1 Job's `Complete` and `Failed`)."""
+    doc: str = ""
+
+
+_FAILURE_REASONS = frozenset(
+    {
+        Reason.VALIDATION_FAILED,
+        Reason.UNSCHEDULABLE,
+        Reason.SUBMISSION_FAILED,
+        Reason.RAY_JOB_FAILED,
+        Reason.RAY_JOB_STOPPED,
+        Reason.RAY_JOB_LOST,
+        Reason.DEADLINE_EXCEEDED,
+        Reason.WAIT_FOR_WORKERS_TIMEOUT,
+        Reason.CLUSTER_LOST,
+        Reason.CLUSTER_CONFLICT,
+        Reason.TRANSPORT_FALLBACK,
+    }
+)
+
+CONDITIONS: Mapping[ConditionType, ConditionRule] = {
+    ConditionType.VALIDATED: ConditionRule(
+        reasons=frozenset({"Valid", "Invalid"}),
+        resets_on_new_attempt=False,
+        warning_when_false=False,  # the ValidationFailed phase event says it
+        doc="The spec passed validation.",
+    ),
+    ConditionType.WORKERS_READY: ConditionRule(
+        reasons=frozenset({"AllWorkersJoined", Reason.WORKERS_NOT_READY, Reason.UNSCHEDULABLE, "Suspended"}),
+        resets_on_new_attempt=False,  # a retry reuses the RayCluster and re-checks it
+        warning_when_false=False,  # False while provisioning is the normal start
+        doc="Every worker pod is ready and joined Ray with its GPUs.",
+    ),
+    ConditionType.JOB_SUBMITTED: ConditionRule(
+        reasons=frozenset({"Accepted", "Suspended"}) | _FAILURE_REASONS,
+        resets_on_new_attempt=False,  # set False with the failed attempt's reason on retry
+        warning_when_false=False,  # the phase or Retrying event says it
+        doc="Ray's job API accepted the current submission.",
+    ),
+    ConditionType.RUNNING: ConditionRule(
+        reasons=frozenset({Reason.JOB_RUNNING}) | frozenset(Reason),
+        resets_on_new_attempt=False,
+        warning_when_false=False,
+        doc="The Ray job of the current attempt runs (phase Running); False with the phase's reason otherwise.",
+    ),
+    ConditionType.TRANSPORT_VERIFIED: ConditionRule(
+        reasons=frozenset({"Verified", "SocketFallback", "PluginMissing", "NotObserved"}),
+        resets_on_new_attempt=True,
+        warning_when_false=True,
+        doc="Every networked rank's NCCL log shows the requested transport.",
+    ),
+    ConditionType.INTERCONNECT_HEALTHY: ConditionRule(
+        reasons=frozenset({"Healthy", "BelowFloor", "NotMeasured"}),
+        resets_on_new_attempt=True,
+        warning_when_false=True,
+        doc="The measured cross-node bus bandwidth is above the instance type's floor.",
+    ),
+    ConditionType.COMPLETE: ConditionRule(
+        reasons=frozenset({Reason.COMPLETED}),
+        resets_on_new_attempt=False,
+        warning_when_false=False,
+        set_once=True,
+        doc="The job finished successfully (as batch/v1 Job: `kubectl wait --for=condition=Complete`).",
+    ),
+    ConditionType.FAILED: ConditionRule(
+        reasons=_FAILURE_REASONS,
+        resets_on_new_attempt=False,
+        warning_when_false=False,
+        set_once=True,
+        doc="The job failed for good (as batch/v1 Job: `kubectl wait --for=condition=Failed`).",
+    ),
+    ConditionType.ZONE_PLACED: ConditionRule(
+        reasons=frozenset({"ZoneChosen", "NoZoneChosen"}),
+        resets_on_new_attempt=False,  # a retry reuses the RayCluster, so its zone
+        warning_when_false=False,  # not an error: the workers run, only without a zone constraint
+        doc="placement.availabilityZone: auto picked a zone (status.placement says which and why); False: "
+        "the workers run without a zone constraint, and the message says why.",
+    ),
+}
 
 
 def is_terminal(phase: Phase | str | None) -> bool:
@@ -175,6 +273,10 @@ class JobStatus:
     """Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), apart from `phase`."""
     log_offset: int = 0
     """How much of the current submission's log has been folded in."""
+    dashboard_url: str = ""
+    """Ray's dashboard (and job API) of the job's RayCluster, as KubeRay's RayJob reports `dashboardURL`."""
+    placement: dict[str, Any] = field(default_factory=dict)
+    """For `placement.availabilityZone: auto`: the zone chosen ('' for none) and why; empty until decided."""
     conditions: list[Condition] = field(default_factory=list)
     ranks: list[dict[str, Any]] = field(default_factory=list)
     progress: dict[str, Any] = field(default_factory=dict)
@@ -205,6 +307,8 @@ class JobStatus:
             "provisioningSince": format_time(self.provisioning_since) if self.provisioning_since else None,
             "rayJobStatus": self.ray_job_status,
             "logOffset": self.log_offset,
+            "dashboardURL": self.dashboard_url,
+            "placement": self.placement,
             "conditions": self.conditions,
             "ranks": self.ranks,
             "progress": self.progress,
@@ -250,6 +354,8 @@ class JobStatus:
             provisioning_since=parse_time(raw.get("provisioningSince")),
             ray_job_status=str(raw.get("rayJobStatus") or ""),
             log_offset=integer("logOffset"),
+            dashboard_url=str(raw.get("dashboardURL") or ""),
+            placement=mapping("placement"),
             conditions=listing("conditions"),
             ranks=listing("ranks"),
             progress=mapping("progress"),
@@ -262,9 +368,39 @@ class JobStatus:
         )
 
 
+def _resets(type_: str) -> bool:
+    rule = CONDITIONS.get(ConditionType(type_)) if type_ in ConditionType._value2member_map_ else None
+    return rule is None or rule.resets_on_new_attempt
+
+
+def with_lifecycle_conditions(old: JobStatus, new: JobStatus, *, now: datetime, generation: int) -> JobStatus:
+    """`Running`, `Complete` and `Failed` follow phase changes: one place, applied after every decision.
+
+    `Running` is True while the phase is Running and False, with the new phase's reason, once it has left
+    it. `Complete` and `Failed` are set once, as batch/v1 Job's: True with the reason and message of the
+    terminal phase when it is entered, never False and never changed afterwards.
+    """
+    if new.phase is None or new.phase == old.phase:
+        return new
+    conditions = new.conditions
+    reason = new.reason.value if new.reason else new.phase.value
+    running = new.phase == Phase.RUNNING
+    if running or get_condition(conditions, ConditionType.RUNNING) is not None:
+        message = "the Ray job runs" if running else new.message[:1024]
+        conditions = set_condition(
+            conditions, ConditionType.RUNNING, str(running), reason, message, now=now, generation=generation
+        )
+    terminal_type = {Phase.SUCCEEDED: ConditionType.COMPLETE, Phase.FAILED: ConditionType.FAILED}.get(new.phase)
+    if terminal_type is not None and get_condition(conditions, terminal_type) is None:
+        conditions = set_condition(
+            conditions, terminal_type, "True", reason, new.message[:1024], now=now, generation=generation
+        )
+    return replace(new, conditions=conditions)
+
+
 def cleared_run_data(status: JobStatus) -> JobStatus:
     """The status without anything a previous attempt's ranks reported (a new submission starts clean)."""
-    kept = [c for c in status.conditions if c.get("type") in (ConditionType.VALIDATED, ConditionType.WORKERS_READY)]
+    kept = [c for c in status.conditions if not _resets(str(c.get("type")))]
     return replace(
         status,
         ray_job_status="",
@@ -342,6 +478,27 @@ def _probe_events(status: JobStatus) -> list[Probe]:
     return probes
 
 
+LOSS_HISTORY_POINTS = 64
+"""At most this many [step, loss] points in `progress.lossHistory` (a few hundred bytes)."""
+
+
+def _with_loss_point(history: Any, step: int, loss: float | None) -> list[list[float]]:
+    """The bounded loss history with `[step, loss]` added: the whole run at a coarser grain as it grows.
+
+    When full, every other point is dropped (the first and the newest stay), so the curve always spans
+    the whole run and its size is bounded whatever the number of steps. A re-read step replaces itself.
+    """
+    points = [list(p) for p in history if isinstance(p, list) and len(p) == 2] if isinstance(history, list) else []
+    if loss is None:
+        return points  # a diverged (non-finite) loss has no place on the curve; phase and message say it
+    if points and points[-1][0] >= step:
+        points = [p for p in points if p[0] < step]
+    points.append([step, loss])
+    if len(points) > LOSS_HISTORY_POINTS:
+        points = [*points[:-1:2], points[-1]]
+    return points
+
+
 @dataclass(frozen=True, slots=True)
 class Folded:
     """The status after folding events, and the transport verdict that came with it."""
@@ -395,6 +552,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         elif isinstance(event, Step):
             if event.step < int(progress.get("step", 0)):
                 continue  # an older line re-read after a restart
+            history = _with_loss_point(progress.get("lossHistory"), event.step, _round(event.loss))
             progress = {
                 "step": event.step,
                 "totalSteps": event.total_steps,
@@ -410,6 +568,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress["stepSeconds"] = _round(event.step_seconds)
             if event.peak_memory_bytes:
                 progress["peakMemoryBytes"] = event.peak_memory_bytes
+            if history:
+                progress["lossHistory"] = history
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Summary):

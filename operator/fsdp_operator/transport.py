@@ -267,6 +267,13 @@ def interconnect_status(probes: Iterable[Probe], floor_gbps: float) -> Interconn
         )
         what = "no cross-node probe (ranks on one node, or not reported yet)" if all_ranks else "no probe yet"
         condition = make("Unknown", "NotMeasured", what + measured)
+    elif not math.isfinite(cross.allreduce_busbw_gbps):
+        # NaN compares False with any floor and infinity clears every floor: neither proves the link is healthy.
+        condition = make(
+            "Unknown",
+            "NotMeasured",
+            f"the cross-node probe gave no usable all-reduce bus bandwidth ({cross.allreduce_busbw_gbps} GB/s)",
+        )
     else:
         busbw = cross.allreduce_busbw_gbps
         figures = f"cross-node all-reduce bus bandwidth {busbw:.2f} GB/s over {cross.ranks} ranks"

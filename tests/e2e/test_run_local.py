@@ -88,6 +88,7 @@ def test_tiny_cpu_job_succeeds_and_the_status_tells_what_happened(tmp_path: Path
     assert "tiny-cpu" in proc.stdout and "Succeeded" in proc.stdout
 
 
+@pytest.mark.slow  # the failure path is covered fast by the integration tests (FakeRay) and ray_entry unit tests
 def test_a_failing_training_ends_failed_with_rays_error(tmp_path: Path) -> None:
     manifest = yaml.safe_load(EXAMPLE.read_text())
     manifest["metadata"]["name"] = "tiny-broken"

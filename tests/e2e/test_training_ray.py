@@ -115,6 +115,7 @@ def test_ray_entry_restarts_and_resumes_from_checkpoint(cluster: str, tmp_path: 
     ]
 
 
+@pytest.mark.slow  # one_line() and main()'s exit codes have unit tests (tests/unit/training/test_ray_entry.py)
 def test_ray_entry_fails_with_one_line(cluster: str, tmp_path: Path) -> None:
     job = {
         "train": TRAIN,

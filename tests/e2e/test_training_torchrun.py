@@ -129,12 +129,14 @@ def test_fsdp2_matches_single_process(single_process: dict[int, float], fsdp_run
     assert summaries[0].final_loss == losses(events)[STEPS]
 
 
+@pytest.mark.slow
 def test_gathered_weights_and_hugging_face_loss_train_the_same(single_process: dict[int, float]) -> None:
     """The reference (chunked loss, resharded weights) against Hugging Face's loss with weights kept gathered."""
     events = launch(2, config(2, sharding="full", reshard_after_forward=False, loss_chunk_tokens=0))
     assert_same_losses(losses(events), single_process)
 
 
+@pytest.mark.slow  # in one process: tests/unit/training/test_loop_cpu.py
 def test_resume_follows_the_uninterrupted_run(fsdp_run: tuple[list[Event], Path], tmp_path: Path) -> None:
     events, ckpt = fsdp_run
     saved = sorted(e.step for e in events if isinstance(e, Checkpoint))
@@ -154,6 +156,7 @@ def test_resume_follows_the_uninterrupted_run(fsdp_run: tuple[list[Event], Path]
     assert (resume_dir / "step_00000020" / ".metadata").is_file()
 
 
+@pytest.mark.slow  # two ranks as two nodes, fast: tests/unit/training/test_loop_cpu.py
 def test_two_nodes_report_placement_and_train_hybrid(single_process: dict[int, float]) -> None:
     """Two torchrun agents (node ranks 0 and 1) of 2 ranks each; sharding=auto must pick HSDP."""
     port = free_port()
@@ -193,6 +196,7 @@ def test_two_nodes_report_placement_and_train_hybrid(single_process: dict[int, f
     assert_same_losses(losses(events), single_process)
 
 
+@pytest.mark.slow  # one rank, fast: tests/unit/training/test_loop_cpu.py
 def test_pretrained_weights_are_loaded_sharded(tmp_path: Path) -> None:
     """``model_init: pretrained`` from a local directory: rank 0 reads, every rank gets its shard."""
     import torch

@@ -1,4 +1,4 @@
-"""The Helm chart, through the real helm binary: lint, render, RBAC that matches what the operator does."""
+"""The Helm chart, through the real helm binary: lint, render, every value an admin sets, the schema."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from support import k8s_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "fsdp-operator"
+IMAGE = ("--set", "image.repository=registry.example.com/fsdp-operator")
 
 
 @pytest.fixture(scope="module")
@@ -23,63 +24,178 @@ def helm() -> Path:
         pytest.skip(str(e))
 
 
-def template(helm: Path, *args: str) -> list[dict[str, Any]]:
-    proc = subprocess.run(
-        [str(helm), "template", "demo", str(CHART), "--namespace", "ml", "--include-crds", *args],
-        capture_output=True,
-        text=True,
-        check=True,
+def helm_run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm), *args], capture_output=True, text=True, check=False)
+
+
+def template(helm: Path, *args: str, image: bool = True) -> list[dict[str, Any]]:
+    proc = helm_run(
+        helm, "template", "demo", str(CHART), "--namespace", "ml", "--include-crds", *(IMAGE if image else ()), *args
     )
+    assert proc.returncode == 0, proc.stderr
     return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
 
 
-def by_kind(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {doc["kind"]: doc for doc in docs}
+def by_kind(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    kinds: dict[str, list[dict[str, Any]]] = {}
+    for doc in docs:
+        kinds.setdefault(doc["kind"], []).append(doc)
+    return kinds
+
+
+def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = by_kind(docs)[kind]
+    return found
+
+
+def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return c
 
 
 def test_lint_strict(helm: Path) -> None:
-    proc = subprocess.run([str(helm), "lint", "--strict", str(CHART)], capture_output=True, text=True, check=False)
+    proc = helm_run(helm, "lint", "--strict", str(CHART), *IMAGE)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_the_image_is_a_clear_required_value(helm: Path) -> None:
+    proc = helm_run(helm, "template", "demo", str(CHART))
+    assert proc.returncode != 0
+    assert "image.repository is required" in proc.stderr and "Dockerfile.operator" in proc.stderr
+
+
 def test_default_render(helm: Path) -> None:
-    docs = by_kind(template(helm))
-    assert set(docs) == {
-        "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "NetworkPolicy"
+    docs = template(helm)
+    kinds = by_kind(docs)
+    assert sorted(kinds) == [
+        "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "NetworkPolicy",
+        "Service", "ServiceAccount",
+    ]  # fmt: skip
+    crds = {c["metadata"]["name"]: c for c in kinds["CustomResourceDefinition"]}
+    assert crds[f"{schema.PLURAL}.{schema.GROUP}"] == schema.crd()
+    assert set(crds) == {f"{schema.PLURAL}.{schema.GROUP}", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    deployment = one(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    c = container(docs)
+    assert c["image"] == "registry.example.com/fsdp-operator:0.1.0"
+    assert c["args"] == [
+        "operator",
+        "--liveness=http://0.0.0.0:8080/healthz",
+        "--metrics-port=9090",
+        "--log-level=INFO",
+        "--log-format=json",
+    ]
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 10001,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    service = one(docs, "Service")
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+
+
+def test_every_admin_value_lands_where_it_should(helm: Path) -> None:
+    values = {
+        "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/op"}},
+        "imagePullSecrets": [{"name": "regcred"}],
+        "podAnnotations": {"example.com/team": "ml"},
+        "podLabels": {"team": "ml"},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "role", "operator": "In", "values": ["system"]}]}]}}},
+        "priorityClassName": "system-cluster-critical",
+        "podSecurityContext": {"fsGroup": 2000},
+        "securityContext": {"readOnlyRootFilesystem": False},
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+        "logLevel": "DEBUG",
+        "logFormat": "text",
+        "image": {"repository": "overridden-by-set", "tag": "1.2.3", "pullPolicy": "Always"},
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
     }  # fmt: skip
-    assert docs["CustomResourceDefinition"] == schema.crd()
-    pod = docs["Deployment"]["spec"]["template"]["spec"]
-    (container,) = pod["containers"]
-    assert container["args"][0] == "operator" and not any(a.startswith("--namespace") for a in container["args"])
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert pod["serviceAccountName"] == docs["ServiceAccount"]["metadata"]["name"]
-    assert docs["Deployment"]["spec"]["strategy"]["type"] == "Recreate"
+    path = Path(__file__).parent / ".values-admin.yaml"
+    path.write_text(yaml.safe_dump(values))
+    try:
+        docs = template(helm, "-f", str(path))
+    finally:
+        path.unlink()
+    account = one(docs, "ServiceAccount")
+    assert account["metadata"]["annotations"] == {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/op"}
+    template_ = one(docs, "Deployment")["spec"]["template"]
+    pod = template_["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert template_["metadata"]["annotations"] == {"example.com/team": "ml"}
+    assert template_["metadata"]["labels"]["team"] == "ml"
+    assert pod["affinity"] == values["affinity"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["securityContext"]["fsGroup"] == 2000 and pod["securityContext"]["runAsNonRoot"] is True
+    c = container(docs)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["env"] == [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]
+    assert "--log-level=DEBUG" in c["args"] and "--log-format=text" in c["args"]
+    assert (c["image"], c["imagePullPolicy"]) == ("registry.example.com/fsdp-operator:1.2.3", "Always")
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
 
 
-def test_rbac_covers_what_the_operator_touches(helm: Path) -> None:
-    rules = by_kind(template(helm))["ClusterRole"]["rules"]
+def test_replicas_elect_a_leader_through_kopf_peering(helm: Path) -> None:
+    docs = template(helm, "--set", "replicas=3")
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 3 and deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--peering=demo-fsdp-operator" in container(docs)["args"]
+    assert one(docs, "ClusterKopfPeering")["metadata"]["name"] == "demo-fsdp-operator"
+    rules = one(docs, "ClusterRole")["rules"]
+    assert {
+        "apiGroups": ["kopf.dev"],
+        "resources": ["clusterkopfpeerings"],
+        "verbs": ["list", "watch", "patch"],
+    } in rules
+    namespaced = template(helm, "--set", "replicas=2", "--set", "watchAllNamespaces=false")
+    assert one(namespaced, "KopfPeering")["metadata"]["namespace"] == "ml"
+    assert any("kopfpeerings" in r["resources"] for r in one(namespaced, "Role")["rules"])
+    assert "ClusterKopfPeering" not in by_kind(template(helm))
 
-    def allowed(group: str, resource: str, verb: str) -> bool:
-        return any(group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules)
 
-    for verb in ("get", "list", "watch", "patch"):
-        assert allowed("fsdp.dev", "fsdptrainingjobs", verb)
-    assert allowed("fsdp.dev", "fsdptrainingjobs/status", "patch")
-    for verb in ("create", "get", "delete", "list", "watch"):
-        assert allowed("ray.io", "rayclusters", verb)
-    assert allowed("", "events", "create") and allowed("", "pods", "list")
-    assert not allowed("", "secrets", "get")
+def test_namespaced_modes(helm: Path) -> None:
+    docs = template(helm, "--set", "watchAllNamespaces=false")
+    assert one(docs, "Role")["metadata"]["namespace"] == "ml"
+    assert "--namespace=ml" in container(docs)["args"]
+    # kopf lists namespaces and CRDs at cluster scope even when namespaced, and availabilityZone: auto lists
+    # nodes: a small ClusterRole for that.
+    cluster_rules = one(docs, "ClusterRole")["rules"]
+    assert {g for r in cluster_rules for g in r["resources"]} == {"namespaces", "customresourcedefinitions", "nodes"}
+    several = template(helm, "--set", "watchAllNamespaces=false", "--set", "watchNamespaces={team-a,team-b}")
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(several)["Role"]) == ["team-a", "team-b"]
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(several)["RoleBinding"]) == ["team-a", "team-b"]
+    args = container(several)["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
 
 
-def test_single_namespace_mode_uses_a_role(helm: Path) -> None:
-    docs = by_kind(template(helm, "--set", "watchAllNamespaces=false"))
-    assert "Role" in docs and "ClusterRole" not in docs
-    assert docs["Role"]["metadata"]["namespace"] == "ml"
-    assert "--namespace=ml" in docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
+def test_network_policy_default_is_narrow(helm: Path) -> None:
+    policy = one(template(helm), "NetworkPolicy")["spec"]
+    dns, api, ray = policy["egress"]
+    assert dns["to"] == [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+    }]  # fmt: skip
+    # Offline (`helm template`) the API server's address is unknown: its two ports, no other.
+    assert api == {"ports": [{"port": 443, "protocol": "TCP"}, {"port": 6443, "protocol": "TCP"}]}
+    assert ray["ports"] == [{"port": 8265, "protocol": "TCP"}]
+    pinned = one(template(helm, "--set", "networkPolicy.apiServerCIDRs={10.0.0.0/16}"), "NetworkPolicy")["spec"]
+    assert pinned["egress"][1]["to"] == [{"ipBlock": {"cidr": "10.0.0.0/16"}}]
+    assert [p["port"] for p in policy["ingress"][0]["ports"]] == [8080, 9090]
 
 
 def test_values_schema_rejects_bad_values(helm: Path) -> None:
-    proc = subprocess.run(
-        [str(helm), "template", "demo", str(CHART), "--set", "replicas=2"], capture_output=True, text=True, check=False
-    )
-    assert proc.returncode != 0 and "replicas" in proc.stderr
+    for setting, field in (
+        ("replicas=-1", "replicas"),
+        ("logFormat=xml", "logFormat"),
+        ("watchNamespaces={Not_A_Namespace}", "watchNamespaces"),
+        ("serviceAccount.annotation=x", "annotation"),
+    ):
+        proc = helm_run(helm, "template", "demo", str(CHART), *IMAGE, "--set", setting)
+        assert proc.returncode != 0 and field in proc.stderr, (setting, proc.stderr)

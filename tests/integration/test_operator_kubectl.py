@@ -43,3 +43,38 @@ def test_apply_get_delete_with_kubectl(apiserver: ThreadedApiServer, kubeconfig:
             assert w.job(NAME) is None
 
     scenario(apiserver, body, Script())
+
+
+def test_kubectl_wait_for_complete_and_failed(apiserver: ThreadedApiServer, kubeconfig: Path) -> None:
+    """What people script against batch/v1 Jobs works here: `kubectl wait --for=condition=Complete|Failed`."""
+    try:
+        k8s_tools.kubectl()
+    except k8s_tools.ToolsUnavailable as e:
+        pytest.skip(str(e))
+    from test_operator import manifest
+
+    async def kubectl(*args: str, check: bool = True) -> tuple[int, str]:
+        result = await asyncio.to_thread(k8s_tools.run_kubectl, kubeconfig, *args, check=check)
+        return result.returncode, result.stdout + result.stderr
+
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest("good"))
+            # Started before the job finishes: kubectl watches until the condition turns True.
+            code, out = await kubectl("wait", "--for=condition=Complete", "trainingjob/good", "--timeout=30s")
+            assert code == 0 and "condition met" in out, out
+            w.script.fail_attempts = {1}
+            w.apply(manifest("bad", runPolicy={"backoffLimit": 0}))
+            code, out = await kubectl("wait", "--for=condition=Failed", "trainingjob/bad", "--timeout=30s")
+            assert code == 0 and "condition met" in out, out
+            failed = next(c for c in w.status("bad")["conditions"] if c["type"] == "Failed")
+            assert failed["reason"] == "RayJobFailed" and "exited with code 1" in failed["message"]
+            # A failed job never becomes Complete: waiting for it times out.
+            code, out = await kubectl(
+                "wait", "--for=condition=Complete", "trainingjob/bad", "--timeout=1s", check=False
+            )
+            assert code != 0 and "timed out" in out, out
+            # The dashboard's address is in status, as KubeRay's RayJob has it.
+            assert w.status("good")["dashboardURL"].startswith("http://10.96.")
+
+    scenario(apiserver, body, Script())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -29,10 +30,11 @@ def test_operator_process_reconciles_and_stops(apiserver: ThreadedApiServer, kub
     http = requests.Session()
     for crd in (schema.crd(), RAYCLUSTER_CRD):
         assert http.post(f"{apiserver.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd).ok
-    port = _free_port()
+    port, metrics_port = _free_port(), _free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
     command = [sys.executable, "-m", "fsdp_operator", "--namespace", "default", "--liveness",
-               f"http://127.0.0.1:{port}/healthz"]  # fmt: skip
+               f"http://127.0.0.1:{port}/healthz", "--metrics-port", str(metrics_port),
+               "--log-format", "json"]  # fmt: skip
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     jobs = f"{apiserver.url}/apis/{schema.GROUP}/{schema.VERSION}/namespaces/default/{schema.PLURAL}"
     try:
@@ -51,7 +53,12 @@ def test_operator_process_reconciles_and_stops(apiserver: ThreadedApiServer, kub
         assert http.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
         finalizers = http.get(f"{jobs}/proc").json()["metadata"]["finalizers"]
         assert finalizers == ["fsdp.dev/finalizer"]
+        metrics = http.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+        assert 'fsdp_jobs{phase="Provisioning"} 1.0' in metrics, metrics
     finally:
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=20)
     assert process.returncode == 0, output
+    # --log-format json: every line the operator logs is one JSON object (for log pipelines).
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert lines and all(json.loads(line).get("message") for line in lines), output[-2000:]

@@ -1,9 +1,14 @@
-"""A small test CRD (group `example.fsdp.dev`, kind Widget) with a status subresource, printer columns,
-a short name and a schema, for tests of the emulated API server, kopf and kubectl."""
+"""CRDs for tests: a small test CRD (group `example.fsdp.dev`, kind Widget) with a status subresource,
+printer columns, a short name and a schema, for tests of the emulated API server, kopf and kubectl;
+and KubeRay's RayCluster schema from ../shared, where rendered RayClusters are checked against it."""
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 GROUP = "example.fsdp.dev"
 VERSION = "v1"
@@ -68,3 +73,21 @@ def widget(name: str, replicas: int = 1, namespace: str = "default", **spec: Any
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"replicas": replicas, **spec},
     }
+
+
+# --- KubeRay's own CRDs (in ../shared, outside the project) -------------------------------------------
+
+KUBERAY_CRDS = Path(__file__).resolve().parents[2].parent / "shared" / "crds"
+KUBERAY_VERSIONS = ("kuberay-v1.4.0", "kuberay-v1.7.0")
+
+
+@functools.cache
+def kuberay_raycluster_schema(version: str) -> dict[str, Any] | None:
+    """The openAPIV3Schema of KubeRay's RayCluster v1 in `version`, or None when ../shared is absent."""
+    path = KUBERAY_CRDS / version / "ray.io_rayclusters.yaml"
+    if not path.exists():
+        return None
+    crd = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    (v1,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema: dict[str, Any] = v1["schema"]["openAPIV3Schema"]
+    return schema

@@ -53,6 +53,8 @@ class FakeKubeRay:
         self.seen_uids: list[str] = []
         """Every RayCluster (by uid) this controller ever saw: the duplicate check counts these."""
         self.clusters: dict[str, _Cluster] = {}
+        self.headers: dict[str, str] = {}
+        """Sent with every request (an `Authorization` header where the API server enforces RBAC)."""
         self._session: aiohttp.ClientSession | None = None
 
     async def _request(self, method: str, path: str, body: Obj | None = None, content_type: str = "") -> Obj:
@@ -100,7 +102,7 @@ class FakeKubeRay:
 
         Enter this before starting the operator, so kopf leaves this task alone at its shutdown.
         """
-        self._session = aiohttp.ClientSession()
+        self._session = aiohttp.ClientSession(headers=self.headers)
 
         async def loop() -> None:
             while True:

@@ -27,16 +27,17 @@ DEFAULT_FINALIZER = "test.fsdp.dev/finalizer"
 _servers: weakref.WeakKeyDictionary[kopf.OperatorRegistry, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
-def _ensure_login(registry: kopf.OperatorRegistry, url: str) -> None:
+def _ensure_login(registry: kopf.OperatorRegistry, url: str, token: str | None) -> None:
     holder = _servers.get(registry)
     if holder is None:
         holder = _servers[registry] = {}
 
         @kopf.on.login(registry=registry)
         def _login(**_: Any) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=holder["url"], insecure=True)
+            return kopf.ConnectionInfo(server=holder["url"], insecure=True, token=holder.get("token") or None)
 
     holder["url"] = url
+    holder["token"] = token or ""
 
 
 def operator_settings(finalizer: str = DEFAULT_FINALIZER) -> kopf.OperatorSettings:
@@ -66,9 +67,16 @@ async def kopf_operator(
     memo: object | None = None,
     startup_timeout: float = 10,
     stop_timeout: float = 15,
+    token: str | None = None,
+    login: bool = True,
 ) -> AsyncIterator[None]:
-    """Run the registry's handlers against `url` until the block exits (clusterwide unless namespaces)."""
-    _ensure_login(registry, url)
+    """Run the registry's handlers against `url` until the block exits (clusterwide unless namespaces).
+
+    `token`: the bearer token kopf sends (for an API server that enforces RBAC). Without `login`, the
+    registry brings its own login handler (the operator's real one) and `url` is not used for it.
+    """
+    if login:
+        _ensure_login(registry, url, token)
     settings = settings or operator_settings()
     if configure is not None:
         configure(settings)

@@ -40,14 +40,15 @@ def test_invalid_spec_lists_every_problem_and_exits_1(capsys: pytest.CaptureFixt
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "apiVersion: fsdp.dev/v1alpha1\nkind: FSDPTrainingJob\nmetadata: {name: j}\n"
-        "spec: {workers: {gpusPerWorker: 5, memory: lots}, network: {transport: socket, requireEFA: true}}\n"
+        "spec: {workers: {gpusPerWorker: 5}, network: {transport: socket, requireEFA: true},\n"
+        "       training: {steps: 10, warmupSteps: 10}}\n"
     )
     code, out, err = run(capsys, "validate", "-f", str(bad))
     assert code == 1 and out == ""
     assert "3 problems" in err
     assert "  spec.workers.gpusPerWorker: 5 GPUs requested, g6.12xlarge has 4" in err.splitlines()
-    assert "spec.workers.memory: 'lots' is not a Kubernetes quantity" in err
     assert "spec.network.requireEFA: true contradicts transport: socket" in err
+    assert "spec.training.warmupSteps: must be less than spec.training.steps (10 >= 10)." in err
 
 
 @pytest.mark.parametrize(

@@ -31,3 +31,20 @@ def test_printer_columns() -> None:
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert {"Phase", "Workers", "Transport", "Step", "Tokens/s", "Age"} <= set(columns)
     assert version["subresources"] == {"status": {}}
+
+
+def test_api_reference_matches_the_declarations() -> None:
+    on_disk = (ROOT / "docs" / "api.md").read_text()
+    assert on_disk == schema.api_reference(), "docs/api.md is stale: run `make crds`"
+
+
+def test_api_reference_names_spec_and_status_fields() -> None:
+    text = schema.api_reference()
+    for row in (
+        "| `spec.workers.replicas` | integer | 2 | Number of worker pods (Ray nodes). (>= 1, <= 512) |",
+        "| `spec.training.warmupSteps` | integer | 0 |",
+        "| `spec.network.requireEFA` | boolean | unset: true when transport is efa |",
+        "| `status.phase` | string | Lifecycle phase. |",
+        "| `status.conditions[].reason` | string |",
+    ):
+        assert row in text

@@ -13,7 +13,9 @@ from fsdp_operator.spec import parse_job
 
 
 def rendered_worker() -> dict[str, object]:
-    job = parse_job({"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "metadata": {"name": "j"}})
+    job = parse_job(
+        {"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "metadata": {"name": "j"}, "spec": {}}
+    )
     container: dict[str, object] = render.raycluster(job)["spec"]["workerGroupSpecs"][0]["template"]["spec"][
         "containers"
     ][0]

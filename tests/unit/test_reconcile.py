@@ -360,7 +360,13 @@ def test_running_folds_events_into_status() -> None:
 
 
 def test_running_without_news_changes_nothing() -> None:
-    status = at(Phase.RUNNING, reason=Reason.JOB_RUNNING, ray_job_status="RUNNING", message="training is running")
+    status = at(
+        Phase.RUNNING,
+        reason=Reason.JOB_RUNNING,
+        ray_job_status="RUNNING",
+        message="training is running",
+        dashboard_url="http://10.0.0.1:8265",
+    )
     status = replace(
         status,
         conditions=[
@@ -593,7 +599,7 @@ def test_every_transition_of_a_happy_run_posts_one_event() -> None:
     assert posted == [
         ("Normal", "Created"),
         ("Normal", "ClusterCreating"),
-        ("Warning", "WorkersNotReady"),
+        ("Normal", "WorkersNotReady"),
         ("Normal", "WorkersReady"),
         ("Normal", "JobRunning"),
         ("Normal", "Completed"),

@@ -59,8 +59,9 @@ def test_more_gpus_than_the_instance_type_has() -> None:
 
 
 def test_efa_on_a_type_without_efa() -> None:
-    found = problems({"workers": {"instanceType": "g5.12xlarge"}})
-    assert "spec.workers.efaPerWorker: g5.12xlarge does not support EFA" in found
+    # EC2: the g5 sizes below 8xlarge have no EFA (g5.12xlarge has one interface).
+    found = problems({"workers": {"instanceType": "g5.4xlarge", "gpusPerWorker": 1, "cpu": 8, "memory": "32Gi"}})
+    assert found == ["spec.workers.efaPerWorker: g5.4xlarge does not support EFA"]
 
 
 def test_more_efa_interfaces_than_the_type_has() -> None:
@@ -99,7 +100,7 @@ def test_unknown_fields_are_named_with_their_path() -> None:
     [
         ({"workers": {"memory": "lots"}}, "spec.workers.memory: 'lots' is not a Kubernetes quantity"),
         ({"head": {"cpu": "2 cores"}}, "spec.head.cpu: '2 cores' is not a Kubernetes quantity"),
-        ({"workers": {"sharedMemory": "0"}}, "spec.workers.sharedMemory: must be positive"),
+        ({"workers": {"sharedMemory": "0"}}, "spec.workers.sharedMemory: '0' must be positive"),
     ],
 )
 def test_quantities_that_do_not_parse(spec: dict[str, Any], expected: str) -> None:
@@ -109,10 +110,13 @@ def test_quantities_that_do_not_parse(spec: dict[str, Any], expected: str) -> No
 @pytest.mark.parametrize("storage", ["http://host/ckpt", "ftp://x", "relative/path"])
 def test_unsupported_checkpoint_storage(storage: str) -> None:
     found = problems({"training": {"checkpoint": {"storage": storage}}})
-    assert found[0].startswith(f"spec.training.checkpoint.storage: unsupported location {storage!r}")
+    assert found[0] == (
+        f"spec.training.checkpoint.storage: {storage!r} has an unsupported scheme "
+        "(use s3://, gs://, file:// or an absolute path)"
+    )
 
 
-@pytest.mark.parametrize("storage", ["s3://bucket/run", "gs://b/p", "file:///mnt/ckpt", "/mnt/fsx/ckpt"])
+@pytest.mark.parametrize("storage", ["s3://bucket/run", "gs://bkt/p", "file:///mnt/ckpt", "/mnt/fsx/ckpt"])
 def test_supported_checkpoint_storage(storage: str) -> None:
     job = parse_job(manifest({"training": {"checkpoint": {"storage": storage, "intervalSteps": 10}}}))
     assert job.spec.training.checkpoint.storage == storage
@@ -146,8 +150,22 @@ def test_one_rank_per_gpu() -> None:
 
 
 def test_every_problem_is_reported_at_once() -> None:
-    found = problems({"workers": {"gpusPerWorker": 5, "memory": "x"}, "training": {"warmupSteps": 1000}})
+    # Malformed fields are all named together; rules across fields (here: one per group, and the
+    # training function's own) all together once every field is well-formed.
+    found = problems({"workers": {"replicas": 0, "memory": "x"}, "training": {"steps": -1}})
     assert len(found) == 3
+    found = problems(
+        {
+            "workers": {"gpusPerWorker": 5},
+            "network": {"transport": "socket", "requireEFA": True},
+            "training": {"warmupSteps": 100},
+        }
+    )
+    assert found == [
+        "spec.workers.gpusPerWorker: 5 GPUs requested, g6.12xlarge has 4",
+        "spec.network.requireEFA: true contradicts transport: socket",
+        "spec.training.warmupSteps: must be less than spec.training.steps (100 >= 100).",
+    ]
 
 
 def test_bad_metadata_name() -> None:
@@ -180,7 +198,14 @@ def test_every_schema_field_is_described_and_typed() -> None:
     def walk(node: dict[str, Any], path: str) -> None:
         assert node.get("description"), f"{path} has no description"
         assert "type" in node or "anyOf" in node, f"{path} has no type"
+        if node.get("type") == "integer" or node.get("type") == "number":
+            assert "minimum" in node and "maximum" in node, f"{path} is unbounded"
+        if node.get("type") == "string" and "enum" not in node:
+            assert "maxLength" in node, f"{path} has no length bound"
         for key, sub in node.get("properties", {}).items():
             walk(sub, f"{path}.{key}")
+        items = node.get("items", {})
+        for key, sub in items.get("properties", {}).items():
+            walk(sub, f"{path}[].{key}")
 
-    walk(schema.SPEC_SCHEMA, "spec")
+    walk(schema.spec_schema(), "spec")

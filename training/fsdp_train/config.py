@@ -27,6 +27,16 @@ DATA_SCHEMES = ("s3://", "gs://", "file://", "hf://datasets/", "/")
 """Where data, weights and the exported model may live: object storage, the hub (data), or a path."""
 
 
+class ConfigError(ValueError):
+    """A field of the config is refused: ``field`` names it, ``detail`` says why (it may name others
+    as ``training.<field>``), so that a caller can say the same in its own field names."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{TrainConfig.PREFIX}.{field} {detail}")
+        self.field = field
+        self.detail = detail
+
+
 @dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """What one training run does; every rank builds the same one."""
@@ -118,12 +128,12 @@ class TrainConfig:
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             if value not in choices:
-                raise ValueError(f"{p}.{name} must be one of {', '.join(choices)}; got {value!r}.")
+                raise ConfigError(name, f"must be one of {', '.join(choices)}; got {value!r}.")
         if not self.model:
-            raise ValueError(f"{p}.model must not be empty.")
+            raise ConfigError("model", "must not be empty.")
         for name in ("steps", "seq_len", "batch_size_per_rank", "grad_accum"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{p}.{name} must be greater than 0.")
+                raise ConfigError(name, "must be greater than 0.")
         for name in (
             "warmup_steps",
             "checkpoint_interval",
@@ -135,44 +145,44 @@ class TrainConfig:
             "epochs",
         ):
             if getattr(self, name) < 0:
-                raise ValueError(f"{p}.{name} must be 0 or greater.")
+                raise ConfigError(name, "must be 0 or greater.")
         if self.warmup_steps >= self.steps and self.warmup_steps > 0:
-            raise ValueError(f"{p}.warmup_steps must be less than {p}.steps ({self.warmup_steps} >= {self.steps}).")
+            raise ConfigError("warmup_steps", f"must be less than {p}.steps ({self.warmup_steps} >= {self.steps}).")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
-            raise ValueError(f"{p}.learning_rate must be greater than 0.")
+            raise ConfigError("learning_rate", "must be greater than 0.")
         for name in ("weight_decay", "max_grad_norm", "min_cross_node_gbps"):
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{p}.{name} must be 0 or greater.")
+                raise ConfigError(name, "must be 0 or greater.")
 
         self._check_data()
 
     def _check_data(self) -> None:
         p = self.PREFIX
         if self.data != RANDOM_DATA and not self.data.startswith(DATA_SCHEMES):
-            raise ValueError(
-                f"{p}.data must be random or a location starting with {', '.join(DATA_SCHEMES)}; got {self.data!r}."
+            raise ConfigError(
+                "data", f"must be random or a location starting with {', '.join(DATA_SCHEMES)}; got {self.data!r}."
             )
         if self.validation_data and not self.validation_data.startswith(DATA_SCHEMES):
-            raise ValueError(
-                f"{p}.validation_data must start with {', '.join(DATA_SCHEMES)}; got {self.validation_data!r}."
+            raise ConfigError(
+                "validation_data", f"must start with {', '.join(DATA_SCHEMES)}; got {self.validation_data!r}."
             )
         for name in ("model", "tokenizer", "output_path"):
             value = getattr(self, name)
             if value.startswith("hf://"):
-                raise ValueError(f"{p}.{name}: hf:// is for data sets; name a model by its Hugging Face id.")
+                raise ConfigError(name, "must not be an hf:// location (that is for data sets); use the model's id.")
         if self.output_path and not self.output_path.startswith(DATA_SCHEMES):
-            raise ValueError(f"{p}.output_path must start with {', '.join(DATA_SCHEMES)}; got {self.output_path!r}.")
+            raise ConfigError("output_path", f"must start with {', '.join(DATA_SCHEMES)}; got {self.output_path!r}.")
         if not (0.0 <= self.validation_split <= 0.5):
-            raise ValueError(f"{p}.validation_split must be between 0 and 0.5; got {self.validation_split}.")
+            raise ConfigError("validation_split", f"must be between 0 and 0.5; got {self.validation_split}.")
         if self.validation_split and self.validation_data:
-            raise ValueError(f"{p}.validation_split and {p}.validation_data exclude each other: set one.")
+            raise ConfigError("validation_split", f"and {p}.validation_data exclude each other: set one.")
         if self.data == RANDOM_DATA and (self.validation_split or self.validation_data):
-            raise ValueError(f"{p}.validation_split/validation_data need a data source other than random.")
+            raise ConfigError("validation_split", "needs a data source other than random.")
         if self.export_every_checkpoint and not self.output_path:
-            raise ValueError(f"{p}.export_every_checkpoint needs {p}.output_path.")
+            raise ConfigError("export_every_checkpoint", f"needs {p}.output_path.")
         if not self.data_field:
-            raise ValueError(f"{p}.data_field must not be empty.")
+            raise ConfigError("data_field", "must not be empty.")
 
     @property
     def has_validation(self) -> bool:
@@ -186,9 +196,9 @@ class TrainConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - set(known))
         if unknown:
-            raise ValueError(f"{cls.PREFIX}.{unknown[0]} is not a known field (known: {', '.join(sorted(known))}).")
+            raise ConfigError(unknown[0], f"is not a known field (known: {', '.join(sorted(known))}).")
         defaults = cls()
-        kwargs = {key: _coerce(f"{cls.PREFIX}.{key}", value, getattr(defaults, key)) for key, value in d.items()}
+        kwargs = {key: _coerce(key, value, getattr(defaults, key)) for key, value in d.items()}
         return cls(**kwargs)
 
     @classmethod
@@ -225,22 +235,22 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
     """Check ``value`` against the type of the field's default; ints are accepted for floats."""
     if isinstance(default, bool):
         if not isinstance(value, bool):
-            raise ValueError(f"{name} must be true or false, got {value!r}.")
+            raise ConfigError(name, f"must be true or false, got {value!r}.")
         return value
     if isinstance(default, int):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{name} must be an integer, got {value!r}.")
+            raise ConfigError(name, f"must be an integer, got {value!r}.")
         return value
     if isinstance(default, float):
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"{name} must be a number, got {value!r}.")
+            raise ConfigError(name, f"must be a number, got {value!r}.")
         return float(value)
     if isinstance(default, str):
         if not isinstance(value, str):
-            raise ValueError(f"{name} must be a string, got {value!r}.")
+            raise ConfigError(name, f"must be a string, got {value!r}.")
         return value
     if isinstance(default, dict):
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            raise ValueError(f"{name} must be a mapping with string keys, got {value!r}.")
+            raise ConfigError(name, f"must be a mapping with string keys, got {value!r}.")
         return dict(value)
     raise AssertionError(f"no coercion for {name}")  # a new field type needs a branch above

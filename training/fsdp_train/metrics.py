@@ -1,27 +1,16 @@
 """Training metrics as one component: the loop calls ``Metrics.log``; backends turn it into output.
 
-MFU follows ``docs/performance.md``: tokens/s/device x FLOPs/token / the device's dense bf16 peak.
+MFU follows ``docs/performance.md``: tokens/s/device x FLOPs/token / the device's dense bf16 peak
+(``fsdp_train.catalog``).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from fsdp_train.catalog import gpu_for_device
 from fsdp_train.events import Step, emit
-
-# Dense bf16 tensor-core peaks in FLOP/s, matched as a whole word of the CUDA device name.
-PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
-    ("H100", 989e12),
-    ("H200", 989e12),
-    ("GH200", 989e12),
-    ("H20", 148e12),
-    ("A100", 312e12),
-    ("A10G", 125e12),
-    ("L40S", 362e12),
-    ("L4", 121e12),
-)
 
 
 def count_params(config: Any) -> int:
@@ -58,11 +47,9 @@ def bus_bandwidth_gbps(kind: str, size_bytes: int, seconds: float, ranks: int) -
 
 
 def peak_flops(device_name: str) -> float | None:
-    """The dense bf16 peak of a device, or None for a CPU or an unknown GPU (then no MFU is reported)."""
-    for key, peak in PEAK_BF16_FLOPS:
-        if re.search(rf"\b{key}\b", device_name):
-            return peak
-    return None
+    """The dense bf16 peak of a device (the hardware catalog's), or None for a CPU or an unknown GPU."""
+    gpu = gpu_for_device(device_name)
+    return gpu.bf16_flops if gpu else None
 
 
 def mfu(tokens_per_second_per_device: float, flops_per_token: float, peak: float | None) -> float | None:

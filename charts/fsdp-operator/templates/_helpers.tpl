@@ -13,3 +13,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "fsdp-operator.serviceAccount" -}}
 {{- if .Values.serviceAccount.create -}}{{ default (include "fsdp-operator.fullname" .) .Values.serviceAccount.name }}{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
+
+{{- define "fsdp-operator.image" -}}
+{{- $repository := required "image.repository is required: build Dockerfile.operator, push it to a registry your nodes can pull from, and pass --set image.repository=REGISTRY/fsdp-operator" .Values.image.repository -}}
+{{ $repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end -}}
+
+{{/* The namespaces a namespaced operator watches: watchNamespaces, or the release's own. */}}
+{{- define "fsdp-operator.namespaces" -}}
+{{- if .Values.watchNamespaces }}{{ join "," .Values.watchNamespaces }}{{ else }}{{ .Release.Namespace }}{{ end -}}
+{{- end -}}
+
+{{- define "fsdp-operator.peering" -}}{{ if gt (int .Values.replicas) 1 }}{{ include "fsdp-operator.fullname" . }}{{ end }}{{- end -}}

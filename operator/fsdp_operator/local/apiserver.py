@@ -4,7 +4,8 @@ It serves discovery, OpenAPI v3 (enough for `kubectl apply` with server-side fie
 built-in kinds and CRD-defined kinds from memory (`store.py` holds the semantics), watch streams,
 patches and server-side Tables, so kopf and real kubectl talk to it as to a cluster.
 
-Not reproduced (a real cluster differs here): authentication, RBAC and admission webhooks; server-side
+Authentication and RBAC are off unless an `rbac.Access` is given (see `rbac.py` for what they cover).
+Not reproduced (a real cluster differs here): admission webhooks; server-side
 apply (`application/apply-patch+yaml` is 415) and managedFields; protobuf; pagination (`limit` and
 `continue` are ignored: lists are complete); list/get at an older `resourceVersion` (always the latest);
 aggregated discovery and `/openapi/v2` (404, clients fall back); CRD version conversion (one stored
@@ -32,7 +33,7 @@ from typing import Any, NamedTuple
 import yaml
 from aiohttp import web
 
-from fsdp_operator.local import patching, tables, validation
+from fsdp_operator.local import patching, rbac, tables, validation
 from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType
 from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
 from fsdp_operator.local.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent
@@ -52,6 +53,7 @@ _JSON = "application/json"
 _MERGE = "application/merge-patch+json"
 _JSON_PATCH = "application/json-patch+json"
 _STRATEGIC = "application/strategic-merge-patch+json"
+_USER = web.RequestKey("user", rbac.User)
 
 
 class RequestKey(NamedTuple):
@@ -82,11 +84,16 @@ class ApiServer:
         port: int = 0,
         bookmark_interval: float = 5.0,
         history_length: int = HISTORY_LENGTH,
+        access: rbac.Access | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.bookmark_interval = bookmark_interval
         self.store = Store(history_length=history_length)
+        for rtype in rbac.rbac_types():
+            self.store._register(rtype)
+        self.access = access
+        """Bearer-token authentication and RBAC authorization; None: every request is allowed."""
         self.requests: Counter[RequestKey] = Counter()
         self._runner: web.AppRunner | None = None
         self._watch_queues: set[asyncio.Queue[WatchEvent | None]] = set()
@@ -135,22 +142,23 @@ class ApiServer:
 
     # ------------------------------------------------------------------ conveniences
 
-    def kubeconfig(self, namespace: str = "default") -> Obj:
+    def kubeconfig(self, namespace: str = "default", *, user: Obj | None = None) -> Obj:
+        """`user` replaces the credentials (default: the token `local`), e.g. `{"tokenFile": ...}`, `{"exec": ...}`."""
         return {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "local", "cluster": {"server": self.url}}],
-            "users": [{"name": "local", "user": {"token": "local"}}],
+            "users": [{"name": "local", "user": user if user is not None else {"token": "local"}}],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "local", "namespace": namespace}}],
             "current-context": "local",
             "preferences": {},
         }
 
-    def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
+    def write_kubeconfig(self, path: str | Path, namespace: str = "default", *, user: Obj | None = None) -> Path:
         """Write a kubeconfig that points kubectl, helm and the `kubernetes` client at this server."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(self.kubeconfig(namespace), sort_keys=False))
+        path.write_text(yaml.safe_dump(self.kubeconfig(namespace, user=user), sort_keys=False))
         return path
 
     def count(self, verb: str, plural: str, group: str | None = None, subresource: str = "") -> int:
@@ -183,6 +191,8 @@ class ApiServer:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         try:
+            if self.access is not None:
+                request[_USER] = self.access.authenticate(request.headers.get("Authorization", ""))
             return await self._dispatch(request)
         except ApiError as e:
             return _json_response(e.status(), status=e.code)
@@ -252,6 +262,10 @@ class ApiServer:
         query = request.query
         dry_run = "dryRun" in query
         method = request.method
+        if self.access is not None:
+            verb = rbac.verb_of(method, name is not None, query.get("watch") in ("true", "1"))
+            attributes = rbac.Attributes(verb, rtype.group, rtype.plural, subresource, namespace or "", name or "")
+            self.access.authorize(self.store, request[_USER], attributes)
         if name is None:
             if method == "GET" and query.get("watch") in ("true", "1"):
                 self._count("watch", target)
@@ -725,8 +739,8 @@ class ThreadedApiServer:
         self._thread.join(timeout=30)
         self._loop.close()
 
-    def write_kubeconfig(self, path: str | Path, namespace: str = "default") -> Path:
-        return self.server.write_kubeconfig(path, namespace)
+    def write_kubeconfig(self, path: str | Path, namespace: str = "default", *, user: Obj | None = None) -> Path:
+        return self.server.write_kubeconfig(path, namespace, user=user)
 
     def count(self, verb: str, plural: str, group: str | None = None, subresource: str = "") -> int:
         return self.server.count(verb, plural, group, subresource)

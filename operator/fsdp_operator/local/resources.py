@@ -101,6 +101,7 @@ def builtin_types() -> list[ResourceType]:
             status_subresource=True,
             field_selectors=_META_FIELDS | {"spec.nodeName", "spec.restartPolicy", "status.phase", "status.podIP"},
         ),
+        _core("Node", "nodes", namespaced=False, short_names=("no",), status_subresource=True),
         _core("Service", "services", short_names=("svc",), categories=("all",), status_subresource=True),
         _core("Event", "events", short_names=("ev",), field_selectors=_EVENT_FIELDS),
         _core("ConfigMap", "configmaps", short_names=("cm",)),

@@ -23,11 +23,15 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import aiohttp
-import yaml
+from rich.console import Console
+from rich.progress import BarColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
 
 from fsdp_operator import schema
 from fsdp_operator.local.apiserver import ApiServer
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, marked_processes
+from fsdp_operator.spec import Job
+from fsdp_operator.summary import loss_curve, summary_lines
 
 Obj = dict[str, Any]
 
@@ -37,47 +41,72 @@ RUN_MARKER = "FSDP_RUN_LOCAL"
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
 
 
+def cannot_run_locally(job: Job) -> str:
+    """Why this machine cannot run `job` (empty when it can): the local Ray nodes have CPUs only."""
+    gpus = job.spec.workers.gpus_per_worker
+    if gpus:
+        return (
+            f"spec.workers.gpusPerWorker is {gpus}, and run-local starts CPU-only Ray nodes (no GPU is used here): "
+            "the job would wait for GPUs that never come. Set gpusPerWorker: 0, efaPerWorker: 0, "
+            'instanceType: "" and network.transport: socket to run it here (see examples/tiny-cpu.yaml)'
+        )
+    return ""
+
+
 class Progress:
-    """Prints what changed in the job's status: one line per event, a redrawn bar for steps on a terminal."""
+    """What changed in the job's status, as it happens: a line per status message, a step bar on a terminal."""
 
     def __init__(self, out: TextIO, started: float) -> None:
-        self.out = out
+        self.console = Console(file=out, highlight=False, soft_wrap=True)
         self.started = started
-        self.tty = out.isatty()
         self.seen: set[str] = set()
-        self.bar_shown = False
+        self.said: tuple[str, str, str] | None = None
+        self.bar: RichProgress | None = None
+        self.bar_task: TaskID | None = None
 
     def line(self, text: str) -> None:
-        if self.bar_shown:
-            self.out.write("\n")
-            self.bar_shown = False
-        self.out.write(f"[{time.monotonic() - self.started:6.1f}s] {text}\n")
-        self.out.flush()
+        self.console.print(f"[{time.monotonic() - self.started:6.1f}s] {text}", markup=False)
 
     def once(self, key: str, text: str) -> None:
         if key not in self.seen:
             self.seen.add(key)
             self.line(text)
 
-    def bar(self, step: int, total: int, loss: Any, tokens: Any) -> None:
-        width = 30
-        filled = int(width * step / max(total, 1))
-        text = f"step {step}/{total} [{'#' * filled}{'.' * (width - filled)}] loss {loss} tokens/s {tokens}"
-        if self.tty:
-            self.out.write(f"\r{text}")
-            self.out.flush()
-            self.bar_shown = True
-        else:
-            self.once(f"step-{step}", text)
+    def steps(self, step: int, total: int, loss: Any, tokens: Any) -> None:
+        detail = f"loss {loss}  tokens/s {tokens}"
+        if self.console.is_terminal:
+            if self.bar is None:
+                self.bar = RichProgress(
+                    TextColumn("step {task.completed}/{task.total}"),
+                    BarColumn(),
+                    TextColumn("{task.fields[detail]}"),
+                    TimeElapsedColumn(),
+                    console=self.console,
+                )
+                self.bar.start()
+                self.bar_task = self.bar.add_task("training", total=total, detail=detail)
+            assert self.bar_task is not None
+            self.bar.update(self.bar_task, completed=step, total=total, detail=detail)
+            return
+        # Not a terminal (a log file, CI): a line every tenth of the run.
+        every = max(total // 10, 1)
+        if step % every == 0 or step == total or step == 1:
+            self.once(f"step-{step}", f"step {step}/{total}  {detail}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
     def show(self, status: Obj) -> None:
         phase = status.get("phase", "")
         if not phase:
             return  # the operator has not written a status yet
-        reason, message = status.get("reason", ""), status.get("message", "")
-        self.once(f"phase-{phase}-{reason}", f"phase {phase}" + (f" ({reason}: {message})" if reason else ""))
-        if workers := status.get("workers"):
-            self.once(f"workers-{workers}", f"workers ready {workers}")
+        said = (str(phase), str(status.get("reason") or ""), str(status.get("message") or ""))
+        if said != self.said:
+            # Every change of the message is shown, not only phase changes: it is where the waiting is explained.
+            self.said = said
+            self.line(f"{said[0]}" + (f" ({said[1]}): {said[2]}" if said[1] else ""))
         for rank in status.get("ranks", []) or []:
             self.once(
                 f"rank-{rank.get('rank')}",
@@ -97,22 +126,12 @@ class Progress:
                 )
         progress = status.get("progress") or {}
         if "step" in progress:
-            self.bar(
+            self.steps(
                 int(progress["step"]),
                 int(progress.get("totalSteps", 0)),
                 progress.get("loss"),
                 progress.get("tokensPerSecond"),
             )
-
-
-# The fields a reader looks for first, in this order; the rest follow as the operator wrote them.
-STATUS_ORDER = ("phase", "reason", "message", "workers", "startTime", "endTime", "attempts", "result", "progress",
-                "transport", "interconnect", "ranks", "conditions")  # fmt: skip
-
-
-def readable(status: Obj) -> Obj:
-    first = {key: status[key] for key in STATUS_ORDER if key in status}
-    return {**first, **{key: value for key, value in status.items() if key not in first}}
 
 
 def format_table(table: Obj) -> str:
@@ -276,10 +295,13 @@ async def _run(manifest: Obj, keep: bool, timeout: float, out: TextIO, status_ou
             return 130
         job = follow.result()
         interrupted.cancel()
+        progress.close()
         status = job.get("status", {})
-        if status_out:
-            Path(status_out).write_text(json.dumps(job, indent=2))
-        out.write("\n--- final status ---\n" + yaml.safe_dump(readable(status), sort_keys=False, width=120))
+        saved = Path(status_out) if status_out else Path(tempfile.gettempdir()) / f"fsdp-run-local-{run.name}.json"
+        saved.write_text(json.dumps(job, indent=2))
+        out.write("\n" + "\n".join(summary_lines(status, saved_to=str(saved))) + "\n")
+        if curve := loss_curve(status):
+            out.write("\n" + curve + "\n")
         out.write("\n" + await run.table() + "\n")
         code = EXIT_SUCCEEDED if status.get("phase") == "Succeeded" else EXIT_FAILED
         if code == EXIT_FAILED:
@@ -295,9 +317,11 @@ async def _run(manifest: Obj, keep: bool, timeout: float, out: TextIO, status_ou
             progress.line("the job was not cleaned up within 60 s; stopping its processes directly")
         return code
     except (RuntimeError, TimeoutError) as e:
+        progress.close()
         progress.line(f"error: {e}")
         return EXIT_FAILED
     finally:
+        progress.close()
         left = await run.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

@@ -1,0 +1,768 @@
+"""Where an instance type can run now: offers, On-Demand quota, Spot placement scores, optional probes (boto3).
+
+`check(...)` looks at every region concurrently and returns a `Plan`; `rank(plan)` orders its zones,
+best first, each with the reasons; `fsdpctl capacity` (`cli.py`) prints that as a table or JSON, and
+the operator's `availabilityZone: auto` asks the same code through `ZoneAdvisor`.
+
+Per region: the zones that offer the type (`DescribeInstanceTypeOfferings`); the Service Quotas entry
+the type counts against (G and VT: `L-DB2E81BA`, P: `L-417A185B`, in vCPUs) minus the vCPUs of the
+running and pending instances that count against it; the Spot placement score per zone, a capacity
+signal (single-AZ, for `count` instances); with `probe`, a targeted On-Demand Capacity Reservation
+for `count` instances per zone, created and cancelled at once: the only definitive answer EC2 gives.
+A reservation is billed from creation to cancellation (seconds here) and is cancelled on every path:
+a rejection creates none, an error or Ctrl-C after the request was sent finds it by its tag.
+
+Every AWS error becomes a sentence in the region's or zone's row, never a traceback; only missing
+credentials end the whole check (`NoCredentials`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from typing import Any, Literal, Protocol
+
+from fsdp_train import catalog
+
+log = logging.getLogger(__name__)
+
+Client = Any
+"""A boto3 client (boto3 ships no type information)."""
+ClientFactory = Callable[[str, str], Client]
+"""(service name, region) -> client."""
+
+PROBE_TAG = "fsdp.dev/capacity-probe"
+MAX_ATTEMPTS = 6
+"""Attempts per call, the first included: botocore retries throttling and transient errors, with backoff."""
+ProbeOutcome = Literal["reserved", "no-capacity", "quota", "unsupported", "error", "skipped"]
+
+
+class NoCredentials(Exception):
+    """No AWS credentials could be found: nothing can be checked."""
+
+
+class UnknownInstanceType(Exception):
+    """EC2 does not know the instance type that was asked for."""
+
+
+# --- what was found -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    instance_type: str
+    count: int
+    vcpus_per_instance: int
+
+    @property
+    def vcpus(self) -> int:
+        return self.count * self.vcpus_per_instance
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaIncrease:
+    """The exact `aws service-quotas request-service-quota-increase` call that would make room."""
+
+    region: str
+    quota_code: str
+    desired_value: float
+
+    @property
+    def command(self) -> str:
+        return (
+            f"aws service-quotas request-service-quota-increase --region {self.region} --service-code ec2 "
+            f"--quota-code {self.quota_code} --desired-value {self.desired_value:g}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "region": self.region,
+            "ServiceCode": "ec2",
+            "QuotaCode": self.quota_code,
+            "DesiredValue": self.desired_value,
+            "command": self.command,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    code: str
+    name: str
+    value: float | None = None
+    """The account's quota in vCPUs; None when it could not be read."""
+    used: int | None = None
+    """vCPUs of running and pending instances that count against it; None when they could not be listed."""
+    error: str = ""
+
+    @property
+    def free(self) -> float | None:
+        return None if self.value is None or self.used is None else self.value - self.used
+
+    def enough_for(self, vcpus: int) -> bool | None:
+        free = self.free
+        return None if free is None else free >= vcpus
+
+    def increase_for(self, region: str, vcpus: int) -> QuotaIncrease | None:
+        if self.value is None or self.used is None or self.enough_for(vcpus):
+            return None
+        return QuotaIncrease(region, self.code, float(self.used + vcpus))
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    outcome: ProbeOutcome
+    message: str = ""
+    leftover_reservation: str = ""
+    """A reservation that could not be cancelled (never empty-handed: the message says how to cancel it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Zone:
+    name: str
+    zone_id: str = ""
+    offered: bool = False
+    spot_score: int | None = None
+    probe: Probe | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Region:
+    name: str
+    zones: tuple[Zone, ...] = ()
+    quota: Quota | None = None
+    error: str = ""
+    """Why the region could not be checked at all (then `zones` is empty)."""
+    notes: tuple[str, ...] = ()
+    """Parts that could not be checked (Spot placement scores), each a sentence."""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    request: Request
+    regions: tuple[Region, ...]
+    probed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    rank: int
+    region: str
+    zone: Zone
+    quota: Quota | None
+    usable: bool
+    """Offered, no quota shortage known, and not refused by a probe: worth trying."""
+    why: str
+
+
+# --- AWS errors as sentences --------------------------------------------------------------------------------
+
+_DENIED = {"UnauthorizedOperation", "AccessDenied", "AccessDeniedException", "UnauthorizedException"}
+_OPT_IN = {"OptInRequired", "AuthFailure", "InvalidClientTokenId", "UnrecognizedClientException"}
+_THROTTLED = {"Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException"}
+_NOT_OFFERED = {"InvalidAction", "UnsupportedOperation", "UnknownOperationException", "InvalidRequest"}
+_EXPIRED = {"ExpiredToken", "ExpiredTokenException", "RequestExpired"}
+
+
+def describe_error(error: BaseException, what: str, region: str) -> str:
+    """One sentence for a failed call: what could not be done, and why, in the user's terms."""
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectTimeoutError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        ReadTimeoutError,
+    )
+
+    if isinstance(error, NoCredentialsError):
+        raise NoCredentials(str(error)) from error
+    if isinstance(error, ClientError):
+        info = error.response.get("Error", {})
+        code, message = str(info.get("Code", "")), str(info.get("Message", "")).strip()
+        attempts = int(error.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)) + 1
+        if code in _DENIED:
+            return f"{what}: access denied ({code}); the credentials need permission for it"
+        if code in _OPT_IN:
+            return f"{what}: {region} is not enabled for this account (an opt-in region?) ({code})"
+        if code in _THROTTLED:
+            return f"{what}: throttled by AWS after {attempts} attempts ({code}); try again later"
+        if code in _NOT_OFFERED:
+            return f"{what}: the {region} endpoint does not offer this API ({code})"
+        if code in _EXPIRED:
+            return f"{what}: the credentials have expired ({code})"
+        return f"{what}: {code}: {message}" if message else f"{what}: {code}"
+    if isinstance(error, EndpointConnectionError):
+        return f"{what}: no endpoint reachable in {region} (the region does not offer this service, or no network)"
+    if isinstance(error, ConnectTimeoutError | ReadTimeoutError):
+        return f"{what}: timed out talking to {region}"
+    if isinstance(error, BotoCoreError):
+        return f"{what}: {error}"
+    return f"{what}: {type(error).__name__}: {error}"
+
+
+def _client_error_code(error: BaseException) -> str:
+    from botocore.exceptions import ClientError
+
+    return str(error.response.get("Error", {}).get("Code", "")) if isinstance(error, ClientError) else ""
+
+
+# --- one region -----------------------------------------------------------------------------------------------
+
+
+def _offered_zones(ec2: Client, instance_type: str) -> set[str]:
+    zones: set[str] = set()
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}]
+    )
+    for page in pages:
+        zones.update(o["Location"] for o in page.get("InstanceTypeOfferings", []) if o.get("Location"))
+    return zones
+
+
+def _zone_ids(ec2: Client) -> dict[str, str]:
+    """Zone name -> zone id (`use1-az4`): Spot placement scores name zones by id, users by name."""
+    answer = ec2.describe_availability_zones(Filters=[{"Name": "zone-type", "Values": ["availability-zone"]}])
+    return {z["ZoneName"]: z.get("ZoneId", "") for z in answer.get("AvailabilityZones", [])}
+
+
+def instance_vcpus(ec2: Client, types: Iterable[str]) -> dict[str, int]:
+    """Default vCPUs per instance type: the catalog's, else `DescribeInstanceTypes` (100 names per call)."""
+    result: dict[str, int] = {}
+    unknown: list[str] = []
+    for name in set(types):
+        known = catalog.instance_type(name)
+        if known is not None:
+            result[name] = known.vcpus
+        else:
+            unknown.append(name)
+    for start in range(0, len(unknown), 100):
+        answer = ec2.describe_instance_types(InstanceTypes=sorted(unknown[start : start + 100]))
+        for item in answer.get("InstanceTypes", []):
+            result[item["InstanceType"]] = int(item["VCpuInfo"]["DefaultVCpus"])
+    return result
+
+
+def _quota_value(quotas: Client, code: str) -> float:
+    from botocore.exceptions import ClientError
+
+    try:
+        answer = quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)
+    except ClientError as e:
+        if _client_error_code(e) != "NoSuchResourceException":
+            raise
+        # Never changed for this account: the AWS default applies.
+        answer = quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)
+    return float(answer["Quota"]["Value"])
+
+
+def _used_vcpus(ec2: Client, quota: catalog.OnDemandQuota) -> int:
+    """vCPUs of the pending and running instances that count against `quota` (every page)."""
+    counts: dict[str, int] = {}
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+    )
+    for page in pages:
+        for reservation in page.get("Reservations", []):
+            for instance in reservation.get("Instances", []):
+                name = str(instance.get("InstanceType", ""))
+                # Spot instances have quotas of their own.
+                if instance.get("InstanceLifecycle") != "spot" and catalog.on_demand_quota(name) == quota:
+                    counts[name] = counts.get(name, 0) + 1
+    vcpus = instance_vcpus(ec2, counts)
+    return sum(vcpus[name] * n for name, n in counts.items())
+
+
+def _quota(ec2: Client, quotas: Client, instance_type: str, region: str) -> Quota | None:
+    spec = catalog.on_demand_quota(instance_type)
+    if spec is None:
+        return None
+    try:
+        value = _quota_value(quotas, spec.code)
+    except Exception as e:
+        return Quota(spec.code, spec.name, error=describe_error(e, f"quota {spec.code}", region))
+    try:
+        used = _used_vcpus(ec2, spec)
+    except Exception as e:
+        return Quota(spec.code, spec.name, value=value, error=describe_error(e, "running instances", region))
+    return Quota(spec.code, spec.name, value=value, used=used)
+
+
+def _spot_scores(ec2: Client, request: Request, region: str) -> dict[str, int]:
+    """Zone id -> Spot placement score (1-10) for `count` instances in one zone."""
+    scores: dict[str, int] = {}
+    kwargs: dict[str, Any] = {
+        "InstanceTypes": [request.instance_type],
+        "TargetCapacity": request.count,
+        "TargetCapacityUnitType": "units",
+        "SingleAvailabilityZone": True,
+        "RegionNames": [region],
+        "MaxResults": 10,
+    }
+    while True:
+        answer = ec2.get_spot_placement_scores(**kwargs)
+        for item in answer.get("SpotPlacementScores", []):
+            if item.get("AvailabilityZoneId"):
+                scores[item["AvailabilityZoneId"]] = int(item.get("Score", 0))
+        token = answer.get("NextToken")
+        if not token:
+            return scores
+        kwargs["NextToken"] = token
+
+
+def _cancel(ec2: Client, reservation_id: str, region: str) -> str:
+    """Cancel a reservation; '' when done, else what the user must do. Survives a Ctrl-C during the call."""
+    last = ""
+    for _ in range(3):
+        try:
+            ec2.cancel_capacity_reservation(CapacityReservationId=reservation_id)
+            return ""
+        except KeyboardInterrupt:
+            last = "interrupted"
+            continue  # the reservation must go: try again, the interrupt is re-raised by the caller
+        except Exception as e:
+            if _client_error_code(e) == "InvalidCapacityReservationId.NotFound":
+                return ""
+            last = describe_error(e, "cancel", region)
+    return (
+        f"reservation {reservation_id} may still be active ({last}): cancel it with "
+        f"`aws ec2 cancel-capacity-reservation --region {region} --capacity-reservation-id {reservation_id}`"
+    )
+
+
+def _cancel_tagged(ec2: Client, token: str, instance_type: str, zone: str, region: str) -> str:
+    """After an interrupted or failed create: find the reservation it may have made, by its tag, and cancel it."""
+    answer = ec2.describe_capacity_reservations(
+        Filters=[
+            {"Name": "instance-type", "Values": [instance_type]},
+            {"Name": "availability-zone", "Values": [zone]},
+            {"Name": "state", "Values": ["active", "pending", "assessing", "scheduled"]},
+        ]
+    )
+    problems = []
+    for reservation in answer.get("CapacityReservations", []):
+        tags = {t.get("Key"): t.get("Value") for t in reservation.get("Tags", [])}
+        if tags.get(PROBE_TAG) == token and (problem := _cancel(ec2, reservation["CapacityReservationId"], region)):
+            problems.append(problem)
+    return "; ".join(problems)
+
+
+_PROBE_REFUSALS: dict[str, ProbeOutcome] = {
+    "InsufficientInstanceCapacity": "no-capacity",
+    "InsufficientCapacity": "no-capacity",
+    "VcpuLimitExceeded": "quota",
+    "InstanceLimitExceeded": "quota",
+    "ReservationCapacityExceeded": "quota",
+    "Unsupported": "unsupported",
+    "InvalidParameterValue": "unsupported",
+}
+
+
+def probe_zone(ec2: Client, request: Request, zone: str, region: str) -> Probe:
+    """Reserve `count` instances in `zone` and cancel the reservation at once: EC2's definitive answer.
+
+    A refused request creates nothing. Anything else that interrupts the create (Ctrl-C, a lost
+    connection after the request was sent, an unexpected answer) may have left a reservation: it is
+    found by its tag and cancelled before the exception goes on.
+    """
+    from botocore.exceptions import ClientError
+
+    token = uuid.uuid4().hex
+    try:
+        answer = ec2.create_capacity_reservation(
+            ClientToken=token,
+            InstanceType=request.instance_type,
+            InstancePlatform="Linux/UNIX",
+            AvailabilityZone=zone,
+            InstanceCount=request.count,
+            InstanceMatchCriteria="targeted",  # nothing launches into it by accident
+            EndDateType="unlimited",
+            TagSpecifications=[{"ResourceType": "capacity-reservation", "Tags": [{"Key": PROBE_TAG, "Value": token}]}],
+        )
+        reservation_id = str(answer["CapacityReservation"]["CapacityReservationId"])
+    except ClientError as e:
+        code = _client_error_code(e)
+        message = str(e.response.get("Error", {}).get("Message", "")).strip()
+        outcome = _PROBE_REFUSALS.get(code)
+        if outcome is None:
+            return Probe("error", describe_error(e, "probe", region))
+        return Probe(outcome, f"{code}: {message}" if message else code)
+    except BaseException:
+        leftover = _cancel_tagged(ec2, token, request.instance_type, zone, region)
+        if leftover:
+            # Said before the exception travels on, so the message is never lost with it.
+            log.warning(leftover)
+        raise
+    problem = _cancel(ec2, reservation_id, region)
+    if problem:
+        return Probe("reserved", problem, leftover_reservation=reservation_id)
+    return Probe("reserved", f"{request.count} reserved and released ({reservation_id})")
+
+
+def check_region(
+    factory: ClientFactory,
+    region: str,
+    request: Request,
+    *,
+    probe: bool = False,
+    stop: threading.Event | None = None,
+    step: Callable[[str], None] = lambda _: None,
+) -> Region:
+    """Everything about one region; errors become sentences in the result."""
+    try:
+        ec2 = factory("ec2", region)
+        step("zones")
+        offered = _offered_zones(ec2, request.instance_type)
+        ids = _zone_ids(ec2)
+    except NoCredentials:
+        raise
+    except Exception as e:
+        return Region(region, error=describe_error(e, "instance type offerings", region))
+    step("quota")
+    try:
+        quota = _quota(ec2, factory("service-quotas", region), request.instance_type, region)
+    except NoCredentials:
+        raise
+    notes: list[str] = []
+    scores: dict[str, int] = {}
+    if offered:
+        step("spot placement score")
+        try:
+            scores = _spot_scores(ec2, request, region)
+        except NoCredentials:
+            raise
+        except Exception as e:
+            notes.append(describe_error(e, "Spot placement score", region))
+    zones: list[Zone] = []
+    for name in sorted(set(ids) | offered):
+        zone_id = ids.get(name, "")
+        zones.append(Zone(name, zone_id, name in offered, scores.get(zone_id) if zone_id else None))
+    if probe:
+        for i, zone in enumerate(zones):
+            if not zone.offered:
+                continue
+            if stop is not None and stop.is_set():
+                zones[i] = replace(zone, probe=Probe("skipped", "interrupted before this zone"))
+                continue
+            step(f"probe {zone.name}")
+            zones[i] = replace(zone, probe=probe_zone(ec2, request, zone.name, region))
+    return Region(region, tuple(zones), quota, notes=tuple(notes))
+
+
+def check(
+    factory: ClientFactory,
+    regions: Sequence[str],
+    request: Request,
+    *,
+    probe: bool = False,
+    workers: int = 8,
+    on_step: Callable[[str, str], None] = lambda _region, _step: None,
+    on_done: Callable[[Region], None] = lambda _: None,
+    stop: threading.Event | None = None,
+) -> Plan:
+    """Every region at once (threads: boto3 is synchronous). Ctrl-C lets probes in flight cancel first.
+
+    `stop` is set on an interrupt: workers probe no further zone once it is.
+    """
+    stop = stop or threading.Event()
+    results: dict[str, Region] = {}
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(regions))), thread_name_prefix="capacity")
+    futures: dict[Future[Region], str] = {
+        pool.submit(check_region, factory, r, request, probe=probe, stop=stop, step=partial(on_step, r)): r
+        for r in regions
+    }
+    try:
+        pending = set(futures)
+        while pending:
+            # A bounded wait keeps the main thread responsive to Ctrl-C.
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for future in done:
+                region = future.result()
+                results[region.name] = region
+                on_done(region)
+    except BaseException:
+        # Workers cannot be interrupted; stop new probes and wait, so that each cancels what it reserved.
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)
+        for future in futures:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                for leftover in leftovers(Plan(request, (future.result(),), probe)):
+                    log.warning(leftover)
+        raise
+    pool.shutdown(wait=True)
+    return Plan(request, tuple(results[r] for r in regions), probe)
+
+
+# --- ranking --------------------------------------------------------------------------------------------------
+
+_PROBE_ORDER: dict[ProbeOutcome | None, int] = {
+    "reserved": 0,
+    None: 1,
+    "skipped": 1,
+    "error": 1,
+    "quota": 2,
+    "unsupported": 3,
+    "no-capacity": 3,
+}
+
+
+def _why(zone: Zone, quota: Quota | None, request: Request) -> str:
+    parts: list[str] = []
+    if not zone.offered:
+        return f"{request.instance_type} is not offered in this zone"
+    if zone.probe is not None:
+        parts.append(
+            {
+                "reserved": f"probe: capacity for {request.count} confirmed",
+                "no-capacity": f"probe: no capacity for {request.count} ({zone.probe.message})",
+                "quota": f"probe: refused by the quota ({zone.probe.message})",
+                "unsupported": f"probe: refused ({zone.probe.message})",
+                "error": f"probe failed ({zone.probe.message})",
+                "skipped": "probe skipped (interrupted)",
+            }[zone.probe.outcome]
+        )
+        if zone.probe.leftover_reservation:
+            parts.append(zone.probe.message)
+    if quota is None:
+        parts.append("no vCPU quota known for this family")
+    elif quota.error:
+        parts.append(f"quota unknown ({quota.error})")
+    elif quota.free is not None:
+        enough = quota.enough_for(request.vcpus)
+        relation = ">=" if enough else "<"
+        parts.append(f"quota: {quota.free:g} vCPUs free {relation} {request.vcpus} needed")
+    if zone.spot_score is not None:
+        parts.append(f"Spot placement score {zone.spot_score}/10")
+    else:
+        parts.append("no Spot placement score")
+    return "; ".join(parts)
+
+
+def rank(plan: Plan) -> list[Ranked]:
+    """Zones best first: offered; then what a probe said (reserved, not probed, over quota, no capacity); then
+    quota room (enough, unknown, short); then the Spot placement score, higher first; then the order of the
+    regions as given, and the zone name. Regions that could not be checked have no zones here."""
+    request = plan.request
+    entries: list[tuple[tuple[Any, ...], Ranked]] = []
+    for region_index, region in enumerate(plan.regions):
+        quota = region.quota
+        enough = quota.enough_for(request.vcpus) if quota is not None else None
+        quota_order = {True: 0, None: 1, False: 2}[enough]
+        for zone in region.zones:
+            outcome = zone.probe.outcome if zone.probe else None
+            usable = zone.offered and enough is not False and outcome in (None, "reserved", "skipped", "error")
+            key = (
+                0 if zone.offered else 1,
+                _PROBE_ORDER[outcome],
+                quota_order,
+                -(zone.spot_score or 0),
+                region_index,
+                zone.name,
+            )
+            entries.append((key, Ranked(0, region.name, zone, quota, usable, _why(zone, quota, request))))
+    entries.sort(key=lambda item: item[0])
+    return [replace(entry, rank=i + 1) for i, (_, entry) in enumerate(entries)]
+
+
+def increases(plan: Plan) -> list[QuotaIncrease]:
+    """The quota increases that would let the request run, one per region that offers the type and is short."""
+    result = []
+    for region in plan.regions:
+        if region.quota is None or not any(z.offered for z in region.zones):
+            continue
+        wanted = region.quota.increase_for(region.name, plan.request.vcpus)
+        if wanted is not None:
+            result.append(wanted)
+    return result
+
+
+def leftovers(plan: Plan) -> list[str]:
+    """Reservations a probe could not cancel, as the sentences that say how to."""
+    return [z.probe.message for r in plan.regions for z in r.zones if z.probe and z.probe.leftover_reservation]
+
+
+def to_json(plan: Plan) -> dict[str, Any]:
+    ranked = rank(plan)
+    return {
+        "instanceType": plan.request.instance_type,
+        "count": plan.request.count,
+        "vcpusNeeded": plan.request.vcpus,
+        "probed": plan.probed,
+        "ranking": [
+            {
+                "rank": r.rank,
+                "region": r.region,
+                "zone": r.zone.name,
+                "zoneId": r.zone.zone_id,
+                "offered": r.zone.offered,
+                "usable": r.usable,
+                "spotScore": r.zone.spot_score,
+                "probe": asdict(r.zone.probe) if r.zone.probe else None,
+                "why": r.why,
+            }
+            for r in ranked
+        ],
+        "regions": [
+            {
+                "region": region.name,
+                "error": region.error or None,
+                "notes": list(region.notes),
+                "quota": _quota_json(region.quota, region.name, plan.request.vcpus),
+            }
+            for region in plan.regions
+        ],
+        "quotaIncreases": [q.to_dict() for q in increases(plan)],
+        "leftoverReservations": leftovers(plan),
+    }
+
+
+def _quota_json(quota: Quota | None, region: str, vcpus: int) -> dict[str, Any] | None:
+    if quota is None:
+        return None
+    return {
+        "code": quota.code,
+        "name": quota.name,
+        "value": quota.value,
+        "used": quota.used,
+        "free": quota.free,
+        "enough": quota.enough_for(vcpus),
+        "error": quota.error or None,
+    }
+
+
+# --- boto3 wiring ---------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Boto3Clients:
+    """Clients from one boto3 session, one per (service, region), with botocore's retries for throttling."""
+
+    profile: str | None = None
+    max_attempts: int = MAX_ATTEMPTS
+    _session: Any = None
+    _clients: dict[tuple[str, str], Client] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def session(self) -> Any:
+        if self._session is None:
+            import boto3
+
+            self._session = boto3.Session(profile_name=self.profile)
+        return self._session
+
+    def require_credentials(self) -> None:
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            credentials = self.session.get_credentials()
+        except BotoCoreError as e:  # a named profile that does not exist, a broken SSO cache
+            raise NoCredentials(str(e)) from e
+        if credentials is None:
+            raise NoCredentials("no AWS credentials found")
+
+    def home_region(self) -> str:
+        return str(self.session.region_name or os.environ.get("AWS_REGION") or "us-east-1")
+
+    def known_regions(self) -> list[str]:
+        return list(self.session.get_available_regions("ec2"))
+
+    def __call__(self, service: str, region: str) -> Client:
+        from botocore.config import Config
+
+        with self._lock:  # boto3 sessions are not thread-safe; clients are
+            key = (service, region)
+            if key not in self._clients:
+                config = Config(
+                    retries={"total_max_attempts": self.max_attempts, "mode": "standard"},
+                    connect_timeout=10,
+                    read_timeout=30,
+                )
+                self._clients[key] = self.session.client(service, region_name=region, config=config)
+            return self._clients[key]
+
+
+def enabled_regions(ec2: Client) -> tuple[list[str], set[str]]:
+    """(regions enabled for the account, opt-in regions it has not enabled)."""
+    answer = ec2.describe_regions(AllRegions=True)
+    enabled, disabled = [], set()
+    for item in answer.get("Regions", []):
+        if item.get("OptInStatus") == "not-opted-in":
+            disabled.add(item["RegionName"])
+        else:
+            enabled.append(item["RegionName"])
+    return sorted(enabled), disabled
+
+
+def request_for(ec2: Client, instance_type: str, count: int) -> Request:
+    """The request, with vCPUs per instance from the catalog or EC2; UnknownInstanceType when EC2 has no such type."""
+    from botocore.exceptions import ClientError
+
+    try:
+        vcpus = instance_vcpus(ec2, [instance_type])
+    except ClientError as e:
+        if _client_error_code(e).startswith("InvalidInstanceType"):
+            raise UnknownInstanceType(instance_type) from e
+        raise
+    if instance_type not in vcpus:
+        raise UnknownInstanceType(instance_type)
+    return Request(instance_type, count, vcpus[instance_type])
+
+
+# --- the operator's question: which zone? -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ZoneChoice:
+    zone: str
+    """The chosen zone; empty when none could be chosen (then `reason` says why)."""
+    reason: str
+
+
+class ZoneAdvisor(Protocol):
+    """What the operator asks of AWS for `placement.availabilityZone: auto`."""
+
+    async def choose(self, instance_type: str, count: int, zones: Sequence[str]) -> ZoneChoice:
+        """The best of `zones` (all of the region's when empty) for `count` instances, and why."""
+        ...
+
+
+def choose_zone(plan: Plan, zones: Sequence[str]) -> ZoneChoice:
+    """The best usable zone of the plan among `zones` (all when empty), with the reasons; none when no zone fits."""
+    allowed = set(zones)
+    candidates = [r for r in rank(plan) if r.usable and (not allowed or r.zone.name in allowed)]
+    where = f"among the zones with nodes of the type ({', '.join(sorted(allowed))})" if allowed else "in the region"
+    if not candidates:
+        region = plan.regions[0] if plan.regions else None
+        why = region.error if region is not None and region.error else f"no usable zone {where}"
+        return ZoneChoice("", f"no zone for {plan.request.count}x {plan.request.instance_type}: {why}")
+    best = candidates[0]
+    return ZoneChoice(best.zone.name, f"best of {len(candidates)} usable zone(s) {where}: {best.why}")
+
+
+@dataclass(slots=True)
+class Ec2ZoneAdvisor:
+    """The operator's advisor: the checks of `fsdpctl capacity` in the operator's own region, without probes."""
+
+    clients: Boto3Clients = field(default_factory=Boto3Clients)
+    region: str = ""
+
+    async def choose(self, instance_type: str, count: int, zones: Sequence[str]) -> ZoneChoice:
+        return await asyncio.to_thread(self._choose, instance_type, count, zones)
+
+    def _choose(self, instance_type: str, count: int, zones: Sequence[str]) -> ZoneChoice:
+        self.clients.require_credentials()
+        region = self.region or self.clients.home_region()
+        try:
+            request = request_for(self.clients("ec2", region), instance_type, count)
+        except UnknownInstanceType:
+            return ZoneChoice("", f"EC2 does not know instance type {instance_type} in {region}")
+        except Exception as e:
+            return ZoneChoice("", describe_error(e, "instance type", region))
+        return choose_zone(Plan(request, (check_region(self.clients, region, request),), False), zones)

@@ -1,0 +1,340 @@
+"""The grammars Kubernetes, OCI registries and pip apply to strings, as checks that say what is wrong.
+
+Each check takes a string and returns None when it is well-formed, or a short reason that never
+repeats the value (the caller decides how much of it may be shown). The rules are written out
+from their specifications (Kubernetes' `apimachinery/pkg/util/validation`, `resource.ParseQuantity`,
+the OCI distribution reference grammar) because no maintained Python package implements them;
+pip requirements use `packaging`, the library pip itself uses.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from urllib.parse import urlsplit
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+
+@dataclass(frozen=True, slots=True)
+class Grammar:
+    """A named string grammar: the check, the longest value allowed, and (where RE2 can say it) a CRD pattern."""
+
+    name: str
+    check: Callable[[str], str | None]
+    max_length: int
+    pattern: str | None = None
+
+
+# --- Kubernetes names (k8s.io/apimachinery/pkg/util/validation) -------------------------------------
+
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*"
+_QUALIFIED_NAME = r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
+_ENV_NAME = r"[-._a-zA-Z][-._a-zA-Z0-9]*"
+
+
+def _dns1123_label(value: str) -> str | None:
+    if len(value) > 63 or not re.fullmatch(_DNS1123_LABEL, value):
+        return (
+            "must be a DNS-1123 label: at most 63 lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit"
+        )
+    return None
+
+
+def _dns1123_subdomain(value: str) -> str | None:
+    if len(value) > 253 or not re.fullmatch(_DNS1123_SUBDOMAIN, value):
+        return "must be a DNS-1123 subdomain: lowercase letters, digits, '-' and '.', at most 253 characters"
+    return None
+
+
+def _qualified_name(value: str) -> str | None:
+    """A label or annotation key: an optional DNS-1123 subdomain prefix and '/', then a name of <= 63."""
+    prefix, slash, name = value.rpartition("/")
+    if slash and (not prefix or _dns1123_subdomain(prefix)):
+        return "has a prefix that is not a DNS-1123 subdomain (the part before '/')"
+    if not name or len(name) > 63 or not re.fullmatch(_QUALIFIED_NAME, name):
+        return (
+            "must be a qualified name: at most 63 letters, digits, '-', '_' or '.', starting and ending "
+            "with a letter or digit, with an optional DNS subdomain prefix and '/'"
+        )
+    return None
+
+
+def _label_value(value: str) -> str | None:
+    if len(value) > 63 or (value and not re.fullmatch(_QUALIFIED_NAME, value)):
+        return (
+            "must be a label value: empty, or at most 63 letters, digits, '-', '_' or '.', starting and "
+            "ending with a letter or digit"
+        )
+    return None
+
+
+def _env_name(value: str) -> str | None:
+    if not re.fullmatch(_ENV_NAME, value):
+        return "must be an environment variable name: letters, digits, '_', '-' or '.', not starting with a digit"
+    return None
+
+
+def _free_text(value: str) -> str | None:
+    return None
+
+
+def or_empty(grammar: Grammar) -> Grammar:
+    """`grammar`, or the empty string."""
+
+    def check(value: str) -> str | None:
+        return None if value == "" else grammar.check(value)
+
+    return Grammar(f"{grammar.name} or empty", check, grammar.max_length)
+
+
+DNS1123_LABEL = Grammar("DNS-1123 label", _dns1123_label, 63, f"^{_DNS1123_LABEL}$")
+DNS1123_SUBDOMAIN = Grammar("DNS-1123 subdomain", _dns1123_subdomain, 253)
+QUALIFIED_NAME = Grammar("qualified name (label or annotation key)", _qualified_name, 317)
+LABEL_VALUE = Grammar("label value", _label_value, 63)
+ENV_NAME = Grammar("environment variable name", _env_name, 256, f"^{_ENV_NAME}$")
+# Annotation and environment values: anything; their size is bounded where they are declared.
+TEXT = Grammar("text", _free_text, 32768)
+
+
+# --- quantities (k8s.io/apimachinery/pkg/api/resource.ParseQuantity) ----------------------------------
+
+# <signedNumber><suffix>; the suffix is a binary SI suffix, a decimal SI suffix, or a decimal exponent
+# with an integer power. No white space anywhere, and no exponent together with a suffix ("1e3Gi").
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))((?:[KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]+)?")
+# The pattern controller-gen writes for resource.Quantity in CRDs (KubeRay's included).
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_SCALE = {
+    "n": Decimal(10) ** -9,
+    "u": Decimal(10) ** -6,
+    "m": Decimal(10) ** -3,
+    "": Decimal(1),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+# Kubernetes keeps quantities as int64 milli-units in many places; beyond that no consumer can hold them.
+QUANTITY_MAX = Decimal(2**63 - 1) / 1000
+_NOT_A_QUANTITY = "is not a Kubernetes quantity (examples: 2, 500m, 8Gi, 1e3)"
+
+
+def parse_quantity(value: int | str) -> Decimal:
+    """A Kubernetes quantity (``40``, ``500m``, ``160Gi``) as a number; ValueError when it does not parse."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(_NOT_A_QUANTITY)
+    if isinstance(value, int):
+        return Decimal(value)
+    match = _QUANTITY.fullmatch(value) if len(value) <= 64 else None
+    if match is None:
+        raise ValueError(_NOT_A_QUANTITY)
+    number, suffix = Decimal(match.group(1)), match.group(2) or ""
+    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+        power = int(suffix[1:])
+        if abs(power) > 40:  # far outside what any resource can be; keeps the arithmetic exact and small
+            raise ValueError("is out of range")
+        return number.scaleb(power)
+    return number * _SCALE[suffix]
+
+
+def _positive_quantity(value: str) -> str | None:
+    try:
+        amount = parse_quantity(value)
+    except ValueError as e:
+        return str(e)
+    if amount <= 0:
+        return "must be positive"
+    if amount > QUANTITY_MAX:
+        return "is out of range"
+    return None
+
+
+POSITIVE_QUANTITY = Grammar("positive quantity", _positive_quantity, 64, QUANTITY_PATTERN)
+
+
+# --- OCI image references (github.com/distribution/reference, grammar in its reference.go) -----------
+
+_ALNUM = r"[a-z0-9]+"
+_SEPARATOR = r"(?:[._]|__|[-]+)"
+_PATH_COMPONENT = rf"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN_NAME = rf"{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*"
+_IPV6 = r"\[(?:[a-fA-F0-9:]+)\]"
+_DOMAIN = rf"(?:{_DOMAIN_NAME}|{_IPV6})(?::[0-9]+)?"
+_TAG = r"[\w][\w.-]{0,127}"
+_DIGEST = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}"
+_NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+_REFERENCE = re.compile(rf"({_NAME})(?::({_TAG}))?(?:@({_DIGEST}))?", re.ASCII)
+
+
+def _image_reference(value: str) -> str | None:
+    match = _REFERENCE.fullmatch(value)
+    if match is None:
+        return "is not an OCI image reference (registry/repository[:tag][@digest], repository in lowercase)"
+    if len(match.group(1)) > 255:
+        return "has a repository name longer than 255 characters"
+    return None
+
+
+IMAGE_REFERENCE = Grammar("OCI image reference", _image_reference, 512)
+
+
+# --- storage URIs ------------------------------------------------------------------------------------
+
+STORAGE_SCHEMES = ("s3", "gs", "file")
+# S3: 3-63 characters; Cloud Storage allows up to 222 when the name has dots (and '_').
+_BUCKET = {
+    "s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
+    "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
+}
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+
+
+def _storage_uri(value: str) -> str | None:
+    """s3://bucket/prefix, gs://bucket/prefix, file:///abs/path or /abs/path; empty means none."""
+    if not value:
+        return None
+    if _CONTROL.search(value):
+        return "must not contain white space or control characters"
+    if value.startswith("/"):
+        path = value
+    else:
+        try:
+            parts = urlsplit(value)
+        except ValueError:
+            return "is not a well-formed URI"
+        if parts.scheme not in STORAGE_SCHEMES:
+            return "has an unsupported scheme (use s3://, gs://, file:// or an absolute path)"
+        if "@" in parts.netloc:
+            return "must not carry credentials in the URI (user info); use the pod's credentials instead"
+        if parts.query or parts.fragment or "?" in value or "#" in value:
+            return "must not have a query or fragment"
+        if parts.scheme == "file":
+            if parts.netloc:
+                return "file:// must be followed by an absolute path (file:///path)"
+            path = parts.path
+            if not path.startswith("/"):
+                return "file:// must be followed by an absolute path (file:///path)"
+        else:
+            if not parts.netloc:
+                return f"has no bucket ({parts.scheme}://BUCKET/prefix)"
+            if not _BUCKET[parts.scheme].fullmatch(parts.netloc):
+                return "has a bucket name that is not valid (3-63 lowercase letters, digits, '.' or '-')"
+            path = parts.path
+    if ".." in path.split("/"):
+        return "must not contain '..' segments"
+    return None
+
+
+STORAGE_URI = Grammar("storage URI", _storage_uri, 1024)
+
+
+# --- pip requirements ---------------------------------------------------------------------------------
+
+
+def _pip_requirement(value: str) -> str | None:
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        return "must be one requirement specifier on one line"
+    if value.lstrip().startswith("-"):
+        return "must be a requirement specifier, not a pip option"
+    try:
+        requirement = Requirement(value)
+    except InvalidRequirement:
+        return "is not a requirement specifier (PEP 508, e.g. 'pandas>=2.2')"
+    if requirement.url is not None and "@" in urlsplit(requirement.url).netloc:
+        return "must not carry credentials in its URL"
+    return None
+
+
+PIP_REQUIREMENT = Grammar("pip requirement specifier (PEP 508)", _pip_requirement, 512)
+
+
+# --- smaller grammars used by one field each ------------------------------------------------------------
+
+
+def _model_name(value: str) -> str | None:
+    if not value:
+        return "must not be empty"
+    if _CONTROL.search(value):
+        return "must not contain white space or control characters"
+    if ".." in value.split("/"):
+        return "must not contain '..' segments"
+    return None
+
+
+def _ray_version(value: str) -> str | None:
+    if not re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+(?:[-+.]?[0-9A-Za-z][0-9A-Za-z.+-]*)?", value):
+        return "must be a Ray version such as 2.58.0"
+    return None
+
+
+def _interface_names(value: str) -> str | None:
+    # NCCL_SOCKET_IFNAME: a comma-separated list of interface names or prefixes, optionally starting
+    # with ^ (exclude) or = (exact match).
+    if not re.fullmatch(r"[\^=]?[A-Za-z0-9_.:@-]+(?:,[A-Za-z0-9_.:@-]+)*", value):
+        return "must be network interface names or prefixes, comma-separated (e.g. eth0, ^lo,docker)"
+    return None
+
+
+def _config_key(value: str) -> str | None:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", value):
+        return "must be a config key: a letter or '_', then letters, digits or '_', at most 64"
+    return None
+
+
+def _secret_key(value: str) -> str | None:
+    if len(value) > 253 or not re.fullmatch(r"[-._a-zA-Z0-9]+", value):
+        return "must be a key of a Secret or ConfigMap: letters, digits, '-', '_' or '.'"
+    return None
+
+
+def _field_path(value: str) -> str | None:
+    if not re.fullmatch(r"[A-Za-z0-9_.'\[\]/-]+", value):
+        return "must be a field path such as metadata.name or status.podIP"
+    return None
+
+
+# --- EC2 placement --------------------------------------------------------------------------------------
+
+# A zone name as EC2 and the topology.kubernetes.io/zone label spell it: us-east-1b, us-gov-west-1a,
+# and Local Zones such as us-west-2-lax-1a.
+_ZONE = r"[a-z]{2}(-[a-z]+)+-[0-9]+(-[a-z]+-[0-9]+)?[a-z]"
+
+
+def _zone_or_auto(value: str) -> str | None:
+    if value != "auto" and not re.fullmatch(_ZONE, value):
+        return "must be auto or an Availability Zone name such as us-east-1b"
+    return None
+
+
+def _capacity_reservation_id(value: str) -> str | None:
+    if not re.fullmatch(r"cr-[0-9a-f]{8}([0-9a-f]{9})?", value):
+        return "must be an EC2 Capacity Reservation id: cr- and 17 hexadecimal digits"
+    return None
+
+
+ZONE_OR_AUTO = Grammar("Availability Zone or auto", _zone_or_auto, 64, f"^(auto|{_ZONE})$")
+CAPACITY_RESERVATION_ID = Grammar(
+    "Capacity Reservation id", _capacity_reservation_id, 20, r"^cr-[0-9a-f]{8}([0-9a-f]{9})?$"
+)
+
+MODEL_NAME = Grammar("Hugging Face model id or path", _model_name, 256)
+RAY_VERSION = Grammar("Ray version", _ray_version, 64)
+INTERFACE_NAMES = Grammar("interface names", _interface_names, 256)
+CONFIG_KEY = Grammar("config key", _config_key, 64)
+SECRET_KEY = Grammar("Secret or ConfigMap key", _secret_key, 253)
+FIELD_PATH = Grammar("field path", _field_path, 256)

@@ -1,0 +1,70 @@
+"""A job's status in a few lines, and its loss curve in the terminal: for `run-local` and `fsdpctl status`.
+
+Pure: a status dict (as the API server stores it) in, text out. The curve is drawn by `uniplot` from
+`status.progress.lossHistory`, the bounded history `status.fold_events` keeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from uniplot import plot_to_string
+
+
+def _number(value: Any, digits: int = 4) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-"
+    return f"{value:,}" if isinstance(value, int) else f"{value:.{digits}g}"
+
+
+def summary_lines(status: Mapping[str, Any], *, saved_to: str = "") -> list[str]:
+    """Phase, ranks, transport, bandwidth, steps, loss, tokens/s, and where the full status is."""
+    phase = status.get("phase") or "no status yet"
+    lines = [
+        f"phase      {phase}" + (f" ({status['reason']}: {status.get('message', '')})" if status.get("reason") else "")
+    ]
+    ranks = [r for r in status.get("ranks") or [] if isinstance(r, Mapping)]
+    if ranks:
+        nodes = {r.get("nodeIP") or r.get("nodeRank") for r in ranks}
+        lines.append(f"ranks      {len(ranks)} on {len(nodes)} node{'s' if len(nodes) != 1 else ''}")
+    transport = status.get("transport") or {}
+    if transport.get("summary"):
+        lines.append(f"transport  {transport['summary']} (requested {transport.get('requested', '-')})")
+    for scope, figures in sorted((status.get("interconnect") or {}).items()):
+        if isinstance(figures, Mapping) and "allreduceBusbwGBps" in figures:
+            lines.append(
+                f"bandwidth  {scope}: all-reduce {_number(figures['allreduceBusbwGBps'])} GB/s, "
+                f"all-gather {_number(figures.get('allgatherBusbwGBps'))} GB/s"
+            )
+    progress, result = status.get("progress") or {}, status.get("result") or {}
+    if progress.get("stepOfTotal"):
+        lines.append(f"steps      {progress['stepOfTotal']}")
+    first, last = result.get("firstLoss"), result.get("finalLoss", progress.get("loss"))
+    if last is not None:
+        lines.append("loss       " + (f"{_number(first)} -> " if first is not None else "") + _number(last))
+    tokens = result.get("tokensPerSecond", progress.get("tokensPerSecond"))
+    if tokens is not None:
+        lines.append(f"tokens/s   {_number(tokens)}" + (f", MFU {_number(result['mfu'])}" if "mfu" in result else ""))
+    if status.get("dashboardURL"):
+        lines.append(f"dashboard  {status['dashboardURL']}")
+    if saved_to:
+        lines.append(f"status     {saved_to}")
+    return lines
+
+
+def loss_curve(status: Mapping[str, Any], *, width: int = 60, height: int = 10) -> str:
+    """The loss over steps as a terminal plot; empty when fewer than two points were reported."""
+    history = (status.get("progress") or {}).get("lossHistory") or []
+    points = [
+        (float(p[0]), float(p[1]))
+        for p in history
+        if isinstance(p, list) and len(p) == 2 and all(isinstance(v, int | float) for v in p)
+    ]
+    if len(points) < 2:
+        return ""
+    steps, losses = zip(*points, strict=True)
+    text: str = plot_to_string(
+        list(losses), list(steps), lines=True, width=width, height=height, title="loss by step", color=False
+    )
+    return text

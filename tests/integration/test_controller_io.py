@@ -1,0 +1,281 @@
+"""The controller's I/O paths when Ray or the API server misbehave, pass by pass.
+
+One job's loop (`JobLoop`) is stepped by the test against the emulated API server (real HTTP), the fake
+KubeRay and a `FakeRay` that fails on demand: unreachable while provisioning and while running, a
+submission it rejects, a spec turned invalid under a running job, probes that measured nothing usable.
+Every wait is for a condition of the stored status, never for a length of time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from fsdp_operator.controller import JobLoop, Runtime
+from fsdp_operator.kube import AioKube, KubeError
+from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.rayjobs import FakeJob, FakeRay
+from fsdp_train.events import Placement, Probe, Step, Summary, Transport
+from test_operator import EFA_LINE, FAST, NAMESPACE, Script, World, manifest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+
+LOG = logging.getLogger(__name__)
+# The submission ids of job "qwen" are derived from its uid, which the API server makes: see `World.sid`.
+
+
+def make_loop(w: World, kube: AioKube | None = None) -> tuple[JobLoop, AioKube]:
+    kube = kube or AioKube(w.api.url, timeout=FAST.kube_timeout)
+    return JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", LOG), kube
+
+
+async def step_until(loop: JobLoop, done: Callable[[], Any], *, passes: int = 400) -> Any:
+    """Run passes (the fake KubeRay and Ray move in between) until `done()` is truthy; return its value."""
+    for _ in range(passes):
+        await loop.pass_once()
+        if value := done():
+            return value
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"not reached after {passes} passes; status: {loop.status}")
+
+
+def at(w: World, phase: str, reason: str | None = None) -> Callable[[], dict[str, Any] | None]:
+    def check() -> dict[str, Any] | None:
+        status = w.status()
+        ok = status.get("phase") == phase and (reason is None or status.get("reason") == reason)
+        return status if ok else None
+
+    return check
+
+
+def scenario(api: ThreadedApiServer, body: Callable[[World, JobLoop], Any], script: Script | None = None) -> World:
+    w = World(api, script)
+
+    async def main() -> None:
+        loop, kube = make_loop(w)
+        try:
+            async with w.kuberay.running(tick=0.01):
+                await body(w, loop)
+        finally:
+            await kube.close()
+
+    asyncio.run(main())
+    return w
+
+
+def test_ray_unreachable_while_provisioning_waits_then_submits(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World, loop: JobLoop) -> None:
+        w.ray.down = True
+        w.apply(manifest())
+        status = await step_until(loop, lambda: (s := w.status()).get("message", "").startswith("worker pods") and s)
+        assert (status["phase"], status["reason"]) == ("Provisioning", "WorkersNotReady")
+        assert status["message"] == (
+            "worker pods ready; waiting for Ray's API on the head (http://10.96.0.2:8265: connection refused)"
+        )
+        assert w.ray.submit_calls == []
+        w.ray.down = False
+        await step_until(loop, at(w, "Succeeded", "Completed"))
+        assert w.ray.created == [w.sid(1)]
+
+    scenario(apiserver, body)
+
+
+def test_ray_unreachable_while_running_warns_once_and_resumes(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World, loop: JobLoop) -> None:
+        w.script.hold = True
+        w.apply(manifest())
+        await step_until(loop, lambda: at(w, "Running")() and w.status().get("progress"))
+        w.ray.down = True
+        status = await step_until(loop, at(w, "Running", "RayUnreachable"))
+        assert status["message"] == "Ray job API: http://10.96.0.2:8265: connection refused"
+        for _ in range(3):  # more passes in the same outage: no more events
+            await loop.pass_once()
+        w.ray.down = False
+        await step_until(loop, at(w, "Running", "JobRunning"))
+        w.script.hold = False
+        await step_until(loop, at(w, "Succeeded", "Completed"))
+        reasons = w.event_reasons()
+        assert reasons.count("RayUnreachable") == 1, reasons
+        assert reasons.count("JobRunning") == 1, reasons  # recovering posts nothing
+        assert w.ray.created == [w.sid(1)]  # never resubmitted during the outage
+
+    scenario(apiserver, body)
+
+
+def test_a_submission_ray_rejects_fails_the_job(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World, loop: JobLoop) -> None:
+        w.apply(manifest())
+        w.ray.reject[w.sid(1)] = "runtime_env: pip package 'nope==0' not found"
+        status = await step_until(loop, at(w, "Failed"))
+        assert status["reason"] == "SubmissionFailed"
+        assert status["message"] == "runtime_env: pip package 'nope==0' not found"
+        assert w.ray.submit_calls == [w.sid(1)] and w.ray.created == []
+        assert "SubmissionFailed" in w.event_reasons()
+
+    scenario(apiserver, body)
+
+
+def test_a_rejected_submission_is_retried_under_a_new_id(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World, loop: JobLoop) -> None:
+        w.apply(manifest(runPolicy={"backoffLimit": 1}))
+        w.ray.reject[w.sid(1)] = "invalid runtime_env"
+        status = await step_until(loop, at(w, "Succeeded"))
+        assert (status["attempts"], status["failedAttempts"], status["submissionId"]) == (2, 1, w.sid(2))
+        assert w.ray.created == [w.sid(2)]
+        assert w.event_reasons().count("Retrying") == 1
+
+    scenario(apiserver, body)
+
+
+class FlakyKube(AioKube):
+    """The real client; the API server answers 503 to the first `failures` reads of the RayCluster."""
+
+    def __init__(self, url: str, failures: int) -> None:
+        super().__init__(url, timeout=FAST.kube_timeout)
+        self.failures = failures
+
+    async def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if self.failures:
+            self.failures -= 1
+            raise KubeError(503, "the server is currently unable to handle the request")
+        return await super().get_raycluster(namespace, name)
+
+
+class Stopped:
+    """kopf's daemon stop flag, as `JobLoop.run` uses it: falsy until set, `wait()` for a while."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.event.is_set()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.event.wait(), timeout)
+        return self.event.is_set()
+
+
+def test_the_loop_retries_after_an_api_error_and_finishes(apiserver: ThreadedApiServer) -> None:
+    """Errors out of a pass go to the retry loop (`error_backoff`), which carries on from the stored status."""
+    w = World(apiserver)
+
+    async def main() -> None:
+        kube = FlakyKube(apiserver.url, failures=3)
+        loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", LOG)
+        stopped = Stopped()
+        try:
+            async with w.kuberay.running(tick=0.01):
+                w.apply(manifest())
+                # `run` returns by itself once the job is finished and nothing is left to do.
+                await asyncio.wait_for(loop.run(stopped), timeout=20)
+        finally:
+            await kube.close()
+        assert kube.failures == 0
+
+    with _captured("WARNING") as warnings:
+        asyncio.run(main())
+    assert w.status()["phase"] == "Succeeded"
+    retries = [m for m in warnings if m.startswith("pass failed, retrying in 0.2s: ")]
+    assert len(retries) == 3, warnings
+    w.assert_no_duplicates()
+
+
+def test_a_spec_edited_to_invalid_while_running_stops_the_ray_job(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World, loop: JobLoop) -> None:
+        w.script.hold = True
+        w.apply(manifest())
+        await step_until(loop, lambda: at(w, "Running")() and w.status().get("progress"))
+        w.patch_spec("qwen", {"workers": {"gpusPerWorker": 5}})
+        status = await step_until(loop, at(w, "Failed", "ValidationFailed"))
+        assert status["message"] == "invalid spec: spec.workers.gpusPerWorker: 5 GPUs requested, g6.12xlarge has 4"
+        await step_until(loop, lambda: w.ray.stopped == [w.sid(1)] and not w.clusters())
+
+    scenario(apiserver, body)
+
+
+class ProbeScript(Script):
+    """A two-node job whose rank 0 reports the given cross-node probe (or none)."""
+
+    def __init__(self, cross_node: float | None) -> None:
+        super().__init__(steps=2, world_size=8)
+        self.cross_node = cross_node
+
+    def __call__(self, ray: FakeRay, job: FakeJob) -> Iterator[None]:
+        sid = job.submission.submission_id
+        yield
+        for r in range(8):
+            ray.emit(
+                sid,
+                Placement(
+                    rank=r,
+                    world_size=8,
+                    local_rank=r % 4,
+                    local_world_size=4,
+                    node_rank=r // 4,
+                    node_ip=f"10.0.0.{r // 4 + 1}",
+                    hostname="h",
+                    pod=f"w{r // 4}",
+                    device="NVIDIA L4",
+                ).to_line(),
+                Transport(rank=r, transport="efa", evidence=EFA_LINE).to_line(),
+            )
+        ray.emit(sid, Probe(rank=0, scope="all", ranks=8, size_bytes=1024, allreduce_busbw_gbps=40.0,
+                            allgather_busbw_gbps=40.0).to_line())  # fmt: skip
+        if self.cross_node is not None:
+            ray.emit(sid, Probe(rank=0, scope="cross-node", ranks=2, size_bytes=1024,
+                                allreduce_busbw_gbps=self.cross_node, allgather_busbw_gbps=1.0).to_line())  # fmt: skip
+        yield
+        ray.emit(
+            sid,
+            Step(
+                rank=0, step=2, total_steps=2, loss=1.0, tokens_per_second=1.0, tokens_per_second_per_device=1.0
+            ).to_line(),
+            Summary(rank=0, steps=2, final_loss=1.0, first_loss=2.0, tokens_per_second=1.0).to_line(),
+        )
+        ray.finish(sid)
+
+
+@pytest.mark.parametrize(
+    ("cross_node", "want"),
+    [
+        (math.nan, ("Unknown", "NotMeasured")),
+        (math.inf, ("Unknown", "NotMeasured")),
+        (None, ("Unknown", "NotMeasured")),
+        (4.99, ("False", "BelowFloor")),  # g6.12xlarge's floor is 5 GB/s: both sides of it
+        (5.0, ("True", "Healthy")),
+    ],
+)
+def test_a_nan_or_missing_probe_is_never_healthy(
+    apiserver: ThreadedApiServer, cross_node: float | None, want: tuple[str, str]
+) -> None:
+    async def body(w: World, loop: JobLoop) -> None:
+        w.apply(manifest())
+        status = await step_until(loop, at(w, "Succeeded"))
+        conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+        assert conditions["InterconnectHealthy"] == want
+
+    scenario(apiserver, body, ProbeScript(cross_node))
+
+
+class _captured:
+    """Collect the messages this module's logger emits at `level` or above."""
+
+    def __init__(self, level: str) -> None:
+        self.level = level
+        self.messages: list[str] = []
+        self.handler = logging.Handler()
+        self.handler.emit = lambda record: self.messages.append(record.getMessage())  # type: ignore[method-assign]
+
+    def __enter__(self) -> list[str]:
+        self.handler.setLevel(self.level)
+        LOG.addHandler(self.handler)
+        return self.messages
+
+    def __exit__(self, *exc: object) -> None:
+        LOG.removeHandler(self.handler)

@@ -1,0 +1,244 @@
+"""The operator under the chart's own RBAC, rendered by the real helm, against an API server that enforces it.
+
+Both `watchAllNamespaces` modes: the ServiceAccount's Role/ClusterRole and bindings from `helm template`
+are created in the emulated API server, which authenticates by bearer token and authorizes by RBAC;
+the operator (kopf in-process, the real handlers and controller) runs a job through its whole life
+as that ServiceAccount. Any 403 fails the test, and the calls it made must be exactly what the chart
+grants: nothing missing, nothing granted that the code never calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+from fsdp_operator import schema
+from fsdp_operator.controller import Runtime
+from fsdp_operator.handlers import build_registry
+from fsdp_operator.kube import AioKube
+from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
+from fsdp_operator.rayjobs import FakeRay
+from support import k8s_tools
+from support.aws import FixedZone
+from support.fake_kuberay import FakeKubeRay
+from support.kopf_runner import eventually, kopf_operator
+from test_operator import FAST, Script, manifest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "fsdp-operator"
+RELEASE_NAMESPACE = "ml"
+ACCOUNT = service_account(RELEASE_NAMESPACE, "demo-fsdp-operator")
+OPERATOR_TOKEN, ADMIN_TOKEN = "operator-token", "admin-token"
+RBAC_KINDS = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+
+# Every call the operator makes in a job's life (create, run, finish, TTL delete, finalizer), kopf's
+# own included: (verb, API group, resource). Written down here; the chart must grant exactly these.
+EXPECTED_CALLS = {
+    # kopf: discovery of what to watch, at cluster scope in both modes.
+    ("list", "apiextensions.k8s.io", "customresourcedefinitions"),
+    ("watch", "apiextensions.k8s.io", "customresourcedefinitions"),
+    # kopf: the watched resources, and its finalizer on the job.
+    ("list", "fsdp.dev", "fsdptrainingjobs"), ("watch", "fsdp.dev", "fsdptrainingjobs"),
+    ("patch", "fsdp.dev", "fsdptrainingjobs"),
+    ("list", "ray.io", "rayclusters"), ("watch", "ray.io", "rayclusters"),
+    ("list", "", "pods"), ("watch", "", "pods"),
+    # The controller: the job, its status, its TTL deletion; the RayCluster; why workers wait; events.
+    ("get", "fsdp.dev", "fsdptrainingjobs"), ("patch", "fsdp.dev", "fsdptrainingjobs/status"),
+    ("delete", "fsdp.dev", "fsdptrainingjobs"),
+    ("get", "ray.io", "rayclusters"), ("create", "ray.io", "rayclusters"), ("delete", "ray.io", "rayclusters"),
+    ("list", "", "events"), ("create", "", "events"),
+    # The controller, for placement.availabilityZone: auto: where nodes of the instance type are.
+    ("list", "", "nodes"),
+}  # fmt: skip
+# kopf watching chosen namespaces also follows the namespaces themselves, at cluster scope.
+NAMESPACED_EXTRA = {("list", "", "namespaces"), ("watch", "", "namespaces")}
+# Replicas elect the active one through kopf's peering object: it watches the object and writes its heartbeat.
+PEERING_CALLS = {
+    ("list", "kopf.dev", "clusterkopfpeerings"), ("watch", "kopf.dev", "clusterkopfpeerings"),
+    ("patch", "kopf.dev", "clusterkopfpeerings"),
+}  # fmt: skip
+
+
+def rendered_rbac(watch_all: bool, replicas: int = 1, watched: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The chart's RBAC objects, and with replicas > 1 its kopf peering CRDs and peering object."""
+    try:
+        helm = k8s_tools.helm()
+    except k8s_tools.ToolsUnavailable as e:
+        pytest.skip(str(e))
+    proc = subprocess.run(
+        [str(helm), "template", "demo", str(CHART), "--namespace", RELEASE_NAMESPACE,
+         "--set", "image.repository=registry.example.com/fsdp-operator",
+         "--set", f"watchAllNamespaces={str(watch_all).lower()}", "--set", f"replicas={replicas}",
+         *(("--set", "watchNamespaces={" + ",".join(watched) + "}") if watched else ()), "--include-crds"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    kinds = RBAC_KINDS | ({"ClusterKopfPeering", "KopfPeering"} if replicas > 1 else set())
+    peering_crds = [
+        d for d in yaml.safe_load_all(proc.stdout)
+        if d and d["kind"] == "CustomResourceDefinition" and d["spec"]["group"] == "kopf.dev" and replicas > 1
+    ]  # fmt: skip
+    return peering_crds + [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] in kinds]
+
+
+def granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """(verb, group, resource) for every combination the chart's roles allow."""
+    return {
+        (verb, group, resource)
+        for doc in docs
+        if doc["kind"] in ("Role", "ClusterRole")
+        for rule in doc["rules"]
+        for verb in rule["verbs"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    }
+
+
+def secured_server(docs: list[dict[str, Any]], namespaces: tuple[str, ...] = ()) -> tuple[ThreadedApiServer, Access]:
+    access = Access()
+    access.add_token(ADMIN_TOKEN, User("admin", (MASTERS,)))
+    access.add_token(OPERATOR_TOKEN, ACCOUNT)
+    api = ThreadedApiServer(access=access).start()
+    store = api.store
+    for namespace in {RELEASE_NAMESPACE, *namespaces}:
+        store.create(store.resource("namespaces"), {"metadata": {"name": namespace}})
+    crds = store.resource("customresourcedefinitions", "apiextensions.k8s.io")
+    store.create(crds, schema.crd())
+    store.create(crds, RAYCLUSTER_CRD)
+    for doc in docs:
+        group, _ = doc["apiVersion"].split("/")
+        store.create(store.resource(doc["kind"].lower(), group), doc)
+    return api, access
+
+
+def test_the_emulator_refuses_what_rbac_does_not_allow() -> None:
+    """Authentication and authorization themselves, with the real server's answers."""
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "reader", "namespace": "ml"},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"], "resourceNames": ["allowed"]},
+            {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+        ],
+    }
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": {"name": "reader", "namespace": "ml"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+               "subjects": [{"kind": "ServiceAccount", "name": "demo-fsdp-operator", "namespace": "ml"}]}  # fmt: skip
+    api, access = secured_server([role, binding])
+    try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "allowed"}, "spec": {"containers": []}}
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        for name in ("allowed", "other"):
+            created = requests.post(
+                f"{api.url}/api/v1/namespaces/ml/pods", json={**pod, "metadata": {"name": name}}, headers=admin
+            )
+            assert created.status_code == 201, created.text
+        user = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+
+        def code(method: str, path: str, headers: dict[str, str] = user, **kw: Any) -> int:
+            return requests.request(method, api.url + path, headers=headers, timeout=5, **kw).status_code
+
+        assert code("GET", "/api/v1/namespaces/ml/pods/allowed") == 200
+        assert code("GET", "/api/v1/namespaces/ml/pods/other") == 403  # resourceNames
+        assert code("GET", "/api/v1/namespaces/ml/pods") == 403  # resourceNames never match a list
+        assert code("GET", "/api/v1/namespaces/default/pods/allowed") == 403  # the binding is in ml only
+        assert code("GET", "/api/v1/pods") == 403  # cluster scope needs a ClusterRoleBinding
+        patch = {"json": {"status": {}}, "headers": {**user, "Content-Type": "application/merge-patch+json"}}
+        assert code("PATCH", "/api/v1/namespaces/ml/pods/other/status", **patch) == 200  # subresource rule
+        assert code("PATCH", "/api/v1/namespaces/ml/pods/other", **patch) == 403  # ... not the resource
+        assert code("GET", "/api/v1/namespaces/ml/pods/allowed", {}) == 401
+        assert code("GET", "/api/v1/namespaces/ml/pods/allowed", {"Authorization": "Bearer wrong"}) == 401
+        assert code("GET", "/api/v1/namespaces/ml/pods/other", admin) == 200  # system:masters
+        assert code("GET", "/apis", user) == 200  # discovery is open to every authenticated user
+        denied = requests.get(f"{api.url}/api/v1/pods", headers=user, timeout=5).json()
+        assert denied["reason"] == "Forbidden"
+        assert denied["message"] == (
+            'pods is forbidden: User "system:serviceaccount:ml:demo-fsdp-operator" cannot list resource "pods" '
+            'in API group "" at the cluster scope'
+        )
+        access.rotate("admin", "new-admin-token")
+        assert code("GET", "/api/v1/namespaces/ml/pods/other", admin) == 401
+        assert code("GET", "/api/v1/namespaces/ml/pods/other", {"Authorization": "Bearer new-admin-token"}) == 200
+    finally:
+        api.stop()
+
+
+@pytest.mark.parametrize(
+    ("watch_all", "replicas", "watched"),
+    [(True, 1, ()), (False, 1, ()), (True, 2, ()), (False, 1, ("team-a", "team-b"))],
+    ids=["all-namespaces", "one-namespace", "all-namespaces-with-peering", "listed-namespaces"],
+)
+def test_the_operator_runs_a_job_under_the_charts_rbac(
+    watch_all: bool, replicas: int, watched: tuple[str, ...]
+) -> None:
+    docs = rendered_rbac(watch_all, replicas, watched)
+    api, access = secured_server(docs, watched)
+    # The job runs in the last watched namespace: the Role there (not only the first) must do.
+    job_namespace = watched[-1] if watched else RELEASE_NAMESPACE
+    script = Script()
+    ray = FakeRay(script=script)
+    kuberay = FakeKubeRay(api.url, ray)
+    kuberay.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+    kuberay.ready_delay = 0.3  # Pending pods first: the operator asks why (pods, then scheduling events)
+    admin = requests.Session()
+    admin.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{job_namespace}/{schema.PLURAL}"
+
+    def status() -> dict[str, Any]:
+        found = api.store.find(schema.PLURAL, schema.GROUP, job_namespace)
+        return dict(found[0].get("status") or {}) if found else {}
+
+    async def main() -> None:
+        async with kuberay.running():
+            kube = AioKube(api.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=FAST.kube_timeout)
+            peering = "demo-fsdp-operator" if replicas > 1 else None
+            runtime = Runtime(replace(FAST, peering=peering), kube=kube, ray=ray.client, zones=FixedZone("us-east-1b"))
+            namespaces = None if watch_all else list(watched or [RELEASE_NAMESPACE])
+            registry = build_registry(runtime, login=False)
+            async with kopf_operator(registry, api.url, namespaces=namespaces, token=OPERATOR_TOKEN):
+                if replicas > 1:
+                    # The replica announces itself (id, priority, heartbeat) in the peering object's status.
+                    await eventually(
+                        lambda: any(p.get("status") for p in api.store.find("clusterkopfpeerings", "kopf.dev")),
+                        message="the operator never wrote its heartbeat into the peering object",
+                    )
+                job = manifest(runPolicy={"ttlSecondsAfterFinished": 0}, placement={"availabilityZone": "auto"})
+                response = await asyncio.to_thread(admin.post, api.url + jobs, json=job)
+                assert response.status_code == 201, response.text
+                await eventually(lambda: status().get("phase") == "Succeeded", timeout=20, message=str(status()))
+                # ttlSecondsAfterFinished: 0: the operator deletes the job, its finalizer deletes the cluster.
+                await eventually(
+                    lambda: not api.store.find(schema.PLURAL, schema.GROUP) and not api.store.find("rayclusters"),
+                    timeout=20,
+                    message="the job or its RayCluster was not deleted",
+                )
+
+    try:
+        asyncio.run(main())
+    finally:
+        api.stop()
+    assert access.denied == [], f"403s: {access.denied}"
+    calls = access.calls_by(ACCOUNT.name)
+    made = {(verb, group, resource) for verb, group, resource, _ in calls}
+    expected = EXPECTED_CALLS if watch_all else EXPECTED_CALLS | NAMESPACED_EXTRA
+    if replicas > 1:
+        expected = expected | PEERING_CALLS
+    assert made == expected, f"missing: {expected - made}; unexpected: {made - expected}"
+    assert granted(docs) == expected, (
+        f"granted but never called: {granted(docs) - expected}; called but not granted: {expected - granted(docs)}"
+    )
+    scopes = {(resource, scope) for _, _, resource, scope in calls}
+    assert ("customresourcedefinitions", "cluster") in scopes
+    assert (("namespaces", "cluster") in scopes) is not watch_all
+    job_scopes = {scope for resource, scope in scopes if resource == "fsdptrainingjobs"}
+    assert job_scopes == ({"cluster", "namespace"} if watch_all else {"namespace"})

@@ -1,0 +1,39 @@
+"""Ranks of the training loop as plain processes on CPU, joined through a file store (no port to pick).
+
+`run_rank` is the target of a spawned process: it joins a gloo group through a `FileStore`, runs
+`fsdp_train.loop.train` with the topology it is given and writes the events it printed to a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+from typing import Any
+
+
+def run_rank(rank: int, world_size: int, ranks_per_node: int, store: str, train: dict[str, Any], out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from fsdp_train.config import TrainConfig
+    from fsdp_train.loop import Host
+    from fsdp_train.loop import train as run_train
+    from fsdp_train.parallelize import Topology
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
+    topo = Topology.from_values(
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank % ranks_per_node,
+        local_world_size=ranks_per_node,
+        node_rank=rank // ranks_per_node,
+        env={},
+    )
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            run_train(TrainConfig.from_dict(train), topo, Host(node_ip=f"127.0.0.{2 + topo.node_rank}", env={}))
+    finally:
+        Path(out).write_text(printed.getvalue())
+        dist.destroy_process_group()

@@ -1,0 +1,445 @@
+"""`fsdpctl capacity` against moto (offerings, instance types, instances) and botocore's Stubber (Spot
+placement scores, Capacity Reservations, Service Quotas): the ranked plan, errors per region, probes."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("boto3")
+moto = pytest.importorskip("moto")
+
+from botocore.retries import standard  # noqa: E402
+from fsdp_operator import capacity, capacity_cli  # noqa: E402
+from fsdp_operator.capacity import Boto3Clients, Request  # noqa: E402
+from fsdp_operator.cli import main  # noqa: E402
+
+from tests.support.aws import Ec2Split, Regions, client, fail_first, quota_answer  # noqa: E402
+
+G6 = "g6.12xlarge"
+G_AND_VT = "L-DB2E81BA"
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[None]:
+    """One moto account for the module (its regions take seconds each to set up): us-east-1 runs one
+    g6.12xlarge (48 vCPUs of the G and VT quota) and three m5.large (another quota); us-west-2 runs two
+    g6.12xlarge (96 vCPUs) and a p4d.24xlarge (the P quota)."""
+    with pytest.MonkeyPatch.context() as patch:
+        # botocore's real retry logic, without its real (random, up to seconds) sleeps between attempts.
+        patch.setattr(standard.ExponentialBackoff, "delay_amount", lambda self, context: 0.0)
+        patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        # moto's thousands of public AMIs cost seconds per region and nothing here needs them.
+        patch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+        with moto.mock_aws():
+            _run_instances("us-east-1", G6, 1)
+            _run_instances("us-east-1", "m5.large", 3)
+            _run_instances("us-west-2", G6, 2)
+            _run_instances("us-west-2", "p4d.24xlarge", 1)
+            yield
+
+
+@pytest.fixture
+def aws(world: None) -> None:
+    """The module's moto account (tests add their own stubbed answers on fresh clients)."""
+
+
+class PinnedClients(Boto3Clients):
+    """The real session helpers (credentials from moto's environment), the region list pinned."""
+
+    def known_regions(self) -> list[str]:
+        return ["us-east-1", "us-west-2", "eu-west-1", "eu-north-1", "ap-east-1"]
+
+
+def _run_instances(region: str, instance_type: str, count: int) -> None:
+    ec2 = client("ec2", region)
+    ec2.run_instances(ImageId="ami-12c6146b", InstanceType=instance_type, MinCount=count, MaxCount=count)
+
+
+def _spot(ec2: Ec2Split, region: str, scores: dict[str, int], count: int = 2) -> None:
+    ec2.stub.add_response(
+        "get_spot_placement_scores",
+        {"SpotPlacementScores": [{"Region": region, "AvailabilityZoneId": z, "Score": s} for z, s in scores.items()]},
+        {
+            "InstanceTypes": [G6],
+            "TargetCapacity": count,
+            "TargetCapacityUnitType": "units",
+            "SingleAvailabilityZone": True,
+            "RegionNames": [region],
+            "MaxResults": 10,
+        },
+    )
+
+
+def _quota(regions: Regions, region: str, value: float) -> None:
+    regions.quota_stubs[region].add_response(
+        "get_service_quota", quota_answer(G_AND_VT, value), {"ServiceCode": "ec2", "QuotaCode": G_AND_VT}
+    )
+
+
+def _run(regions: Regions, *args: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    names = [r for a in args if a.startswith("--regions=") for r in a.split("=", 1)[1].split(",")]
+    code = capacity_cli.run(
+        G6,
+        2,
+        regions=names,
+        probe="--probe" in args,
+        output="json" if "-o=json" in args else "table",
+        clients=PinnedClients(),
+        factory=regions,
+        stdout=out,
+        stderr=err,
+    )
+    return code, out.getvalue(), err.getvalue()
+
+
+def _three_regions() -> Regions:
+    """us-east-1: room for 2x g6.12xlarge; us-west-2: higher Spot scores, quota short; eu-west-1: not offered."""
+    regions = Regions(["us-east-1", "us-west-2", "eu-west-1"])
+    _quota(regions, "us-east-1", 192)
+    _quota(regions, "us-west-2", 128)
+    # eu-west-1 never changed its quota: the AWS default answers.
+    regions.quota_stubs["eu-west-1"].add_client_error("get_service_quota", "NoSuchResourceException")
+    regions.quota_stubs["eu-west-1"].add_response(
+        "get_aws_default_service_quota", quota_answer(G_AND_VT, 64), {"ServiceCode": "ec2", "QuotaCode": G_AND_VT}
+    )
+    # moto's zone ids: us-east-1a..f = use1-az6, az1, az2, az4, az3, az5; us-west-2a..d = usw2-az2, az1, az3, az4.
+    _spot(
+        regions.ec2["us-east-1"],
+        "us-east-1",
+        {"use1-az6": 3, "use1-az1": 9, "use1-az2": 5, "use1-az4": 9, "use1-az5": 1},
+    )
+    _spot(regions.ec2["us-west-2"], "us-west-2", {"usw2-az1": 10, "usw2-az2": 8})
+    return regions
+
+
+def test_three_regions_ranked_best_zone_first(aws: None) -> None:
+    regions = _three_regions()
+    code, out, err = _run(regions, "--regions=us-east-1,us-west-2,eu-west-1", "-o=json")
+    regions.assert_all_answered()
+    assert (code, err) == (0, "")
+    plan = json.loads(out)
+    assert (plan["instanceType"], plan["count"], plan["vcpusNeeded"]) == (G6, 2, 96)
+    order = [(r["region"], r["zone"], r["usable"]) for r in plan["ranking"]]
+    assert order == [
+        # Room in the quota, by Spot placement score, ties by zone name.
+        ("us-east-1", "us-east-1b", True),
+        ("us-east-1", "us-east-1d", True),
+        ("us-east-1", "us-east-1c", True),
+        ("us-east-1", "us-east-1a", True),
+        ("us-east-1", "us-east-1f", True),
+        # The best scores, but 32 vCPUs free of 96 needed.
+        ("us-west-2", "us-west-2b", False),
+        ("us-west-2", "us-west-2a", False),
+        ("us-west-2", "us-west-2c", False),
+        ("us-west-2", "us-west-2d", False),
+        # Not offered.
+        ("us-east-1", "us-east-1e", False),
+        ("eu-west-1", "eu-west-1a", False),
+        ("eu-west-1", "eu-west-1b", False),
+        ("eu-west-1", "eu-west-1c", False),
+    ]
+    best = plan["ranking"][0]
+    assert (best["zoneId"], best["spotScore"]) == ("use1-az1", 9)
+    assert best["why"] == "quota: 144 vCPUs free >= 96 needed; Spot placement score 9/10"
+    assert plan["ranking"][5]["why"] == "quota: 32 vCPUs free < 96 needed; Spot placement score 10/10"
+    assert plan["ranking"][7]["spotScore"] is None
+    quotas = {r["region"]: r["quota"] for r in plan["regions"]}
+    assert (quotas["us-east-1"]["used"], quotas["us-west-2"]["used"], quotas["eu-west-1"]["value"]) == (48, 96, 64)
+    # Only the region that offers the type and is short gets an increase: 96 used + 96 needed.
+    assert plan["quotaIncreases"] == [
+        {
+            "region": "us-west-2",
+            "ServiceCode": "ec2",
+            "QuotaCode": G_AND_VT,
+            "DesiredValue": 192.0,
+            "command": "aws service-quotas request-service-quota-increase --region us-west-2 --service-code ec2 "
+            "--quota-code L-DB2E81BA --desired-value 192",
+        }
+    ]
+
+
+def test_table_output(aws: None) -> None:
+    code, out, _ = _run(_three_regions(), "--regions=us-east-1,us-west-2,eu-west-1")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].strip() == "2x g6.12xlarge (96 vCPUs)"
+    first_row = next(line for line in lines if line.strip().startswith("1 "))
+    assert first_row.split()[:6] == ["1", "us-east-1", "us-east-1b", "yes", "144", "9"]
+    assert "aws service-quotas request-service-quota-increase --region us-west-2 --service-code ec2 " in out
+    assert lines[-1] == "best: us-east-1 us-east-1b"
+
+
+def test_a_region_that_errors_while_others_answer(aws: None) -> None:
+    regions = Regions(["us-east-1", "eu-north-1", "us-west-2", "eu-west-1"])
+    _quota(regions, "us-east-1", 192)
+    _spot(regions.ec2["us-east-1"], "us-east-1", {"use1-az1": 4})
+    # eu-north-1: throttled on every attempt of botocore's retries (3 here).
+    sent = fail_first(regions.ec2["eu-north-1"], "DescribeInstanceTypeOfferings", "RequestLimitExceeded", 503)
+    # us-west-2: not allowed to read Spot placement scores or the quota; the rest still counts.
+    regions.ec2["us-west-2"].stub.add_client_error("get_spot_placement_scores", "UnauthorizedOperation", "denied", 403)
+    regions.quota_stubs["us-west-2"].add_client_error("get_service_quota", "AccessDeniedException", "denied", 403)
+    # eu-west-1: its Service Quotas endpoint cannot be reached.
+    regions.quotas["eu-west-1"] = client("service-quotas", "eu-west-1", 2, endpoint_url="http://127.0.0.1:9")
+    code, out, err = _run(regions, "--regions=us-east-1,eu-north-1,us-west-2,eu-west-1,ap-east-1", "-o=json")
+    regions.assert_all_answered()
+    assert (code, err) == (0, "")
+    assert sent() == 3
+    plan = json.loads(out)
+    by_region = {r["region"]: r for r in plan["regions"]}
+    assert by_region["eu-north-1"]["error"] == (
+        "instance type offerings: throttled by AWS after 3 attempts (RequestLimitExceeded); try again later"
+    )
+    assert by_region["ap-east-1"]["error"] == "ap-east-1 is an opt-in region not enabled for this account"
+    assert by_region["us-west-2"]["notes"] == [
+        "Spot placement score: access denied (UnauthorizedOperation); the credentials need permission for it"
+    ]
+    assert by_region["us-west-2"]["quota"]["error"] == (
+        "quota L-DB2E81BA: access denied (AccessDeniedException); the credentials need permission for it"
+    )
+    assert by_region["eu-west-1"]["quota"]["error"].startswith("quota L-DB2E81BA: no endpoint reachable in eu-west-1")
+    ranking = plan["ranking"]
+    # Known room first, then unknown quota (us-west-2, no scores); errored regions have no rows.
+    assert [r["zone"] for r in ranking[:2]] == ["us-east-1b", "us-east-1a"]
+    assert {r["region"] for r in ranking} == {"us-east-1", "us-west-2", "eu-west-1"}
+    assert next(r for r in ranking if r["region"] == "us-west-2")["usable"] is True
+
+
+def test_throttling_is_retried(aws: None) -> None:
+    regions = Regions(["us-west-2"])
+    sent = fail_first(regions.ec2["us-west-2"], "DescribeInstanceTypeOfferings", "Throttling", 400, times=2)
+    _quota(regions, "us-west-2", 192)
+    _spot(regions.ec2["us-west-2"], "us-west-2", {"usw2-az3": 7})
+    code, out, _ = _run(regions, "--regions=us-west-2", "-o=json")
+    assert (code, sent()) == (0, 3)
+    assert json.loads(out)["ranking"][0]["zone"] == "us-west-2c"
+
+
+def test_nothing_fits_is_a_finding(aws: None) -> None:
+    regions = Regions(["eu-west-1"])
+    _quota(regions, "eu-west-1", 512)
+    code, out, _ = _run(regions, "--regions=eu-west-1")
+    assert code == 1
+    assert out.splitlines()[-1] == "no zone can take 2x g6.12xlarge now"
+
+
+def test_bad_input_exits_2(aws: None) -> None:
+    regions = Regions(["us-east-1"])
+    assert _run(regions, "--regions=us-eest-1")[0] == 2
+    out, err = io.StringIO(), io.StringIO()
+    code = capacity_cli.run(
+        "g9.huge", 2, regions=["us-east-1"], clients=PinnedClients(), factory=regions, stdout=out, stderr=err
+    )
+    assert (code, err.getvalue()) == (2, "error: --instance-type: EC2 does not know 'g9.huge' (example: g6.12xlarge)\n")
+
+
+def test_missing_credentials_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    assert main(["capacity", "--regions", "us-east-1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"error: {capacity_cli.CREDENTIALS_HINT}\n"
+
+
+# --- probes ---------------------------------------------------------------------------------------------------
+
+REQUEST = Request(G6, 2, 48)
+
+
+def _create_params(zone: str) -> dict[str, Any]:
+    from botocore.stub import ANY
+
+    return {
+        "ClientToken": ANY,
+        "InstanceType": G6,
+        "InstancePlatform": "Linux/UNIX",
+        "AvailabilityZone": zone,
+        "InstanceCount": 2,
+        "InstanceMatchCriteria": "targeted",
+        "EndDateType": "unlimited",
+        "TagSpecifications": ANY,
+    }
+
+
+def _created(reservation_id: str, zone: str) -> dict[str, Any]:
+    return {
+        "CapacityReservation": {"CapacityReservationId": reservation_id, "AvailabilityZone": zone, "State": "active"}
+    }
+
+
+def _expect_cancel(ec2: Ec2Split, reservation_id: str) -> None:
+    ec2.stub.add_response("cancel_capacity_reservation", {"Return": True}, {"CapacityReservationId": reservation_id})
+
+
+def test_probe_reserves_and_cancels_or_classifies_the_refusal(aws: None) -> None:
+    ec2 = Ec2Split("eu-north-1")
+    ec2.stub.add_response("create_capacity_reservation", _created("cr-1", "eu-north-1a"), _create_params("eu-north-1a"))
+    _expect_cancel(ec2, "cr-1")
+    ec2.stub.add_client_error("create_capacity_reservation", "InsufficientInstanceCapacity", "none left")
+    ec2.stub.add_client_error("create_capacity_reservation", "VcpuLimitExceeded", "over the limit")
+    assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1") == capacity.Probe(
+        "reserved", "2 reserved and released (cr-1)"
+    )
+    assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1").outcome == "no-capacity"
+    assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1") == capacity.Probe(
+        "quota", "VcpuLimitExceeded: over the limit"
+    )
+    ec2.stub.assert_no_pending_responses()  # a refusal creates nothing, so nothing was cancelled
+
+
+@pytest.mark.parametrize("interruption", [KeyboardInterrupt, ConnectionResetError])
+def test_probe_cancels_what_an_interrupted_create_made(aws: None, interruption: type[BaseException]) -> None:
+    """Ctrl-C (or a broken connection) after EC2 made the reservation, before its id came back."""
+    ec2 = Ec2Split("eu-north-1")
+    seen: dict[str, str] = {}
+    ec2.stubbed.meta.events.register(
+        "provide-client-params.ec2.CreateCapacityReservation", lambda params, **_: seen.update(params)
+    )
+
+    def interrupt(**_: Any) -> None:
+        # The reservation exists now (the answer arrived); the caller never sees its id. Queue what
+        # the lookup will find: ours, by its tag, and someone else's in the same zone.
+        ours = {"Key": capacity.PROBE_TAG, "Value": seen["ClientToken"]}
+        ec2.stub.add_response(
+            "describe_capacity_reservations",
+            {
+                "CapacityReservations": [
+                    {"CapacityReservationId": "cr-other", "State": "active", "Tags": []},
+                    {"CapacityReservationId": "cr-ours", "State": "active", "Tags": [ours]},
+                ]
+            },
+        )
+        _expect_cancel(ec2, "cr-ours")
+        raise interruption()
+
+    ec2.stubbed.meta.events.register("after-call.ec2.CreateCapacityReservation", interrupt)
+    ec2.stub.add_response(
+        "create_capacity_reservation", _created("cr-ours", "eu-north-1b"), _create_params("eu-north-1b")
+    )
+    with pytest.raises(interruption):
+        capacity.probe_zone(ec2, REQUEST, "eu-north-1b", "eu-north-1")
+    ec2.stub.assert_no_pending_responses()
+
+
+def test_a_cancel_that_fails_is_reported_with_the_command(aws: None) -> None:
+    ec2 = Ec2Split("eu-north-1")
+    ec2.stub.add_response("create_capacity_reservation", _created("cr-9", "eu-north-1a"), _create_params("eu-north-1a"))
+    for _ in range(3):
+        ec2.stub.add_client_error("cancel_capacity_reservation", "InternalError", "try later", 500)
+    probe = capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1")
+    assert probe.leftover_reservation == "cr-9"
+    assert probe.message.endswith(
+        "cancel it with `aws ec2 cancel-capacity-reservation --region eu-north-1 --capacity-reservation-id cr-9`"
+    )
+
+
+def test_probe_in_the_plan_and_ctrl_c_while_regions_run(aws: None) -> None:
+    """With --probe, the confirmed zone ranks first; a Ctrl-C lets the probe in flight cancel its reservation."""
+    regions = Regions(["eu-north-1", "us-west-2"])
+    north = regions.ec2["eu-north-1"]
+    _quota(regions, "eu-north-1", 192)
+    _spot(north, "eu-north-1", {"eun1-az1": 9, "eun1-az2": 2})
+    north.stub.add_client_error("create_capacity_reservation", "InsufficientInstanceCapacity", "none left")
+    north.stub.add_response(
+        "create_capacity_reservation", _created("cr-b", "eu-north-1b"), _create_params("eu-north-1b")
+    )
+    _expect_cancel(north, "cr-b")
+    # us-west-2's first probe is slow: Ctrl-C arrives while it is in flight.
+    west = regions.ec2["us-west-2"]
+    _quota(regions, "us-west-2", 192)
+    _spot(west, "us-west-2", {})
+    west.stub.add_response("create_capacity_reservation", _created("cr-w", "us-west-2a"), _create_params("us-west-2a"))
+    _expect_cancel(west, "cr-w")
+    in_flight, stop = threading.Event(), threading.Event()
+
+    def slow(**_: Any) -> None:
+        in_flight.set()
+        stop.wait(10)  # until the interrupt has told every worker to stop
+
+    # Every handler of this event runs (the Stubber answers the later `before-call`, ending that one).
+    west.stubbed.meta.events.register("before-parameter-build.ec2.CreateCapacityReservation", slow)
+
+    def on_done(region: capacity.Region) -> None:
+        in_flight.wait(10)
+        raise KeyboardInterrupt
+
+    request = Request(G6, 2, 48)
+    with pytest.raises(KeyboardInterrupt):
+        capacity.check(regions, ["eu-north-1", "us-west-2"], request, probe=True, on_done=on_done, stop=stop)
+    # us-west-2 reserved its first zone and cancelled it; the other zones were never probed.
+    regions.assert_all_answered()
+
+    # Without the interruption: the zone a probe confirmed comes first, the refused one last.
+    regions = Regions(["eu-north-1"])
+    north = regions.ec2["eu-north-1"]
+    _quota(regions, "eu-north-1", 192)
+    _spot(north, "eu-north-1", {"eun1-az1": 9, "eun1-az2": 2})
+    north.stub.add_client_error("create_capacity_reservation", "InsufficientInstanceCapacity", "none left")
+    north.stub.add_response(
+        "create_capacity_reservation", _created("cr-b", "eu-north-1b"), _create_params("eu-north-1b")
+    )
+    _expect_cancel(north, "cr-b")
+    code, out, _ = _run(regions, "--regions=eu-north-1", "--probe", "-o=json")
+    regions.assert_all_answered()
+    ranking = json.loads(out)["ranking"]
+    assert code == 0
+    assert [(r["zone"], r["probe"]["outcome"] if r["probe"] else None) for r in ranking] == [
+        ("eu-north-1b", "reserved"),
+        ("eu-north-1a", "no-capacity"),
+        ("eu-north-1c", None),
+    ]
+    assert ranking[0]["why"] == (
+        "probe: capacity for 2 confirmed; quota: 192 vCPUs free >= 96 needed; Spot placement score 2/10"
+    )
+    assert json.loads(out)["leftoverReservations"] == []
+
+
+# --- the operator's advisor -----------------------------------------------------------------------------------
+
+
+class AdvisorClients(PinnedClients):
+    """The operator's boto3 wiring, its clients from moto and the stubs."""
+
+    def __init__(self, regions: Regions) -> None:
+        super().__init__()
+        self.regions = regions
+
+    def __call__(self, service: str, region: str) -> Any:
+        return self.regions(service, region)
+
+
+def test_the_operator_advisor_picks_among_the_zones_with_nodes(aws: None) -> None:
+    regions = Regions(["us-east-1"])
+    _quota(regions, "us-east-1", 192)
+    # us-east-1b scores best, but the cluster has no g6.12xlarge nodes there.
+    _spot(regions.ec2["us-east-1"], "us-east-1", {"use1-az1": 10, "use1-az2": 4, "use1-az4": 7})
+    advisor = capacity.Ec2ZoneAdvisor(AdvisorClients(regions), region="us-east-1")
+    choice = asyncio.run(advisor.choose(G6, 2, ["us-east-1c", "us-east-1d"]))
+    regions.assert_all_answered()
+    assert choice == capacity.ZoneChoice(
+        "us-east-1d",
+        "best of 2 usable zone(s) among the zones with nodes of the type (us-east-1c, us-east-1d): "
+        "quota: 144 vCPUs free >= 96 needed; Spot placement score 7/10",
+    )
+
+
+def test_the_operator_advisor_without_room(aws: None) -> None:
+    regions = Regions(["us-west-2"])
+    _quota(regions, "us-west-2", 128)  # 96 used: 32 free
+    _spot(regions.ec2["us-west-2"], "us-west-2", {"usw2-az1": 9})
+    advisor = capacity.Ec2ZoneAdvisor(AdvisorClients(regions), region="us-west-2")
+    choice = asyncio.run(advisor.choose(G6, 2, []))
+    assert choice == capacity.ZoneChoice("", "no zone for 2x g6.12xlarge: no usable zone in the region")

@@ -1,0 +1,155 @@
+"""The hardware catalog: its figures against EC2's instance-type data (as moto ships it), and its readers."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+boto3 = pytest.importorskip("boto3")
+moto = pytest.importorskip("moto")
+
+from fsdp_operator import schema  # noqa: E402
+from fsdp_operator.spec import Spec, SpecError, parse_job  # noqa: E402
+from fsdp_train import catalog  # noqa: E402
+from fsdp_train.metrics import peak_flops  # noqa: E402
+
+
+def parse_spec(spec: dict[str, Any]) -> Spec:
+    return parse_job(
+        {"apiVersion": schema.API_VERSION, "kind": schema.KIND, "metadata": {"name": "j"}, "spec": spec}
+    ).spec
+
+
+@pytest.fixture(scope="module")
+def ec2_instance_types() -> dict[str, dict[str, object]]:
+    """`DescribeInstanceTypes` for every catalog entry, answered by moto from EC2's published data."""
+    with moto.mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+        names = sorted(catalog.INSTANCE_TYPES)
+        answer = ec2.describe_instance_types(InstanceTypes=names)
+    return {item["InstanceType"]: item for item in answer["InstanceTypes"]}
+
+
+def _gbps(performance: str) -> float:
+    """EC2's `NetworkPerformance` text as Gbit/s: "Up to 10 Gigabit" -> 10, "4x 100 Gigabit" -> 400."""
+    match = re.fullmatch(r"(?:(\d+)x )?(?:Up to )?([\d.]+) Gigabit", performance)
+    assert match, performance
+    return float(match.group(2)) * int(match.group(1) or 1)
+
+
+@pytest.mark.parametrize("name", sorted(catalog.INSTANCE_TYPES))
+def test_each_entry_agrees_with_ec2(name: str, ec2_instance_types: dict[str, dict[str, object]]) -> None:
+    entry = catalog.INSTANCE_TYPES[name]
+    ec2 = ec2_instance_types[name]
+    gpus = ec2["GpuInfo"]["Gpus"]  # type: ignore[index]
+    assert len(gpus) == 1
+    assert (entry.gpu.name, entry.gpus, entry.gpu_memory_mib) == (
+        gpus[0]["Name"],
+        gpus[0]["Count"],
+        gpus[0]["MemoryInfo"]["SizeInMiB"],
+    )
+    assert entry.vcpus == ec2["VCpuInfo"]["DefaultVCpus"]  # type: ignore[index]
+    assert entry.memory_mib == ec2["MemoryInfo"]["SizeInMiB"]  # type: ignore[index]
+    network = ec2["NetworkInfo"]
+    efa = network["EfaInfo"]["MaximumEfaInterfaces"] if network["EfaSupported"] else 0  # type: ignore[index]
+    assert entry.efa_interfaces == efa
+    performance = str(network["NetworkPerformance"])  # type: ignore[index]
+    if performance.startswith("Up to"):
+        # Burstable: the sustained rate is the (single) network card's baseline.
+        assert entry.burst_gbps == _gbps(performance)
+        assert entry.network_gbps == network["NetworkCards"][0]["BaselineBandwidthInGbps"]  # type: ignore[index]
+    else:
+        assert entry.burst_gbps is None
+        assert entry.network_gbps == _gbps(performance)
+
+
+def test_covers_the_training_families_in_several_sizes() -> None:
+    families: dict[str, int] = {}
+    for entry in catalog.INSTANCE_TYPES.values():
+        families[entry.family] = families.get(entry.family, 0) + 1
+    for family in ("g5", "g6", "g6e"):
+        assert families[family] >= 4, family
+    for family in ("p4d", "p5", "p5e", "p5en"):
+        assert families[family] >= 1, family
+
+
+def test_gpu_peaks_and_fp8_support() -> None:
+    # NVIDIA data sheets, dense: L4 121 / 242.5, L40S 362.05 / 733, H100 and H200 989 / 1979 TFLOP/s.
+    assert (catalog.L4.bf16_tflops, catalog.L4.fp8_tflops) == (121.0, 242.5)
+    assert (catalog.L40S.bf16_tflops, catalog.L40S.fp8_tflops) == (362.05, 733.0)
+    assert (catalog.H100.fp8_tflops, catalog.H200.fp8_tflops) == (1979.0, 1979.0)
+    # Ampere has no fp8 tensor cores.
+    assert not catalog.A10G.supports_fp8 and catalog.A10G.fp8_flops is None
+    assert not catalog.A100.supports_fp8
+    assert catalog.INSTANCE_TYPES["p5en.48xlarge"].gpu.supports_fp8
+    assert catalog.INSTANCE_TYPES["g6.12xlarge"].gpu.bf16_flops == 121e12
+
+
+def test_cuda_device_names_find_their_gpu() -> None:
+    assert catalog.gpu_for_device("NVIDIA A100-SXM4-80GB") is catalog.A100
+    assert catalog.gpu_for_device("NVIDIA H100 80GB HBM3") is catalog.H100
+    assert catalog.gpu_for_device("NVIDIA L40S") is catalog.L40S
+    assert catalog.gpu_for_device("NVIDIA L4") is catalog.L4
+    assert catalog.gpu_for_device("NVIDIA GH200 480GB") is catalog.GH200
+    assert catalog.gpu_for_device("NVIDIA L40") is None
+    assert catalog.gpu_for_device("cpu") is None
+    # The MFU code reads the same table.
+    assert peak_flops("NVIDIA H200") == 989e12
+
+
+def test_quota_of_each_family() -> None:
+    assert catalog.on_demand_quota("g6.12xlarge") is catalog.G_AND_VT
+    assert catalog.G_AND_VT.code == "L-DB2E81BA"
+    assert catalog.on_demand_quota("gr6.4xlarge") is catalog.G_AND_VT
+    assert catalog.on_demand_quota("vt1.3xlarge") is catalog.G_AND_VT
+    assert catalog.on_demand_quota("p5en.48xlarge") is catalog.P_INSTANCES
+    assert catalog.on_demand_quota("p6-b200.48xlarge") is catalog.P_INSTANCES
+    assert catalog.P_INSTANCES.code == "L-417A185B"
+    assert catalog.on_demand_quota("m5.large") is None
+    assert catalog.on_demand_quota("inf2.xlarge") is None
+
+
+def test_interconnect_floor_from_the_line_rate() -> None:
+    assert catalog.interconnect_floor_gbps("g6.12xlarge") == 5.0
+    assert catalog.interconnect_floor_gbps("p5.48xlarge") == 400.0
+    assert catalog.interconnect_floor_gbps("g5.xlarge") == 2.5 / 8  # the baseline, not the burst
+    assert catalog.interconnect_floor_gbps("x9.unknown") == 0.0
+    spec = parse_spec({"workers": {"instanceType": "g6e.48xlarge", "gpusPerWorker": 8, "efaPerWorker": 4}})
+    assert spec.network.min_cross_node_gbps == 50.0
+
+
+def test_validation_reads_the_catalog() -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec(
+            {
+                "workers": {"instanceType": "g6.xlarge", "gpusPerWorker": 1, "efaPerWorker": 0},
+                "network": {"transport": "socket"},
+            }
+        )
+    assert e.value.problems == [
+        "spec.workers.cpu: 40 CPUs requested, g6.xlarge has 4 vCPUs",
+        "spec.workers.memory: 160Gi requested, g6.xlarge has 16Gi",
+    ]
+    with pytest.raises(SpecError) as e:
+        parse_spec({"workers": {"instanceType": "p5en.48xlarge", "gpusPerWorker": 9, "efaPerWorker": 17}})
+    assert e.value.problems == [
+        "spec.workers.gpusPerWorker: 9 GPUs requested, p5en.48xlarge has 8",
+        "spec.workers.efaPerWorker: 17 EFA interfaces requested, p5en.48xlarge has 16",
+    ]
+    # A type the catalog does not know stays usable with explicit counts and sockets.
+    spec = parse_spec(
+        {
+            "workers": {"instanceType": "g7.future", "gpusPerWorker": 2, "efaPerWorker": 0},
+            "network": {"transport": "socket"},
+        }
+    )
+    assert (spec.workers.gpus_per_worker, spec.network.min_cross_node_gbps) == (2, 0.0)
+
+
+def test_the_catalog_imports_no_torch() -> None:
+    code = "import sys, fsdp_train.catalog; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

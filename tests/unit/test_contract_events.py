@@ -1,0 +1,365 @@
+"""The trainer -> operator contract: every event kind and field the ranks print, as the status records it.
+
+Events go over the real wire (`to_line()`, behind the prefix Ray puts before worker output), are parsed by
+the operator's reader and folded by one reconcile pass of a Running job. Each event field is either found
+in the status at a path written down below, or listed as deliberately not recorded, with the reason; a new
+field on either side fails `test_every_event_field_is_accounted_for` until it is placed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from fsdp_operator import schema
+from fsdp_operator.reconcile import RAY_RUNNING, ClusterView, Observed, RayJobInfo, reconcile
+from fsdp_operator.status import JobStatus, Phase, Reason
+from fsdp_train.events import (
+    EVENT_TYPES,
+    Checkpoint,
+    Event,
+    Failure,
+    Placement,
+    Probe,
+    Step,
+    Summary,
+    Transport,
+    parse_lines,
+)
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+CRD = Path(__file__).resolve().parents[2] / "crds" / "fsdptrainingjob.yaml"
+EFA_LINE = "NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 1 nics)"
+
+MANIFEST = {
+    "apiVersion": schema.API_VERSION,
+    "kind": schema.KIND,
+    "metadata": {"name": "qwen", "namespace": "ml", "uid": "u-1", "generation": 1},
+    # One worker of one GPU: world size 1, so rank 0's events complete the picture.
+    "spec": {
+        "workers": {"replicas": 1, "gpusPerWorker": 1, "efaPerWorker": 1},
+        "network": {"minCrossNodeBandwidthGBps": 3.5},
+        "training": {"steps": 40},
+    },
+}
+
+# One event of every kind, every field set to a value of its own.
+EVENTS: list[Event] = [
+    Placement(
+        rank=0,
+        time=1.5,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        node_rank=0,
+        node_ip="10.0.3.7",
+        hostname="ip-10-0-3-7",
+        pod="qwen-ray-gpu-workers-worker-x7k2p",
+        device="NVIDIA L4",
+        device_uuid="GPU-1f2e3d4c",
+        backend="nccl",
+    ),
+    Transport(
+        rank=0,
+        time=2.5,
+        transport="efa",
+        plugin="Libfabric",
+        provider="efa",
+        nccl_version="2.29.7",
+        ofi_version="1.20.0",
+        evidence=EFA_LINE,
+        source="/tmp/ray/nccl.host.17.log",
+    ),
+    Probe(
+        rank=0,
+        time=3.5,
+        scope="cross-node",
+        ranks=2,
+        size_bytes=67108864,
+        allreduce_busbw_gbps=4.12345,
+        allgather_busbw_gbps=3.98765,
+    ),
+    Probe(
+        rank=0,
+        time=3.6,
+        scope="all",
+        ranks=8,
+        size_bytes=67108864,
+        allreduce_busbw_gbps=41.23456,
+        allgather_busbw_gbps=39.87654,
+    ),
+    Step(
+        rank=0,
+        time=4.5,
+        step=39,
+        total_steps=40,
+        loss=2.345678,
+        tokens_per_second=8192.6,
+        tokens_per_second_per_device=1024.4,
+        mfu=0.412345,
+        step_seconds=1.234567,
+        peak_memory_bytes=21474836480,
+    ),
+    Checkpoint(rank=0, time=5.5, step=39, path="s3://bucket/qwen/step_00000039", seconds=12.3456),
+    Summary(
+        rank=0,
+        time=6.5,
+        steps=40,
+        final_loss=2.2,
+        first_loss=11.9,
+        tokens_per_second=8100.4,
+        mfu=0.40001,
+        seconds=321.987,
+        sharding="hybrid",
+        resumed_from_step=20,
+    ),
+    Failure(rank=0, time=7.5, message="RuntimeError: CUDA error: an illegal memory access was encountered"),
+]
+
+# event kind -> field -> where the status keeps it (dotted path), or None with the reason it is not kept.
+RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
+    "placement": {
+        "rank": "ranks.0.rank",
+        "local_rank": "ranks.0.localRank",
+        "node_rank": "ranks.0.nodeRank",
+        "node_ip": "ranks.0.nodeIP",
+        "hostname": "ranks.0.hostname",
+        "pod": "ranks.0.pod",
+        "device": "ranks.0.device",
+        "device_uuid": "ranks.0.deviceUUID",
+        "world_size": (None, "the spec's world size is what the status compares against"),
+        "local_world_size": (None, "follows from the ranks per node"),
+        "backend": (None, "the transport section says what carried the traffic"),
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+    "transport": {
+        "rank": "transport.ranks.0.rank",
+        "transport": "transport.ranks.0.transport",
+        "plugin": "transport.ranks.0.plugin",
+        "provider": "transport.ranks.0.provider",
+        "evidence": "transport.ranks.0.evidence",
+        "nccl_version": (None, "diagnostic only: `fsdpctl diagnose nccl` prints it from the logs"),
+        "ofi_version": (None, "diagnostic only: `fsdpctl diagnose nccl` prints it from the logs"),
+        "source": (None, "a path inside the pod; the evidence line is what a reader needs"),
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+    "probe": {
+        "rank": "probes.0.rank",
+        "scope": "probes.0.scope",
+        "ranks": "interconnect.crossNode.ranks",
+        "size_bytes": "interconnect.crossNode.sizeBytes",
+        "allreduce_busbw_gbps": "interconnect.crossNode.allreduceBusbwGBps",
+        "allgather_busbw_gbps": "interconnect.crossNode.allgatherBusbwGBps",
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+    "step": {
+        "step": "progress.step",
+        "total_steps": "progress.totalSteps",
+        "loss": "progress.loss",
+        "tokens_per_second": "progress.tokensPerSecond",
+        "tokens_per_second_per_device": "progress.tokensPerSecondPerDevice",
+        "mfu": "progress.mfu",
+        "step_seconds": "progress.stepSeconds",
+        "peak_memory_bytes": "progress.peakMemoryBytes",
+        "rank": (None, "only rank 0 reports steps"),
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+    "checkpoint": {
+        "step": "checkpoint.step",
+        "path": "checkpoint.path",
+        "seconds": "checkpoint.seconds",
+        "rank": (None, "only rank 0 reports checkpoints"),
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+    "summary": {
+        "steps": "result.steps",
+        "final_loss": "result.finalLoss",
+        "first_loss": "result.firstLoss",
+        "tokens_per_second": "result.tokensPerSecond",
+        "mfu": "result.mfu",
+        "seconds": "result.seconds",
+        "sharding": "result.sharding",
+        "resumed_from_step": "result.resumedFromStep",
+        "rank": (None, "rank 0's summary is the job's result; the others are skipped"),
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+    "failure": {
+        "rank": "rankFailures.0.rank",
+        "message": "rankFailures.0.message",
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+}
+
+# The values at those paths, written down (rounded as the status rounds them).
+EXPECTED_VALUES: dict[str, Any] = {
+    "ranks.0.rank": 0,
+    "ranks.0.localRank": 0,
+    "ranks.0.nodeRank": 0,
+    "ranks.0.nodeIP": "10.0.3.7",
+    "ranks.0.hostname": "ip-10-0-3-7",
+    "ranks.0.pod": "qwen-ray-gpu-workers-worker-x7k2p",
+    "ranks.0.device": "NVIDIA L4",
+    "ranks.0.deviceUUID": "GPU-1f2e3d4c",
+    "transport.ranks.0.rank": 0,
+    "transport.ranks.0.transport": "efa",
+    "transport.ranks.0.plugin": "Libfabric",
+    "transport.ranks.0.provider": "efa",
+    "transport.ranks.0.evidence": EFA_LINE,
+    "probes.0.rank": 0,
+    "probes.0.scope": "cross-node",
+    "interconnect.crossNode.ranks": 2,
+    "interconnect.crossNode.sizeBytes": 67108864,
+    "interconnect.crossNode.allreduceBusbwGBps": 4.123,
+    "interconnect.crossNode.allgatherBusbwGBps": 3.988,
+    "progress.step": 39,
+    "progress.totalSteps": 40,
+    "progress.loss": 2.3457,
+    "progress.tokensPerSecond": 8193,
+    "progress.tokensPerSecondPerDevice": 1024,
+    "progress.mfu": 0.4123,
+    "progress.stepSeconds": 1.2346,
+    "progress.peakMemoryBytes": 21474836480,
+    "checkpoint.step": 39,
+    "checkpoint.path": "s3://bucket/qwen/step_00000039",
+    "checkpoint.seconds": 12.35,
+    "result.steps": 40,
+    "result.finalLoss": 2.2,
+    "result.firstLoss": 11.9,
+    "result.tokensPerSecond": 8100,
+    "result.mfu": 0.4,
+    "result.seconds": 321.99,
+    "result.sharding": "hybrid",
+    "result.resumedFromStep": 20,
+    "rankFailures.0.rank": 0,
+    "rankFailures.0.message": "RuntimeError: CUDA error: an illegal memory access was encountered",
+}
+
+
+def at(path: str, tree: Any) -> Any:
+    for part in path.split("."):
+        tree = tree[int(part)] if isinstance(tree, list) else tree[part]
+    return tree
+
+
+def running() -> JobStatus:
+    return JobStatus(
+        phase=Phase.RUNNING,
+        reason=Reason.JOB_RUNNING,
+        ray_cluster_name="qwen-ray",
+        submission_id="qwen-5d41402a-1",
+        attempts=1,
+        observed_generation=1,
+        start_time=NOW,
+    )
+
+
+def one_pass(lines: list[str]) -> dict[str, Any]:
+    """The status dict after one reconcile pass of a Running job that read `lines` from the Ray job log."""
+    observed = Observed(
+        now=NOW,
+        cluster=ClusterView(name="qwen-ray", state="ready", ready_workers=1, desired_workers=1, owner_uid="u-1"),
+        ray_job=RayJobInfo("qwen-5d41402a-1", RAY_RUNNING),
+        events=tuple(parse_lines(lines)),
+        log_offset=sum(len(line) + 1 for line in lines),
+    )
+    decision = reconcile(MANIFEST, running(), observed, training_package="/opt/fsdp_train")
+    return decision.status.to_dict()
+
+
+def wire(events: list[Event]) -> list[str]:
+    """What the job log holds: Ray's worker prefix, then the line each rank printed."""
+    return [f"(RayTrainWorker pid={4000 + e.rank}, ip=10.0.3.7) {e.to_line()}" for e in events]
+
+
+def test_every_event_kind_is_in_the_sample() -> None:
+    assert sorted(type(e).kind for e in EVENTS) == sorted([*EVENT_TYPES, "probe"])
+
+
+def test_every_event_field_is_accounted_for() -> None:
+    assert set(RECORDED) == set(EVENT_TYPES)
+    for kind, cls in EVENT_TYPES.items():
+        assert set(RECORDED[kind]) == {f.name for f in dataclasses.fields(cls)}, kind
+
+
+def test_every_event_field_lands_where_the_table_says() -> None:
+    status = one_pass(wire(EVENTS))
+    paths = {p for fields in RECORDED.values() for p in fields.values() if isinstance(p, str)}
+    assert paths == set(EXPECTED_VALUES)
+    for path in sorted(paths):
+        assert at(path, status) == EXPECTED_VALUES[path], path
+    # The step's loss also goes onto the bounded loss curve, as [step, loss].
+    assert status["progress"]["lossHistory"] == [[39, 2.3457]]
+
+
+def test_the_status_the_events_make_is_valid_against_the_crd() -> None:
+    status = one_pass(wire(EVENTS))
+    crd = yaml.safe_load(CRD.read_text())
+    schema_ = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    jsonschema.Draft7Validator(schema_, format_checker=jsonschema.FormatChecker()).validate(status)
+    # The printer columns read these, typed as the CRD says.
+    assert status["transport"]["summary"] == "efa"
+    assert status["progress"]["stepOfTotal"] == "39/40"
+    assert isinstance(status["progress"]["tokensPerSecond"], int)
+
+
+def test_the_conditions_the_events_decide() -> None:
+    status = one_pass(wire(EVENTS))
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions == {
+        "TransportVerified": ("True", "Verified"),
+        "InterconnectHealthy": ("True", "Healthy"),  # 4.123 GB/s against the spec's floor of 3.5
+        "JobSubmitted": ("True", "Accepted"),
+    }
+    assert status["interconnect"]["floorGBps"] == 3.5
+    assert status["interconnect"]["allRanks"] == {
+        "ranks": 8,
+        "sizeBytes": 67108864,
+        "allreduceBusbwGBps": 41.235,
+        "allgatherBusbwGBps": 39.877,
+    }
+
+
+def test_optional_fields_left_out_are_left_out_of_the_status() -> None:
+    bare = [
+        Placement(
+            rank=0,
+            world_size=1,
+            local_rank=0,
+            local_world_size=1,
+            node_rank=0,
+            node_ip="10.0.3.7",
+            hostname="h",
+            pod="",
+            device="cpu",
+        ),
+        Step(rank=0, step=1, total_steps=40, loss=3.0, tokens_per_second=10.0, tokens_per_second_per_device=5.0),
+        Summary(rank=0, steps=40, final_loss=2.0, first_loss=3.0, tokens_per_second=10.0),
+    ]
+    status = one_pass(wire(bare))
+    assert "deviceUUID" not in status["ranks"][0]
+    assert set(status["progress"]) == {"step", "totalSteps", "stepOfTotal", "loss", "tokensPerSecond",
+                                       "tokensPerSecondPerDevice", "lossHistory"}  # fmt: skip
+    assert set(status["result"]) == {"steps", "firstLoss", "finalLoss", "tokensPerSecond", "seconds"}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "FSDP_EVENT {not json",
+        'FSDP_EVENT ["a list"]',
+        'FSDP_EVENT {"kind":"step","rank":0}',  # required fields missing
+        'FSDP_EVENT {"kind":"telemetry","rank":0}',  # a kind this operator does not know
+        'FSDP_EVENTS {"kind":"failure","rank":0,"message":"x"}',  # not the prefix
+        "",
+    ],
+)
+def test_a_line_the_operator_cannot_read_is_skipped_not_raised(line: str) -> None:
+    """The pass goes on: what parses around the bad line is folded, the bad line changes nothing."""
+    good = Step(rank=0, step=7, total_steps=40, loss=3.0, tokens_per_second=10.0, tokens_per_second_per_device=5.0)
+    status = one_pass([line, *wire([good])])
+    assert status["progress"]["step"] == 7 and "rankFailures" not in status

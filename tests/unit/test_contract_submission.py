@@ -1,0 +1,290 @@
+"""The operator -> trainer contract: a job's spec, through `render.submission()`, is the config the loop runs.
+
+The entrypoint string the operator submits is split as a shell would, handed to `fsdp_train.ray_entry`'s
+own `main()` (its argument parser and config parser), and the `RayJobConfig` it would run is compared,
+field by field, with values written down here for every example, and for a sample of accepted specs.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fsdp_operator import render
+from fsdp_operator.spec import SpecError, parse_job
+from fsdp_train import ray_entry
+from fsdp_train.config import TrainConfig
+from fsdp_train.ray_entry import RayJobConfig
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+PACKAGE = "/opt/fsdp_train"
+SID = "tiny-cpu-0123abcd-1"
+
+TINY_OVERRIDES = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+}
+
+# What the loop runs for each example, written out in full (defaults included).
+EXPECTED: dict[str, RayJobConfig] = {
+    "tiny-cpu.yaml": RayJobConfig(
+        train=TrainConfig(
+            model="Qwen/Qwen2.5-1.5B",
+            model_init="random",
+            model_overrides=TINY_OVERRIDES,
+            steps=20,
+            seq_len=64,
+            batch_size_per_rank=2,
+            grad_accum=1,
+            learning_rate=0.001,
+            lr_schedule="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            sharding="hybrid",
+            mixed_precision="fp32",
+            activation_checkpointing=False,
+            compile=False,
+            loss_chunk_tokens=4096,
+            reshard_after_forward=True,
+            seed=0,
+            data="random",
+            checkpoint_path="",
+            checkpoint_interval=0,
+            probe_size_bytes=1048576,
+            min_cross_node_gbps=25.0,
+        ),
+        num_workers=4,
+        use_gpu=False,
+        resources_per_worker={"CPU": 1.0},
+        max_failures=0,
+        storage_path=None,
+        name="tiny-cpu",
+    ),
+    "qwen2.5-1.5b-efa.yaml": RayJobConfig(
+        train=TrainConfig(
+            model="Qwen/Qwen2.5-1.5B",
+            model_init="pretrained",
+            model_overrides={},
+            steps=100,
+            seq_len=2048,
+            batch_size_per_rank=1,
+            grad_accum=1,
+            learning_rate=2e-5,
+            lr_schedule="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            sharding="auto",
+            mixed_precision="bf16",
+            activation_checkpointing=False,
+            compile=True,
+            loss_chunk_tokens=4096,
+            reshard_after_forward=True,
+            seed=0,
+            data="random",
+            checkpoint_path="",
+            checkpoint_interval=0,
+            probe_size_bytes=67108864,
+            min_cross_node_gbps=25.0,
+        ),
+        num_workers=8,
+        use_gpu=True,
+        resources_per_worker={"CPU": 1.0, "GPU": 1.0},
+        max_failures=0,
+        storage_path=None,
+        name="qwen25-1p5b-efa",
+    ),
+    "qwen2.5-1.5b-efa-tuned.yaml": RayJobConfig(
+        train=TrainConfig(
+            model="Qwen/Qwen2.5-1.5B",
+            model_init="pretrained",
+            model_overrides={},
+            steps=100,
+            seq_len=2048,
+            batch_size_per_rank=2,
+            grad_accum=8,
+            learning_rate=2e-5,
+            lr_schedule="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            sharding="auto",
+            mixed_precision="bf16",
+            activation_checkpointing=False,
+            compile=True,
+            loss_chunk_tokens=4096,
+            reshard_after_forward=False,
+            seed=0,
+            data="random",
+            checkpoint_path="s3://my-bucket/qwen25-1p5b",
+            checkpoint_interval=50,
+            probe_size_bytes=67108864,
+            min_cross_node_gbps=25.0,
+        ),
+        num_workers=8,
+        use_gpu=True,
+        resources_per_worker={"CPU": 1.0, "GPU": 1.0},
+        max_failures=0,
+        storage_path="s3://my-bucket/qwen25-1p5b",
+        name="qwen25-1p5b-efa-tuned",
+    ),
+}
+
+# The runtime environment every submission carries, besides the job's own runtimeEnv.envVars.
+RUNTIME_ENV_VARS = {
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",
+    "PYTHONUNBUFFERED": "1",
+    "NCCL_DEBUG_FILE": "/tmp/ray/nccl.%h.%p.log",
+}
+
+
+def through_the_entrypoint(manifest: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> tuple[RayJobConfig, Any]:
+    """Render the submission, run its entrypoint's own `main()` up to the point where it would start Ray."""
+    job = parse_job(manifest)
+    submission = render.submission(job, SID, PACKAGE)
+    argv = shlex.split(submission.entrypoint)
+    assert argv[:3] == ["python", "-m", "fsdp_train.ray_entry"]
+    seen: list[RayJobConfig] = []
+
+    def capture(config: RayJobConfig) -> dict[str, Any]:
+        seen.append(config)
+        return {"steps": config.train.steps}
+
+    monkeypatch.setattr(ray_entry, "run", capture)
+    for key in ray_entry.RAY_LOG_ENV:
+        monkeypatch.setenv(key, "unset")  # main() writes these; monkeypatch puts the old values back
+    assert ray_entry.main(argv[3:]) == 0
+    (config,) = seen
+    return config, submission
+
+
+@pytest.mark.parametrize("example", sorted(EXPECTED))
+def test_every_example_reaches_the_loop_field_by_field(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    manifest = yaml.safe_load((EXAMPLES / example).read_text())
+    config, submission = through_the_entrypoint(manifest, monkeypatch)
+    want = EXPECTED[example]
+    for name in TrainConfig.__dataclass_fields__:
+        assert getattr(config.train, name) == getattr(want.train, name), f"train.{name}"
+    assert config == want
+    assert submission.submission_id == SID
+    assert submission.runtime_env == {"py_modules": [PACKAGE], "env_vars": RUNTIME_ENV_VARS}
+    assert submission.metadata == {"fsdp.dev/job": want.name, "fsdp.dev/namespace": "default"}
+
+
+def test_every_example_is_covered() -> None:
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXPECTED)
+
+
+def test_the_log_settings_the_entrypoint_needs_are_in_the_submission() -> None:
+    """Ray reads RAY_DEDUP_LOGS at import: the runtime env must carry what the entrypoint also sets."""
+    assert ray_entry.RAY_LOG_ENV.items() <= RUNTIME_ENV_VARS.items()
+
+
+def test_runtime_env_of_the_job_reaches_the_submission(monkeypatch: pytest.MonkeyPatch) -> None:
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    manifest["spec"]["runtimeEnv"] = {
+        "pip": ["datasets==3.0.0"],
+        "envVars": {"HF_HOME": "/cache"},
+    }
+    _, submission = through_the_entrypoint(manifest, monkeypatch)
+    assert submission.runtime_env["pip"] == ["datasets==3.0.0"]
+    assert submission.runtime_env["env_vars"] == {**RUNTIME_ENV_VARS, "HF_HOME": "/cache"}
+
+
+def test_an_entrypoint_config_is_one_shell_word_whatever_the_spec_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quotes, `$`, `;` and backticks in a value must reach the trainer verbatim, not be split or expanded."""
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    manifest["metadata"]["name"] = "quote-test"
+    manifest["spec"]["model"]["name"] = '/models/it\'s-$HOME-"dir";`id`'
+    config, submission = through_the_entrypoint(manifest, monkeypatch)
+    assert config.train.model == '/models/it\'s-$HOME-"dir";`id`'
+    assert len(shlex.split(submission.entrypoint)) == 5
+
+
+# --- a sample of accepted specs --------------------------------------------------------------------------
+
+# spec.training key -> (TrainConfig field, values hypothesis may draw), bounds taken from the CRD.
+TRAINING_FIELDS: dict[str, tuple[str, st.SearchStrategy[Any]]] = {
+    "steps": ("steps", st.integers(10, 100_000)),
+    "seqLen": ("seq_len", st.integers(8, 65_536)),
+    "batchSizePerRank": ("batch_size_per_rank", st.integers(1, 64)),
+    "gradientAccumulation": ("grad_accum", st.integers(1, 64)),
+    "learningRate": ("learning_rate", st.floats(1e-8, 1.0)),
+    "lrSchedule": ("lr_schedule", st.sampled_from(["constant", "cosine"])),
+    "warmupSteps": ("warmup_steps", st.integers(0, 9)),
+    "sharding": ("sharding", st.sampled_from(["full", "hybrid", "auto"])),
+    "mixedPrecision": ("mixed_precision", st.sampled_from(["bf16", "fp32"])),
+    "activationCheckpointing": ("activation_checkpointing", st.booleans()),
+    "compile": ("compile", st.booleans()),
+    "reshardAfterForward": ("reshard_after_forward", st.booleans()),
+    "lossChunkTokens": ("loss_chunk_tokens", st.integers(0, 1 << 20)),
+    "seed": ("seed", st.integers(0, 2**31 - 1)),
+    "probeSizeBytes": ("probe_size_bytes", st.integers(0, 1 << 30)),
+}
+CHECKPOINT_FIELDS = {"storage": "checkpoint_path", "intervalSteps": "checkpoint_interval"}
+
+
+@st.composite
+def training_specs(draw: st.DrawFn) -> dict[str, Any]:
+    chosen = draw(st.sets(st.sampled_from(sorted(TRAINING_FIELDS))))
+    training = {key: draw(TRAINING_FIELDS[key][1]) for key in sorted(chosen)}
+    if draw(st.booleans()):
+        training["checkpoint"] = {
+            "storage": draw(st.sampled_from(["s3://bucket/run", "/shared/ckpt", "file:///data/c"])),
+            "intervalSteps": draw(st.integers(0, 1000)),
+        }
+    return training
+
+
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(training=training_specs(), replicas=st.integers(1, 4))
+def test_accepted_training_specs_reach_the_loop_unchanged(
+    training: dict[str, Any], replicas: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    manifest["spec"]["training"] = training
+    manifest["spec"]["workers"]["replicas"] = replicas
+    try:
+        parse_job(manifest)
+    except SpecError:
+        reject()  # the sample is of specs the operator accepts (hybrid sharding on one worker is not)
+    config, _ = through_the_entrypoint(manifest, monkeypatch)
+    for key, value in training.items():
+        if key == "checkpoint":
+            for sub, name in CHECKPOINT_FIELDS.items():
+                assert getattr(config.train, name) == value[sub], f"training.checkpoint.{sub}"
+            assert config.storage_path == value["storage"]
+        else:
+            assert getattr(config.train, TRAINING_FIELDS[key][0]) == value, f"training.{key}"
+    assert config.num_workers == 2 * replicas  # ranksPerWorker 2 in tiny-cpu.yaml
+    assert config.max_failures == 0  # retries are the operator's, under a new submission id
+
+
+def test_the_table_names_every_training_field_of_the_crd() -> None:
+    crd = yaml.safe_load((EXAMPLES.parent / "crds" / "fsdptrainingjob.yaml").read_text())
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    training = spec["properties"]["training"]["properties"]
+    assert set(training) == {*TRAINING_FIELDS, "checkpoint"}
+    assert set(training["checkpoint"]["properties"]) == set(CHECKPOINT_FIELDS)
+
+
+def test_the_entrypoint_rejects_what_the_operator_never_sends() -> None:
+    """Unknown keys fail loudly (a renamed field on one side must not be silently dropped)."""
+    with pytest.raises(ValueError, match=r"^tarin is not a known entrypoint field"):
+        RayJobConfig.from_dict({"tarin": {}})
+    with pytest.raises(ValueError, match=r"^training\.grad_acum is not a known field"):
+        RayJobConfig.from_dict({"train": {"grad_acum": 2}})
+    assert json.loads(json.dumps(EXPECTED["tiny-cpu.yaml"].train.to_dict()))["grad_accum"] == 1

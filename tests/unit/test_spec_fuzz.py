@@ -1,0 +1,327 @@
+"""Property-based fuzzing of the spec boundary: parse_job, the renderer and the YAML reader (hypothesis).
+
+Manifests are drawn from the field declarations (mostly plausible values, sometimes junk of any JSON
+shape, unknown keys, wrong types) with a fixed seed and a bounded budget. For every one:
+parse_job raises nothing but SpecError/NotAJobError; an accepted job renders; its RayCluster
+validates against KubeRay's CRD schemas (../shared; skipped with a message when absent) with no
+field the API server would prune; the training function's TrainConfig builds from exactly what
+the submission carries; our own CRD accepts the manifest; and a manifest the CRD refuses, the
+parser refuses too. FSDP_FUZZ_EXAMPLES raises the budget (docs/reliability.md has a 20,000 run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import jsonschema
+import pytest
+from fsdp_operator import fields, formats, render, schema
+from fsdp_operator.fields import Quantity
+from fsdp_operator.local import validation
+from fsdp_operator.manifest_yaml import ManifestError, decode, load_all
+from fsdp_operator.spec import INSTANCE_TYPES, NotAJobError, Spec, SpecError, parse_job, train_config
+from fsdp_train.config import TrainConfig
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+from support.crds import KUBERAY_VERSIONS, kuberay_raycluster_schema
+
+EXAMPLES = int(os.environ.get("FSDP_FUZZ_EXAMPLES", "300"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+# --- junk of every JSON (and YAML) shape --------------------------------------------------------------
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=12),
+    st.sampled_from(["", " ", "0", "1e3", "-1", "true", "null", "\n", "x" * 300]),
+)
+junk = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    max_leaves=8,
+)
+
+# --- values per grammar: (well-formed, malformed) ----------------------------------------------------------
+
+SAMPLES: dict[str, tuple[list[Any], list[Any]]] = {
+    formats.DNS1123_LABEL.name: (["a", "job-1", "x" * 63], ["Bad", "-a", "a" * 64]),
+    formats.DNS1123_SUBDOMAIN.name: (["aws-creds", "a.b-c"], ["A"]),
+    formats.QUALIFIED_NAME.name: (["pool", "example.com/pool", "a_b"], ["-x", "a/b/c"]),
+    f"{formats.QUALIFIED_NAME.name} or empty": (["", "dedicated", "nvidia.com/gpu"], ["a b"]),
+    formats.LABEL_VALUE.name: (["", "train", "a.b-c"], ["a b", "v" * 64]),
+    formats.ENV_NAME.name: (["HF_HOME", "NCCL_ALGO", "A", "a.b"], ["FI_PROVIDER", "NCCL_DEBUG", "LD_PRELOAD", "1A"]),
+    formats.TEXT.name: (["", "x", "s3cr3t", "line\nbreak"], []),
+    formats.POSITIVE_QUANTITY.name: (
+        ["1", "500m", "2", "8Gi", "1.5", "100Mi", "1e3", "+3", ".5Ki", 4],
+        [0, "0", "1e3Gi"],
+    ),
+    formats.IMAGE_REFERENCE.name: (
+        [
+            "rayproject/ray:2.58.0-py311-cpu",
+            "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
+            "localhost:5000/ray@sha256:" + "ab" * 32,
+        ],
+        ["Ray:1", ""],
+    ),
+    formats.STORAGE_URI.name: (
+        ["", "s3://bucket/x", "gs://bkt/y", "/mnt/ckpt", "file:///tmp/x"],
+        ["s3://b/../x", "s3://"],
+    ),
+    formats.PIP_REQUIREMENT.name: (["pandas>=2.2", "torchao==0.9.0", "x @ https://h/x.whl"], ["--pre", "a b c"]),
+    formats.MODEL_NAME.name: (["Qwen/Qwen2.5-1.5B", "/models/tiny"], ["../x", ""]),
+    formats.RAY_VERSION.name: (["2.58.0", "2.58.0rc1"], ["latest"]),
+    formats.INTERFACE_NAMES.name: (["eth0", "^lo,docker", "ens"], ["eth 0"]),
+    formats.CONFIG_KEY.name: (["hidden_size", "num_hidden_layers", "vocab_size"], ["1x"]),
+    formats.SECRET_KEY.name: (["key", "aws.secret"], ["a b"]),
+    formats.FIELD_PATH.name: (["metadata.name", "status.podIP"], ["x y"]),
+    f"{formats.ZONE_OR_AUTO.name} or empty": (["", "auto", "us-east-1b", "us-west-2-lax-1a"], ["us-east-1", "Auto"]),
+    f"{formats.CAPACITY_RESERVATION_ID.name} or empty": (["", "cr-0123456789abcdef0"], ["cr-XYZ", "0123"]),
+}
+
+
+def well_formed(hint: Any, meta: fields.Meta) -> st.SearchStrategy[Any]:
+    """Values the declaration allows (rules across fields aside)."""
+    hint = fields._unwrap_optional(hint)
+    if isinstance(hint, type) and hasattr(hint, "__dataclass_fields__"):
+        return manifest_of(hint)
+    if hint is bool:
+        return st.booleans()
+    if hint is int:
+        low = int(meta.minimum if meta.minimum is not None else -(2**63))
+        high = int(meta.maximum if meta.maximum is not None else 2**63 - 1)
+        return st.one_of(st.integers(min_value=low, max_value=min(high, low + 16)), st.integers(low, high))
+    if hint is float:
+        low = float(meta.minimum if meta.minimum is not None else -1e9)
+        high = float(meta.maximum if meta.maximum is not None else 1e9)
+        return st.floats(min_value=low, max_value=high, exclude_min=meta.exclusive_minimum)
+    if get_origin(hint) is Literal:
+        return st.sampled_from(list(get_args(hint)))
+    if hint is str or hint is Quantity:
+        good = SAMPLES[meta.grammar.name][0] if meta.grammar is not None else []
+        return st.sampled_from(good) if good else st.text(max_size=10)
+    if get_origin(hint) is list:
+        (item,) = get_args(hint)
+        items = manifest_of(meta.shape) if meta.shape is not None else well_formed(item, fields._item_meta(meta))
+        return st.lists(items, max_size=2)
+    if get_origin(hint) is dict:
+        keys = st.sampled_from(SAMPLES[meta.keys.name][0]) if meta.keys is not None else st.text(max_size=6)
+        _, value_hint = get_args(hint)
+        if value_hint == (int | str):
+            values: st.SearchStrategy[Any] = st.one_of(st.integers(1, 4096), st.text(max_size=6))
+        else:
+            values = st.sampled_from(SAMPLES[meta.values.name][0]) if meta.values is not None else st.text(max_size=6)
+        return st.dictionaries(keys, values, max_size=2)
+    return junk
+
+
+def malformed(hint: Any, meta: fields.Meta) -> st.SearchStrategy[Any]:
+    """Values just outside what the declaration allows, or junk of any shape."""
+    hint = fields._unwrap_optional(hint)
+    edges: list[Any] = []
+    if hint is int or hint is float:
+        edges = [v for v in (meta.minimum, meta.maximum) if v is not None]
+        edges = [edges[0] - 1, edges[-1] + 1, float("nan"), float("inf")] if edges else [float("nan")]
+        if meta.exclusive_minimum and meta.minimum is not None:
+            edges.append(meta.minimum)
+    elif (hint is str or hint is Quantity) and meta.grammar is not None:
+        edges = SAMPLES[meta.grammar.name][1] + ["x" * 2000]
+    elif get_origin(hint) is Literal:
+        edges = ["", "other", get_args(hint)[0].upper() + "x"]
+    return st.one_of(st.sampled_from(edges), junk) if edges else junk
+
+
+def manifest_of(cls: type) -> st.SearchStrategy[dict[str, Any]]:
+    """A well-formed manifest mapping for a declaration: any subset of its fields."""
+    hints = get_type_hints(cls)
+    return st.fixed_dictionaries({}, optional={d.key: well_formed(hints[d.name], d.meta) for d in fields.declared(cls)})
+
+
+SPEC_FIELDS = fields.leaves(Spec)
+
+
+@st.composite
+def mutated(draw: st.DrawFn, spec: dict[str, Any]) -> dict[str, Any]:
+    """`spec` with one to three places broken: a malformed value, an unknown key, or a wrong shape."""
+    for _ in range(draw(st.integers(1, 3))):
+        path, d = draw(st.sampled_from(SPEC_FIELDS))
+        *parents, key = path.split(".")
+        node: Any = spec
+        for part in parents:
+            if not isinstance(node, dict):
+                break
+            node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            continue
+        choice = draw(st.integers(0, 3))
+        if choice == 0:
+            node["unknownField"] = draw(junk)
+        else:
+            node[key] = draw(malformed(d.hint, d.meta))
+    return spec
+
+
+# Bias the fields the cross-field rules read toward combinations that make a runnable job.
+WORKERS = st.one_of(
+    st.fixed_dictionaries(
+        {
+            "instanceType": st.sampled_from(sorted(INSTANCE_TYPES)),
+            "gpusPerWorker": st.integers(min_value=1, max_value=4),
+            "efaPerWorker": st.integers(min_value=0, max_value=1),
+        },
+        optional={"replicas": st.integers(min_value=1, max_value=8)},
+    ),
+    st.just({"instanceType": "", "gpusPerWorker": 0, "efaPerWorker": 0, "ranksPerWorker": 2}),
+)
+
+
+@st.composite
+def manifests(draw: st.DrawFn) -> Any:
+    spec = draw(manifest_of(Spec))
+    workers = draw(WORKERS)
+    spec["workers"] = {k: v for k, v in spec.get("workers", {}).items() if k != "ranksPerWorker"} | workers
+    network = spec.setdefault("network", {})
+    network.pop("requireEFA", None)
+    network.pop("failFast", None)
+    if workers["efaPerWorker"] == 0:
+        network["transport"] = "socket"
+    training = spec.setdefault("training", {})
+    if training.get("warmupSteps", 0) >= training.get("steps", 100):
+        training.pop("warmupSteps")
+    if draw(st.booleans()):
+        spec = draw(mutated(spec))
+    doc: dict[str, Any] = {
+        "apiVersion": schema.API_VERSION if draw(st.integers(0, 30)) != 17 else "v1",
+        "kind": schema.KIND if draw(st.integers(0, 30)) != 17 else "Pod",
+        "metadata": draw(
+            st.fixed_dictionaries(
+                {"name": st.sampled_from(["job", "a-b", "x" * 63] * 10 + ["Bad", ""])},
+                optional={"namespace": st.sampled_from(["ml", "default"]), "generation": st.integers(0, 10)},
+            )
+        ),
+        "spec": spec,
+    }
+    # Rare events on a middle value: hypothesis favours the ends of an integer range.
+    if draw(st.integers(min_value=0, max_value=30)) == 17:
+        del doc["spec"]
+    if draw(st.integers(min_value=0, max_value=30)) == 17:
+        doc["metadata"] = draw(junk)
+    if draw(st.integers(min_value=0, max_value=30)) == 17:
+        return draw(junk)
+    return doc
+
+
+# --- the properties -------------------------------------------------------------------------------------
+
+KUBERAY = [(v, kuberay_raycluster_schema(v)) for v in KUBERAY_VERSIONS]
+VALIDATORS = [(v, jsonschema.Draft7Validator(s)) for v, s in KUBERAY if s is not None]
+
+
+def our_crd() -> dict[str, Any]:
+    (version,) = schema.crd()["spec"]["versions"]
+    openapi: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return openapi
+
+
+OUR_CRD = our_crd()
+STATS = {"accepted": 0, "refused": 0, "not_a_job": 0}
+
+
+def check(doc: Any) -> None:
+    try:
+        job = parse_job(doc)
+    except SpecError as e:
+        assert e.problems and all(isinstance(p, str) and ":" in p for p in e.problems)
+        STATS["refused"] += 1
+        return
+    except NotAJobError:
+        STATS["not_a_job"] += 1
+        return
+    STATS["accepted"] += 1
+    rc = render.raycluster(job)
+    sub = render.submission(job, render.submission_id(job.name, "uid", 1), "/pkg")
+    for version, validator in VALIDATORS:
+        errors = [e.message[:200] for e in validator.iter_errors(rc)]
+        assert errors == [], (version, errors)
+        _, pruned = validation.prune(rc, dict(KUBERAY)[version] or {})
+        assert pruned == [], (version, pruned)
+    carried = json.loads(json.dumps(sub.config, allow_nan=False))["train"]
+    assert TrainConfig.from_dict(carried) == train_config(job.spec)
+    pruned_doc, unknown = validation.prune(doc, OUR_CRD)
+    assert unknown == [] and validation.validate(pruned_doc, OUR_CRD) == [], unknown
+
+
+def crd_refuses(doc: Any) -> bool:
+    if not isinstance(doc, dict) or not isinstance(doc.get("spec"), dict):
+        return False
+    _, unknown = validation.prune({"spec": doc["spec"]}, OUR_CRD)
+    return bool(unknown) or bool(validation.validate({"spec": doc["spec"]}, OUR_CRD))
+
+
+def test_parse_and_render_never_crash_and_agree_with_the_crds() -> None:
+    if not VALIDATORS:
+        pytest.skip("KubeRay CRDs not found in ../shared/crds (they live outside the project)")
+    STATS.update(accepted=0, refused=0, not_a_job=0)
+
+    @seed(20261201)
+    @FUZZ
+    @given(manifests())
+    def run(doc: Any) -> None:
+        check(doc)
+        if crd_refuses(doc):
+            with pytest.raises((SpecError, NotAJobError)):
+                parse_job(doc)
+
+    run()
+    # The generator is worth its budget only when it reaches both sides of the boundary.
+    total = sum(STATS.values())
+    assert STATS["accepted"] >= total // 5 and STATS["refused"] >= total // 5 and STATS["not_a_job"] >= 1, STATS
+    print(f"fuzz: {total} manifests, {STATS}")
+
+
+YAMLISH = st.lists(
+    st.one_of(
+        st.sampled_from(
+            ["a:", " ", "\n", "- ", "{", "}", "[", "]", ",", "&x ", "*x", "!!int ", "!!binary ", "? ", "<<: ", "'"]
+        ),
+        st.sampled_from(['"', "#", "---\n", "1e3", ".nan", "~", "spec:", "  ", "\t", "%YAML 1.1\n", "\\ud800"]),
+        st.text(alphabet=string.printable, max_size=5),
+    ),
+    max_size=40,
+).map("".join)
+
+
+@seed(20261201)
+@FUZZ
+@given(st.one_of(YAMLISH.map(str.encode), st.binary(max_size=64)))
+def test_the_yaml_reader_raises_only_manifest_errors(data: bytes) -> None:
+    try:
+        docs = load_all(decode(data))
+    except ManifestError:
+        return
+    for doc in docs:
+        json.dumps(doc)  # every value has a JSON form (NaN aside, which json writes as NaN)
+
+
+def test_every_example_is_accepted_and_renders_valid_for_kuberay() -> None:
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+    assert examples
+    for example in examples:
+        (doc,) = load_all(decode(example.read_bytes()))
+        before = STATS["accepted"]
+        check(doc)
+        assert STATS["accepted"] == before + 1, example.name

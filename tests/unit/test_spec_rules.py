@@ -1,0 +1,419 @@
+"""The spec boundary: Kubernetes' own grammars, operator-owned settings, one contract with TrainConfig,
+and the same judgement as the CRD schema the API server applies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fsdp_operator import render, schema
+from fsdp_operator.cli import main
+from fsdp_operator.formats import parse_quantity
+from fsdp_operator.local import validation
+from fsdp_operator.spec import OPERATOR_ENV, SpecError, operator_owned, parse_job, train_config
+from fsdp_train.config import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manifest(spec: dict[str, Any] | None = None, **metadata: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": schema.API_VERSION,
+        "kind": schema.KIND,
+        "metadata": {"name": "job", **metadata},
+        "spec": {} if spec is None else spec,
+    }
+
+
+def problems(spec: dict[str, Any] | None = None, **metadata: Any) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        parse_job(manifest(spec, **metadata))
+    return info.value.problems
+
+
+CPU = {
+    "workers": {"gpusPerWorker": 0, "efaPerWorker": 0, "instanceType": "", "ranksPerWorker": 2},
+    "network": {"transport": "socket"},
+}
+
+
+# --- operator-owned settings ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "instead"),
+    [
+        ("NCCL_DEBUG", "use spec.network.ncclDebug"),
+        ("NCCL_DEBUG_SUBSYS", "use spec.network.ncclDebug"),
+        ("NCCL_DEBUG_FILE", "use spec.network.ncclDebug"),
+        ("NCCL_NET", "use spec.network.transport and spec.network.failFast"),
+        ("FI_PROVIDER", "use spec.network.transport (the operator selects the libfabric provider)"),
+        ("FI_EFA_USE_DEVICE_RDMA", "use spec.network.transport (the operator selects the libfabric provider)"),
+        ("NCCL_SOCKET_IFNAME", "use spec.network.socketIfname"),
+        ("LD_PRELOAD", "it would replace the libraries NCCL and the transport check rely on"),
+        ("RAY_DEDUP_LOGS", "the operator needs every rank's log lines unmerged"),
+    ],
+)
+def test_operator_owned_environment_is_refused_in_both_places(name: str, instead: str) -> None:
+    found = problems({"network": {"env": [{"name": "OK_VAR", "value": "1"}, {"name": name, "value": "x"}]}})
+    assert found == [
+        f"spec.network.env[1].name: {name} is set by the operator (transport verification, log collection); {instead}"
+    ]
+    found = problems({"runtimeEnv": {"envVars": {name: "x"}}})
+    assert found == [
+        f"spec.runtimeEnv.envVars.{name}: {name} is set by the operator (transport verification, log collection); "
+        f"{instead}"
+    ]
+
+
+def test_every_variable_the_renderer_sets_is_operator_owned() -> None:
+    """The table and the renderer cannot drift apart: whatever render sets, a user may not."""
+    for spec in ({}, {"network": {"failFast": True}}, CPU):
+        job = parse_job(manifest(spec))
+        rc = render.raycluster(job)
+        pod_env = [
+            e["name"]
+            for group in (rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"])
+            for e in group["template"]["spec"]["containers"][0]["env"]
+        ]
+        job_env = list(render.submission(job, "sid", "/pkg").runtime_env["env_vars"])
+        for name in pod_env + job_env:
+            if name != "NVIDIA_VISIBLE_DEVICES":  # the head's own, never a worker setting
+                assert operator_owned(name) is not None, f"{name} is set by the operator but a spec may set it"
+    assert "LD_PRELOAD" in OPERATOR_ENV
+
+
+def test_user_variables_that_are_not_the_operators_pass_through() -> None:
+    job = parse_job(
+        manifest(
+            {
+                "network": {"env": [{"name": "NCCL_ALGO", "value": "Ring"}]},
+                "runtimeEnv": {"envVars": {"HF_HOME": "/cache", "NCCL_BUFFSIZE": "8388608"}},
+            }
+        )
+    )
+    worker = render.raycluster(job)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert {"name": "NCCL_ALGO", "value": "Ring"} in worker["env"]
+    assert render.submission(job, "sid", "/pkg").runtime_env["env_vars"]["HF_HOME"] == "/cache"
+
+
+def test_env_from_a_secret_is_passed_on_as_written() -> None:
+    ref = {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "aws", "key": "secret"}}}
+    job = parse_job(manifest({"network": {"env": [ref]}}))
+    worker = render.raycluster(job)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    assert ref in worker["env"]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"name": "1BAD"}, "spec.network.env[0].name: '1BAD' must be an environment variable name"),
+        ({"value": "x"}, "spec.network.env[0].name: required"),
+        (
+            {"name": "A", "value": "x", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+            "spec.network.env[0].valueFrom: may not be set together with value",
+        ),
+        (
+            {"name": "A", "valueFrom": {}},
+            "spec.network.env[0].valueFrom: must set exactly one of secretKeyRef, configMapKeyRef",
+        ),
+        (
+            {"name": "A", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k", "extra": 1}}},
+            "spec.network.env[0].valueFrom.secretKeyRef.extra: unknown field",
+        ),
+    ],
+)
+def test_env_entries_follow_the_pod_spec(env: dict[str, Any], expected: str) -> None:
+    assert problems({"network": {"env": [env]}})[0].startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("requirement", "expected"),
+    [
+        ("--index-url https://evil.example/simple", "must be a requirement specifier, not a pip option"),
+        ("-e git+https://x/y", "must be a requirement specifier, not a pip option"),
+        ("pandas\n--extra-index-url x", "must be one requirement specifier on one line"),
+        ("pandas >= 2 ; python_version <", "is not a requirement specifier (PEP 508"),
+        ("pkg @ https://user:tok3n@host/x.whl", "must not carry credentials in its URL"),
+    ],
+)
+def test_pip_entries_are_requirement_specifiers_only(requirement: str, expected: str) -> None:
+    (found,) = problems({"runtimeEnv": {"pip": ["pandas>=2.2", requirement]}})
+    assert found.startswith("spec.runtimeEnv.pip[1]: ") and expected in found
+    assert "tok3n" not in found
+
+
+def test_pip_requirement_specifiers_are_accepted() -> None:
+    job = parse_job(manifest({"runtimeEnv": {"pip": ["pandas>=2.2", "torchao==0.9.0; python_version >= '3.10'"]}}))
+    assert render.submission(job, "sid", "/pkg").runtime_env["pip"] == job.spec.runtime_env.pip
+
+
+@pytest.mark.parametrize("label", ["node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type"])
+def test_node_selector_that_contradicts_the_instance_type(label: str) -> None:
+    found = problems({"workers": {"nodeSelector": {label: "p5.48xlarge", "pool": "train"}}})
+    assert found == [
+        f"spec.workers.nodeSelector.{label}: 'p5.48xlarge' contradicts spec.workers.instanceType (g6.12xlarge); "
+        "choose the instance type with instanceType"
+    ]
+
+
+def test_node_selector_may_repeat_the_instance_type() -> None:
+    job = parse_job(manifest({"workers": {"nodeSelector": {"node.kubernetes.io/instance-type": "g6.12xlarge"}}}))
+    selector = render.raycluster(job)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"]
+    assert selector == {"node.kubernetes.io/instance-type": "g6.12xlarge"}
+
+
+# --- one contract with the training function ----------------------------------------------------------
+
+
+def test_warmup_equal_to_steps_is_refused_by_the_one_rule() -> None:
+    found = problems({"training": {"steps": 10, "warmupSteps": 10}})
+    assert found == ["spec.training.warmupSteps: must be less than spec.training.steps (10 >= 10)."]
+    with pytest.raises(ValueError, match=r"training\.warmup_steps must be less than training\.steps"):
+        TrainConfig.from_dict({"steps": 10, "warmup_steps": 10})
+    assert parse_job(manifest({"training": {"steps": 10, "warmupSteps": 9}})).spec.training.warmup_steps == 9
+
+
+def test_the_training_function_gets_the_config_validation_built() -> None:
+    job = parse_job(manifest({**CPU, "training": {"steps": 7, "gradientAccumulation": 3, "learningRate": 1e-3}}))
+    handed = render.submission(job, "sid", "/pkg").config["train"]
+    cfg = TrainConfig.from_dict(json.loads(json.dumps(handed)))  # as ray_entry reads it from the entrypoint
+    assert cfg == train_config(job.spec)
+    assert (cfg.steps, cfg.grad_accum, cfg.learning_rate, cfg.data) == (7, 3, 1e-3, "random")
+    assert (cfg.lr_schedule, cfg.compile, cfg.model_init) == ("constant", True, "pretrained")
+
+
+# --- Kubernetes grammars --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1.5Ki", 1536), ("100m", 0.1), ("+1", 1), ("1.", 1), (".5", 0.5), ("1E", 10**18), ("2e-3", 0.002), ("7n", 7e-9)],
+)
+def test_quantities_kubernetes_accepts(text: str, value: float) -> None:
+    assert float(parse_quantity(text)) == pytest.approx(value)
+
+
+@pytest.mark.parametrize(
+    "text", [" 1", "1 ", "1\n", "1e3Gi", "1Ki2", "1K", "1.5.5", "", ".", "1e", "١", "0x10", "1e1.5"]
+)
+def test_quantities_kubernetes_refuses(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a Kubernetes quantity"):
+        parse_quantity(text)
+
+
+@pytest.mark.parametrize(
+    ("image", "ok"),
+    [
+        ("rayproject/ray:2.58.0-py311-cpu", True),
+        ("localhost:5000/team/ray@sha256:" + "a" * 64, True),
+        ("[::1]:5000/ray:latest", True),
+        ("Ray/Ray:1", False),
+        ("ray:", False),
+        ("ray:tag with space", False),
+        ("ray@sha256:abc", False),
+        ("-ray", False),
+        ("registry.example.com/" + "a" * 300, False),
+    ],
+)
+def test_image_references_follow_the_oci_grammar(image: str, ok: bool) -> None:
+    if ok:
+        assert parse_job(manifest({"image": image})).spec.image == image
+    else:
+        assert problems({"image": image})[0].startswith("spec.image: ")
+
+
+@pytest.mark.parametrize(
+    ("storage", "reason"),
+    [
+        ("s3://", "has no bucket (s3://BUCKET/prefix)"),
+        ("s3:///prefix", "has no bucket (s3://BUCKET/prefix)"),
+        ("s3://bucket/a/../b", "must not contain '..' segments"),
+        ("/mnt/../etc", "must not contain '..' segments"),
+        ("s3://AKIA:s3cr3t@bucket/x", "must not carry credentials in the URI"),
+        ("s3://bucket/x?versionId=1", "must not have a query or fragment"),
+        ("file://host/path", "file:// must be followed by an absolute path"),
+        ("s3://bucket/with space", "must not contain white space or control characters"),
+    ],
+)
+def test_checkpoint_uris_are_well_formed(storage: str, reason: str) -> None:
+    (found,) = problems({"training": {"checkpoint": {"storage": storage}}})
+    assert found.startswith("spec.training.checkpoint.storage: ") and reason in found
+    assert "s3cr3t" not in found
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ({"name": "a" * 64}, "metadata.name: "),
+        ({"name": "Job"}, "metadata.name: 'Job' must be a DNS-1123 label"),
+        ({"namespace": "Prod"}, "metadata.namespace: 'Prod' must be a DNS-1123 label"),
+        ({"labels": {"app": ["x"]}}, "metadata.labels.app: expected string, got array"),
+        ({"labels": {"-bad": "x"}}, "metadata.labels: key '-bad' must be a qualified name"),
+        ({"labels": {"a/b/c": "x"}}, "metadata.labels: key 'a/b/c' has a prefix that is not a DNS-1123 subdomain"),
+        ({"labels": {"app": "x" * 64}}, "metadata.labels.app: longer than 63 characters"),
+        ({"annotations": {"note": 5}}, "metadata.annotations.note: expected string, got integer (value hidden)"),
+        ({"annotations": {"n": "x" * 262_144}}, "metadata.annotations: 262145 bytes in total, Kubernetes allows"),
+        ({"generation": "1"}, "metadata.generation: expected integer, got string '1'"),
+        ({"generation": -1}, "metadata.generation: must be at least 0, got -1"),
+        ({"selfLinkk": "x"}, "metadata.selfLinkk: unknown field"),
+    ],
+)
+def test_metadata_follows_kubernetes_rules(metadata: dict[str, Any], expected: str) -> None:
+    assert problems(None, **metadata)[0].startswith(expected)
+
+
+def test_metadata_as_kopf_hands_it_over_is_accepted() -> None:
+    job = parse_job(
+        manifest(
+            None,
+            namespace="ml",
+            uid="0b8a2b5e-1111-2222-3333-444455556666",
+            generation=3,
+            resourceVersion="12345",
+            creationTimestamp="2026-12-01T07:00:00Z",
+            finalizers=["kopf.zalando.org/KopfFinalizerMarker"],
+            managedFields=[{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+            annotations={"kopf.zalando.org/last-handled-configuration": json.dumps({"spec": {}})},
+            labels={"team": "ml"},
+        )
+    )
+    assert (job.namespace, job.generation, job.labels) == ("ml", 3, {"team": "ml"})
+
+
+def test_tolerations_are_checked_like_a_pod_spec() -> None:
+    assert problems({"workers": {"tolerations": [{"operator": "Equal", "value": "x"}]}}) == [
+        "spec.workers.tolerations[0].operator: must be Exists when key is empty (that tolerates every taint)"
+    ]
+    assert problems({"head": {"tolerations": [{"key": "a", "operator": "Exists", "value": "v"}]}}) == [
+        "spec.head.tolerations[0].value: must be empty when operator is Exists"
+    ]
+    assert problems({"head": {"tolerations": [{"key": "a", "tolerationSeconds": 5}]}}) == [
+        "spec.head.tolerations[0].effect: must be NoExecute when tolerationSeconds is set"
+    ]
+    assert problems({"head": {"tolerations": [{"key": "a", "operatr": "Exists"}]}})[0].startswith(
+        "spec.head.tolerations[0].operatr: unknown field "
+        "(known fields: effect, key, operator, tolerationSeconds, value)"
+    )
+    given = [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]
+    job = parse_job(manifest({"workers": {"tolerations": given}}))
+    assert render.raycluster(job)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["tolerations"][0] == given[0]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"training": {"learningRate": float("nan")}}, "spec.training.learningRate: must be a finite number, got nan"),
+        ({"training": {"learningRate": float("inf")}}, "spec.training.learningRate: must be a finite number, got inf"),
+        ({"training": {"steps": float("inf")}}, "spec.training.steps: expected integer, got number inf"),
+        ({"training": {"seed": 2**32}}, "spec.training.seed: must be at most 4294967295, got 4294967296"),
+        ({"training": {"steps": 10**30}}, "spec.training.steps: must be at most 100000000, got a 100-bit integer"),
+        ({"workers": {"replicas": True}}, "spec.workers.replicas: expected integer, got boolean true"),
+        ({"runPolicy": {"activeDeadlineSeconds": 2**31}}, "spec.runPolicy.activeDeadlineSeconds: must be at most"),
+        ({"network": {"minCrossNodeBandwidthGBps": 10**400}}, "spec.network.minCrossNodeBandwidthGBps: must be at"),
+    ],
+)
+def test_numbers_are_finite_and_bounded(spec: dict[str, Any], expected: str) -> None:
+    assert problems(spec)[0].startswith(expected)
+
+
+def test_long_values_are_truncated_in_messages() -> None:
+    (found,) = problems({"workers": {"memory": "9" * 10_000 + "Gi"}})
+    assert found == "spec.workers.memory: longer than 64 characters"
+    (found,) = problems({"network": {"transport": "x" * 10_000}})
+    assert len(found) < 200 and found.startswith("spec.network.transport: 'xxxxxxxx")
+
+
+def test_missing_spec_and_unknown_top_level_fields() -> None:
+    m = manifest()
+    del m["spec"]
+    m["sepc"] = {}
+    with pytest.raises(SpecError) as info:
+        parse_job(m)
+    assert info.value.problems == [
+        "sepc: unknown field (known fields: apiVersion, kind, metadata, spec, status)",
+        "spec: required (`spec: {}` takes every default)",
+    ]
+
+
+# --- the same judgement as the CRD the API server applies ----------------------------------------------
+
+
+def crd_schema() -> dict[str, Any]:
+    (version,) = schema.crd()["spec"]["versions"]
+    openapi: dict[str, Any] = version["schema"]["openAPIV3Schema"]
+    return openapi
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"workers": {"replicas": 513}},
+        {"workers": {"gpusPerWorker": -1}},
+        {"training": {"learningRate": 0}},
+        {"training": {"seqLen": 4}},
+        {"workers": {"cpu": "1e3Gi"}},
+        {"workers": {"cpu": " 1"}},
+        {"network": {"transport": "ib"}},
+        {"workers": {"tolerations": [{"key": "a", "bogus": 1}]}},
+        {"runtimeEnv": {"envVars": {"A": 1}}},
+        {"workers": {"nodeSelector": {"a": "x" * 64}}},
+    ],
+)
+def test_what_the_crd_refuses_validate_refuses(spec: dict[str, Any]) -> None:
+    m = manifest(spec)
+    pruned, unknown = validation.prune(m, crd_schema())
+    assert unknown or validation.validate(pruned, crd_schema()), "the CRD accepts it"
+    with pytest.raises(SpecError):
+        parse_job(m)
+
+
+def test_yaml_numbers_are_read_as_kubectl_reads_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "apiVersion: fsdp.dev/v1alpha1\nkind: FSDPTrainingJob\nmetadata: {name: j}\n"
+        "spec:\n  training: {learningRate: 1e-4, steps: 1e3, seed: 0o17}\n  workers: {memory: 1e11}\n"
+    )
+    assert main(["validate", "-f", str(path)]) == 0
+    from fsdp_operator.manifest_yaml import decode, load_all
+
+    (doc,) = load_all(decode(path.read_bytes()))
+    assert doc["spec"]["training"] == {"learningRate": 1e-4, "steps": 1000.0, "seed": 15}
+    job = parse_job(doc)
+    assert (job.spec.training.learning_rate, job.spec.training.steps) == (1e-4, 1000)
+    assert job.spec.workers.memory == "100000000000"
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("1e-4", 1e-4),
+        ("1_000", 1000),
+        ("0x1F", 31),
+        ("017", 15),
+        ("0b101", 5),
+        ("09", 9.0),
+        ("1:30", "1:30"),
+        ("y", True),
+        ("off", False),
+        ("2001-12-14", "2001-12-14"),
+        ("1e400", "1e400"),
+        (".5", 0.5),
+        ("~", None),
+    ],
+)
+def test_plain_scalars_resolve_as_go_yaml_v2(text: str, value: Any) -> None:
+    from fsdp_operator.manifest_yaml import load_all
+
+    (doc,) = load_all(f"v: {text}\n")
+    assert doc["v"] == value and type(doc["v"]) is type(value)
+
+
+def test_the_examples_in_the_docs_validate() -> None:
+    for example in sorted((ROOT / "examples").glob("*.yaml")):
+        job = parse_job(yaml.safe_load(example.read_text()))
+        assert TrainConfig.from_dict(render.train_config(job)) == train_config(job.spec)
