@@ -112,13 +112,15 @@ STATUS_SCHEMA: Schema = {
         "progress": _free(
             "object",
             "Training progress: step, total steps, loss, tokens per second, MFU, and lossHistory "
-            "(at most 64 [step, loss] points spanning the run).",
+            "(at most 64 [step, loss] points spanning the run); with a data source also epoch, samplesSeen, "
+            "tokensSeen, and evalLoss / evalStep of the last evaluation.",
         ),
         "transport": _free("object", "Which transport NCCL really used, per rank and in summary."),
         "interconnect": _free("object", "Measured all-reduce and all-gather bus bandwidth against the floor."),
         "probes": _free("array", "The collective bandwidth probes, per scope."),
         "result": _free("object", "The finished run: steps, first and final loss, tokens per second, seconds."),
         "checkpoint": _free("object", "The last checkpoint: step, path, seconds."),
+        "output": _free("object", "The exported Hugging Face model (spec.output): path, step, seconds."),
         "rankFailures": _free("array", "Ranks that reported a failure, with their messages."),
     },
 }
@@ -134,6 +136,7 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Transport", "type": "string", "jsonPath": ".status.transport.summary"},
     {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepOfTotal"},
     {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.progress.tokensPerSecond"},
+    {"name": "Eval Loss", "type": "number", "jsonPath": ".status.progress.evalLoss"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Transport
+from fsdp_train.events import Checkpoint, Evaluation, Event, Export, Failure, Placement, Probe, Step, Summary, Transport
 
 from fsdp_operator import transport as transport_mod
 from fsdp_operator.spec import Job
@@ -66,6 +66,8 @@ class Reason(StrEnum):
     CLUSTER_CONFLICT = "ClusterConflict"
     TRANSPORT_FALLBACK = transport_mod.FAILURE_REASON
     SUSPENDED = "Suspended"
+    DATA_UNAVAILABLE = "DataUnavailable"
+    """spec.data.source cannot be read, holds no documents, or too few for one global batch."""
 
 
 # Reasons posted as Warning events (everything in phase Failed is a Warning too). Waiting for workers
@@ -285,6 +287,8 @@ class JobStatus:
     probes: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    output: dict[str, Any] = field(default_factory=dict)
+    """The exported Hugging Face directory: path, step, seconds (spec.output)."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -317,6 +321,7 @@ class JobStatus:
             "probes": self.probes,
             "result": self.result,
             "checkpoint": self.checkpoint,
+            "output": self.output,
             "rankFailures": self.rank_failures,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
@@ -364,6 +369,7 @@ class JobStatus:
             probes=listing("probes"),
             result=mapping("result"),
             checkpoint=mapping("checkpoint"),
+            output=mapping("output"),
             rank_failures=listing("rankFailures"),
         )
 
@@ -413,6 +419,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
         probes=[],
         result={},
         checkpoint={},
+        output={},
         rank_failures=[],
     )
 
@@ -514,6 +521,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     progress = dict(status.progress)
     result = dict(status.result)
     checkpoint = dict(status.checkpoint)
+    output = dict(status.output)
     probes = [dict(p) for p in status.probes]
     failures = [dict(f) for f in status.rank_failures]
     transports = _transport_events(status)
@@ -553,6 +561,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             if event.step < int(progress.get("step", 0)):
                 continue  # an older line re-read after a restart
             history = _with_loss_point(progress.get("lossHistory"), event.step, _round(event.loss))
+            evaluation: dict[str, Any] = {k: progress[k] for k in ("evalLoss", "evalStep") if k in progress}
             progress = {
                 "step": event.step,
                 "totalSteps": event.total_steps,
@@ -570,6 +579,14 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress["peakMemoryBytes"] = event.peak_memory_bytes
             if history:
                 progress["lossHistory"] = history
+            if event.samples_seen:  # a data source (random tokens have no epochs)
+                progress.update(epoch=event.epoch, samplesSeen=event.samples_seen, tokensSeen=event.tokens_seen)
+            progress.update(evaluation)
+        elif isinstance(event, Evaluation):
+            if event.step >= int(progress.get("evalStep", 0)):
+                progress.update(evalLoss=_round(event.loss), evalStep=event.step)
+        elif isinstance(event, Export):
+            output = {"path": event.path, "step": event.step, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Summary):
@@ -588,8 +605,14 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 result["sharding"] = event.sharding
             if event.resumed_from_step:
                 result["resumedFromStep"] = event.resumed_from_step
+            if event.eval_loss is not None:
+                result["evalLoss"] = _round(event.eval_loss)
+            if event.epochs:
+                result["epochs"] = event.epochs
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
+            if event.reason:
+                failure["reason"] = event.reason[:64]
             if failure not in failures:
                 failures.append(failure)
 
@@ -600,6 +623,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         progress=progress,
         result=result,
         checkpoint=checkpoint,
+        output=output,
         probes=probes,
         rank_failures=failures[-16:],
     )
