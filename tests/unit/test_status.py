@@ -20,7 +20,18 @@ from fsdp_operator.status import (
     progress_only,
     set_condition,
 )
-from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Transport, parse_lines
+from fsdp_train.events import (
+    Checkpoint,
+    Evaluation,
+    Event,
+    Failure,
+    Placement,
+    Probe,
+    Step,
+    Summary,
+    Transport,
+    parse_lines,
+)
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
@@ -82,7 +93,8 @@ def test_round_trip_and_empty_fields_left_out() -> None:
 
 def test_printer_columns_read_what_status_writes() -> None:
     status = JobStatus(phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, workers="2/2")
-    folded = fold_events(job(), status, [step(12), Transport(rank=0, transport="efa")], now=NOW).status
+    events = [step(12), Transport(rank=0, transport="efa"), Evaluation(rank=0, step=12, loss=2.5)]
+    folded = fold_events(job(), status, events, now=NOW).status
     raw = {"status": folded.to_dict()}
     for column in schema.PRINTER_COLUMNS:
         path = column["jsonPath"].lstrip(".").split(".")
