@@ -124,6 +124,7 @@ def test_a_run_resumed_mid_epoch_trains_the_same_samples_as_the_uninterrupted_on
     assert len({s.samples_digest for s in before.values()}) == STEPS
 
 
+@pytest.mark.slow  # the driver's path is in test_data_ray; the causes are unit-tested in test_data.py
 def test_an_unreadable_source_fails_at_once_with_data_unavailable(s3: S3, tmp_path: Path) -> None:
     cfg = {**config(s3, "c"), "data": f"s3://{s3.bucket}/no-such-prefix", "model_init": "random",
            "model": "Qwen/Qwen2.5-1.5B", "tokenizer": f"s3://{s3.bucket}/models/tiny"}  # fmt: skip

@@ -21,6 +21,7 @@ import io
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -383,6 +384,14 @@ def save_prepared(prepared: Prepared, path: Path) -> None:
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
+def describe(prepared: Prepared) -> str:
+    train = prepared.train
+    text = f"{train.documents} documents packed into {len(train)} sequences of {train.seq_len} tokens"
+    if prepared.validation is not None:
+        text += f", {len(prepared.validation)} more for validation"
+    return text
+
+
 def load_prepared(path: Path) -> Prepared:
     with np.load(path) as z:
         train = Packed(z["train_ids"], z["train_flags"])
@@ -451,8 +460,12 @@ def prepare_on_each_node(cfg: TrainConfig, tokenizer_dir: str, *, rank: int, loc
         if local_rank == 0:
             cache = default_cache_dir() / f"{cache_key(cfg, tokenizer_dir)}.npz"
             if not cache.exists():
+                started = time.perf_counter()
+                print(f"fsdp_train: data: reading and tokenizing {cfg.data}", flush=True)
+                prepared = prepare_local(cfg, tokenizer_dir)
                 cache.parent.mkdir(parents=True, exist_ok=True)
-                save_prepared(prepare_local(cfg, tokenizer_dir), cache)
+                save_prepared(prepared, cache)
+                print(f"fsdp_train: data: {describe(prepared)} in {time.perf_counter() - started:.1f} s", flush=True)
             path = str(cache)
     paths: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(paths, path)
