@@ -59,10 +59,9 @@ def write_shard(args: tuple[Path, int, int]) -> int:
 def assets(root: Path, tokens: int) -> None:
     import numpy as np
     import torch
+    from fsdp_train.model import QWEN25_1_5B
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    from fsdp_train.model import QWEN25_1_5B
 
     started = time.perf_counter()
     sample = root / "sample.jsonl"
@@ -107,7 +106,6 @@ def assets(root: Path, tokens: int) -> None:
 def load(directory: str) -> None:
     import torch
     import torch.distributed as dist
-
     from fsdp_train import weights
     from fsdp_train.config import TrainConfig
     from fsdp_train.model import build_meta_model, decoder_blocks, hf_config, to_empty_keeping_ties
