@@ -4,6 +4,10 @@
 #   bench/h200_runs.sh levers OUTDIR   # each throughput lever on 2 GPUs, and the slow-link pair
 #   bench/h200_runs.sh final OUTDIR    # seed vs final at seq 2048 and 4096, 1 GPU, slow link, transport
 #   bench/h200_runs.sh verify OUTDIR   # the headline rows again (target 1, transport pair), for a release
+#   bench/h200_runs.sh round2-bf16 OUTDIR  # 1 GPU: bf16 levers, a kernel profile, time to first step (cold/warm)
+#   bench/h200_runs.sh round2-fp8 OUTDIR   # 1 GPU: fp8 recipes against bf16, Qwen2.5-1.5B and a 7B-shaped model
+#   TEXT=FILE bench/h200_runs.sh round2-final OUTDIR  # 1 GPU: the round-two tables of docs/performance.md
+#   TEXT=FILE bench/h200_runs.sh round2-verify OUTDIR # 1 GPU: fp8 loss on text (1.5B), precision auto end to end
 #
 # Needs torch and transformers (no Ray, no install: the package is put on PYTHONPATH). Every run has
 # its own time limit, so one hang costs one row. Logs go to OUTDIR/logs; the tables to stdout.
@@ -16,11 +20,10 @@ mkdir -p "$out/logs"
 # NVLink multicast stays off on shared hosts; the NCCL logs of each run land beside its output.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/training${PYTHONPATH:+:$PYTHONPATH}"
-overrides=${OVERRIDES:-"{}"}
 py=${PYTHON:-python3}
 
-bench() {  # bench NAME NPROC LIMIT_S ARGS...
-    local name=$1 nproc=$2 limit=$3 start=$SECONDS
+bench() {  # bench NAME NPROC LIMIT_S ARGS...  (OVERRIDES=JSON: Hugging Face config fields)
+    local name=$1 nproc=$2 limit=$3 start=$SECONDS overrides=${OVERRIDES:-"{}"}
     shift 3
     echo "\$ torchrun --nproc-per-node $nproc bench/train_throughput.py $*" | tee "$out/logs/$name.log"
     timeout "$limit" "$py" -m torch.distributed.run --standalone --nproc-per-node "$nproc" \
@@ -31,7 +34,7 @@ bench() {  # bench NAME NPROC LIMIT_S ARGS...
 }
 
 train() {  # train NAME LIMIT_S CONFIG_JSON [VAR=VALUE...]: the training function itself, 2 ranks
-    local name=$1 limit=$2 cfg=$3 start=$SECONDS
+    local name=$1 limit=$2 cfg=$3 start=$SECONDS overrides=${OVERRIDES:-"{}"}
     shift 3
     echo "\$ $* torchrun --nproc-per-node 2 -m fsdp_train --config-json '$cfg'" | tee "$out/logs/$name.log"
     cfg=$("$py" -c 'import json,sys; c=json.loads(sys.argv[1]); o=json.loads(sys.argv[2]); print(json.dumps({**c, "model_overrides": o} if o else c))' "$cfg" "$overrides")
@@ -41,6 +44,26 @@ train() {  # train NAME LIMIT_S CONFIG_JSON [VAR=VALUE...]: the training functio
     tail -n 1 "$out/logs/$name.log"
     "$py" bench/summarize_events.py "$out/logs/$name.log" | tail -n 1
 }
+
+first_steps() {  # the training function twice with one compile cache: cold, then warm
+    local cache="$out/compile-cache" cfg overrides=${OVERRIDES:-"{}"}
+    rm -rf "$cache"
+    cfg='{"seq_len":2048,"batch_size_per_rank":8,"steps":3,"lr_schedule":"constant","compile":true,"reshard_after_forward":false,"probe_size_bytes":0,"compile_cache_dir":"'$cache'"}'
+    cfg=$("$py" -c 'import json,sys; c=json.loads(sys.argv[1]); o=json.loads(sys.argv[2]); print(json.dumps({**c, "model_overrides": o} if o else c))' "$cfg" "$overrides")
+    for run in cold warm; do
+        local start=$SECONDS
+        echo "\$ torchrun --nproc-per-node 1 -m fsdp_train --config-json '$cfg'   # $run" | tee "$out/logs/ttfs-$run.log"
+        timeout 150 "$py" -m torch.distributed.run --standalone --nproc-per-node 1 -m fsdp_train \
+            --config-json "$cfg" >>"$out/logs/ttfs-$run.log" 2>&1
+        echo "(exit $?, $((SECONDS - start)) s)" >>"$out/logs/ttfs-$run.log"
+        grep -h '"kind":"timings"' "$out/logs/ttfs-$run.log" | sed 's/^.*FSDP_EVENT //'
+        tail -n 1 "$out/logs/ttfs-$run.log"
+    done
+    rm -rf "$cache"
+}
+
+# Qwen2.5-7B's shape (hidden 3584, MLP 18944, 28 query / 4 KV heads, untied head) with 8 of its 28 layers.
+QWEN7B_8L='{"hidden_size":3584,"intermediate_size":18944,"num_attention_heads":28,"num_key_value_heads":4,"tie_word_embeddings":false,"num_hidden_layers":8}'
 
 date -u
 nvidia-smi --query-gpu=name,memory.total,power.limit,driver_version --format=csv,noheader 2>/dev/null
@@ -70,6 +93,43 @@ verify)
     bench final-2048 2 150 --seq-len 2048 --batch 8 --warmup 4 --steps 46 --recipes seed,ours-final
     train nvlink-default 60 '{"steps":3,"seq_len":2048,"batch_size_per_rank":4,"probe_size_bytes":268435456,"lr_schedule":"constant"}'
     train slow-auto 70 "{$slow,$gathered,\"sharding\":\"auto\"}" "${sockets[@]}"
+    ;;
+round2-bf16)  # one GPU: bf16 levers on top of ours-final, a kernel profile, time to first step
+    first_steps
+    bench r2-bf16 1 280 --seq-len 2048 --batch 8 --warmup 3 --steps 6 \
+        --recipes ours-final,ours-cudnn,ours-liger,ours-final@b16,ours-final@b24
+    timeout 80 "$py" -m torch.distributed.run --standalone --nproc-per-node 1 bench/profile_step.py --batch 8 \
+        --config '{"compile":true,"loss_chunk_tokens":4096,"reshard_after_forward":false}' >"$out/logs/profile.log" 2>&1
+    grep -hE '^(\||GPU kernel| +[0-9.]+ ms)' "$out/logs/profile.log"
+    ;;
+round2-fp8)  # one GPU: fp8 recipes against bf16 on Qwen2.5-1.5B and on a Qwen2.5-7B-shaped model (8 layers)
+    bench r2-fp8-1.5b 1 200 --seq-len 2048 --batch 8 --warmup 3 --steps 6 \
+        --recipes ours-final,ours-fp8,ours-fp8-mlp,ours-fp8-rw-mlp
+    OVERRIDES=$QWEN7B_8L bench r2-fp8-7b 1 300 --seq-len 2048 --batch 8 --warmup 3 --steps 6 \
+        --recipes ours-final,ours-fp8,ours-fp8-mlp,ours-fp8-rw
+    ;;
+round2-final)  # one GPU: fp8 against bf16 (both models, seed recipe first), fp8's loss on text, batch, start
+    bench r3-1.5b 1 150 --seq-len 2048 --batch 8 --warmup 3 --steps 6 \
+        --recipes seed,ours-final,ours-fp8,ours-fp8-mlp,ours-fp8-rw-mlp,ours-final@b8a4
+    OVERRIDES=$QWEN7B_8L bench r3-7b 1 150 --seq-len 2048 --batch 8 --warmup 3 --steps 6 \
+        --recipes ours-final,ours-fp8,ours-fp8-mlp,ours-fp8-rw
+    # Loss on real text: byte tokens of $TEXT (carried with the call), 300 steps, lr 3e-4 after 30 warm-up steps.
+    OVERRIDES=$QWEN7B_8L bench r3-7b-text 1 200 --seq-len 2048 --batch 2 --warmup 0 --steps 300 \
+        --recipes ours-final,ours-fp8 --text "$TEXT" --lr 3e-4 --lr-warmup 30
+    first_steps
+    ;;
+round2-verify)  # one GPU: fp8's loss on text for Qwen2.5-1.5B; the training function with precision auto vs bf16
+    bench r4-1.5b-text 1 150 --seq-len 2048 --batch 2 --warmup 0 --steps 300 \
+        --recipes ours-final,ours-fp8 --text "$TEXT" --lr 3e-4 --lr-warmup 30
+    for precision in bf16 auto; do
+        cfg='{"seq_len":2048,"batch_size_per_rank":8,"steps":10,"lr_schedule":"constant","compile":true,"reshard_after_forward":false,"probe_size_bytes":0,"precision":"'$precision'"}'
+        echo "\$ torchrun --nproc-per-node 1 -m fsdp_train --config-json '$cfg'" | tee "$out/logs/fn-$precision.log"
+        timeout 90 "$py" -m torch.distributed.run --standalone --nproc-per-node 1 -m fsdp_train --config-json "$cfg" \
+            >>"$out/logs/fn-$precision.log" 2>&1
+        echo "(exit $?)" >>"$out/logs/fn-$precision.log"
+        grep -h '"kind":"summary"' "$out/logs/fn-$precision.log" | sed 's/^.*FSDP_EVENT //'
+        tail -n 1 "$out/logs/fn-$precision.log"
+    done
     ;;
 *)
     echo "unknown mode $mode" >&2

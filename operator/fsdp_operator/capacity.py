@@ -532,7 +532,7 @@ def _why(zone: Zone, quota: Quota | None, request: Request) -> str:
     if quota is None:
         parts.append("no vCPU quota known for this family")
     elif quota.error:
-        parts.append(f"quota unknown ({quota.error})")
+        parts.append("quota unknown (the region's note says why)")
     elif quota.free is not None:
         enough = quota.enough_for(request.vcpus)
         relation = ">=" if enough else "<"

@@ -358,7 +358,10 @@ def _string(hint: Any, meta: Meta, value: str, path: str, problems: Problems, se
         problems.append(f"{path}: longer than {limit} characters")
         return BAD
     if meta.grammar is not None:
-        reason = meta.grammar.check(value)
+        try:
+            reason = meta.grammar.check(value)
+        except ValueError:  # a library under a grammar gave up on the value: it is not well-formed either
+            reason = f"is not a well-formed {meta.grammar.name}"
         if reason is not None:
             problems.append(f"{path}: {show(value, secret=secret)} {reason}")
             return BAD

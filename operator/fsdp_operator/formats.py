@@ -274,8 +274,13 @@ def _pip_requirement(value: str) -> str | None:
         requirement = Requirement(value)
     except InvalidRequirement:
         return "is not a requirement specifier (PEP 508, e.g. 'pandas>=2.2')"
-    if requirement.url is not None and "@" in urlsplit(requirement.url).netloc:
-        return "must not carry credentials in its URL"
+    if requirement.url is not None:
+        try:
+            netloc = urlsplit(requirement.url).netloc
+        except ValueError:
+            return "has a URL that is not well-formed"
+        if "@" in netloc:
+            return "must not carry credentials in its URL"
     return None
 
 

@@ -53,7 +53,11 @@ def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegi
             if not runtime.has_kube():
 
                 async def refresh() -> Any:
-                    return await asyncio.to_thread(kopf.login_via_client, logger=logger, **kwargs)
+                    try:
+                        return await asyncio.to_thread(kopf.login_via_client, logger=logger, **kwargs)
+                    except kopf.LoginError as e:
+                        logger.warning(f"could not refresh the Kubernetes credentials: {e}")
+                        return None  # the request fails with its 401, and the pass is retried
 
                 runtime.set_kube(AioKube.from_connection_info(info, timeout=config.kube_timeout, refresh=refresh))
             elif isinstance(runtime.kube, AioKube):

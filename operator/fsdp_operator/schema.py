@@ -118,9 +118,18 @@ STATUS_SCHEMA: Schema = {
         "transport": _free("object", "Which transport NCCL really used, per rank and in summary."),
         "interconnect": _free("object", "Measured all-reduce and all-gather bus bandwidth against the floor."),
         "probes": _free("array", "The collective bandwidth probes, per scope."),
-        "result": _free("object", "The finished run: steps, first and final loss, tokens per second, seconds."),
+        "result": _free(
+            "object",
+            "The finished run: steps, first and final loss, tokens per second, seconds, sharding and precision used.",
+        ),
         "checkpoint": _free("object", "The last checkpoint: step, path, seconds."),
         "output": _free("object", "The exported Hugging Face model (spec.output): path, step, seconds."),
+        "timings": _free(
+            "object",
+            "Time to the first optimizer step (seconds, from rank 0's process start): toFirstStepSeconds, split into "
+            "startupSeconds, probeSeconds, buildSeconds (model, sharding, weights) and firstStepSeconds (compilation "
+            "included); compileCache: cold or warm when spec.training.compileCacheDir is set.",
+        ),
         "rankFailures": _free("array", "Ranks that reported a failure, with their messages."),
     },
 }

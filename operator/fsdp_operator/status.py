@@ -16,7 +16,19 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from fsdp_train.events import Checkpoint, Evaluation, Event, Export, Failure, Placement, Probe, Step, Summary, Transport
+from fsdp_train.events import (
+    Checkpoint,
+    Evaluation,
+    Event,
+    Export,
+    Failure,
+    Placement,
+    Probe,
+    Step,
+    Summary,
+    Timings,
+    Transport,
+)
 
 from fsdp_operator import transport as transport_mod
 from fsdp_operator.spec import Job
@@ -289,6 +301,8 @@ class JobStatus:
     checkpoint: dict[str, Any] = field(default_factory=dict)
     output: dict[str, Any] = field(default_factory=dict)
     """The exported Hugging Face directory: path, step, seconds (spec.output)."""
+    timings: dict[str, Any] = field(default_factory=dict)
+    """Where the time to the first step went (rank 0's ``timings`` event)."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -322,6 +336,7 @@ class JobStatus:
             "result": self.result,
             "checkpoint": self.checkpoint,
             "output": self.output,
+            "timings": self.timings,
             "rankFailures": self.rank_failures,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
@@ -370,6 +385,7 @@ class JobStatus:
             result=mapping("result"),
             checkpoint=mapping("checkpoint"),
             output=mapping("output"),
+            timings=mapping("timings"),
             rank_failures=listing("rankFailures"),
         )
 
@@ -522,6 +538,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     result = dict(status.result)
     checkpoint = dict(status.checkpoint)
     output = dict(status.output)
+    timings = dict(status.timings)
     probes = [dict(p) for p in status.probes]
     failures = [dict(f) for f in status.rank_failures]
     transports = _transport_events(status)
@@ -589,6 +606,16 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             output = {"path": event.path, "step": event.step, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
+        elif isinstance(event, Timings):
+            timings = {
+                "toFirstStepSeconds": _round(event.to_first_step_seconds, 2),
+                "startupSeconds": _round(event.startup_seconds, 2),
+                "probeSeconds": _round(event.probe_seconds, 2),
+                "buildSeconds": _round(event.build_seconds, 2),
+                "firstStepSeconds": _round(event.first_step_seconds, 2),
+            }
+            if event.compile_cache:
+                timings["compileCache"] = event.compile_cache
         elif isinstance(event, Summary):
             if event.rank != 0:
                 continue  # rank 0's summary is the job's result
@@ -609,6 +636,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 result["evalLoss"] = _round(event.eval_loss)
             if event.epochs:
                 result["epochs"] = event.epochs
+            if event.precision:
+                result["precision"] = event.precision
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
             if event.reason:
@@ -624,6 +653,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         result=result,
         checkpoint=checkpoint,
         output=output,
+        timings=timings,
         probes=probes,
         rank_failures=failures[-16:],
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsdp_train.events import Checkpoint, Event, Placement, Probe, Step, Summary, Transport, parse_line
+from fsdp_train.events import Checkpoint, Event, Placement, Probe, Step, Summary, Timings, Transport, parse_line
 
 pytestmark = pytest.mark.e2e
 
@@ -127,6 +127,12 @@ def test_fsdp2_matches_single_process(single_process: dict[int, float], fsdp_run
     assert {s.rank for s in summaries} == {0, 1}
     assert all(s.sharding == "full" and s.steps == STEPS for s in summaries)
     assert summaries[0].final_loss == losses(events)[STEPS]
+    assert all(s.precision == "fp32" for s in summaries)  # mixed_precision fp32: no bf16 matmuls
+    # Rank 0 reports its start once, after the first step: the phases add up to the whole.
+    (timings,) = [e for e in events if isinstance(e, Timings)]
+    assert timings.rank == 0 and timings.compile_cache == ""
+    phases = timings.startup_seconds + timings.probe_seconds + timings.build_seconds + timings.first_step_seconds
+    assert timings.first_step_seconds > 0 and 0 < phases <= timings.to_first_step_seconds + 1e-6
 
 
 @pytest.mark.slow

@@ -140,6 +140,9 @@ def test_every_admin_value_lands_where_it_should(helm: Path) -> None:
     monitor = one(docs, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    service_labels = one(docs, "Service")["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service_labels.items()
+    assert "app.kubernetes.io/version" not in monitor["spec"]["selector"]["matchLabels"]
 
 
 def test_replicas_elect_a_leader_through_kopf_peering(helm: Path) -> None:

@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import requests
 from fsdp_operator import schema
 from fsdp_operator.controller import Runtime
 from fsdp_operator.handlers import build_registry
-from fsdp_operator.kube import AioKube
+from fsdp_operator.kube import AioKube, KubeError
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.rbac import MASTERS, Access, User
@@ -99,3 +100,36 @@ def test_the_operator_follows_a_rotated_token(kind: str, tmp_path: Path, monkeyp
     assert runtime._kube.headers["Authorization"] == "Bearer second"
     assert runtime._kube.refreshes >= 1
     assert access.unauthorized >= 1, "the old token was never refused: the test proved nothing"
+
+
+def test_the_client_retries_once_with_fresh_credentials_and_fails_typed_without() -> None:
+    access = Access()
+    access.add_token("old", User(OPERATOR, (MASTERS,)))
+    api = ThreadedApiServer(access=access).start()
+    fresh: list[str | None] = [None]
+    asked: list[int] = []
+
+    async def refresh() -> Any:
+        asked.append(1)
+        return None if fresh[0] is None else kopf.ConnectionInfo(server=api.url, token=fresh[0])
+
+    async def main() -> None:
+        kube = AioKube(api.url, headers={"Authorization": "Bearer old"}, refresh=refresh)
+        try:
+            assert await kube.get_job("default", "absent") is None
+            access.rotate(OPERATOR, "new")
+            with pytest.raises(KubeError) as refused:  # no fresh credentials to be had: a typed 401
+                await kube.get_job("default", "absent")
+            assert refused.value.status == 401 and len(asked) == 1
+            fresh[0] = "new"
+            assert await kube.get_job("default", "absent") is None  # refreshed, and the request repeated
+            assert kube.refreshes == 1 and len(asked) == 2
+            assert await kube.get_job("default", "absent") is None
+            assert len(asked) == 2  # no refresh while the token works
+        finally:
+            await kube.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        api.stop()

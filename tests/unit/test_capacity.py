@@ -443,3 +443,20 @@ def test_the_operator_advisor_without_room(aws: None) -> None:
     advisor = capacity.Ec2ZoneAdvisor(AdvisorClients(regions), region="us-west-2")
     choice = asyncio.run(advisor.choose(G6, 2, []))
     assert choice == capacity.ZoneChoice("", "no zone for 2x g6.12xlarge: no usable zone in the region")
+
+
+def test_the_command_line_with_boto3s_own_clients(
+    aws: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`fsdpctl capacity` as typed, its clients from a real boto3 session (moto answers what it implements)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    assert main(["capacity", "--count", "1", "--regions", "us-east-1", "--regions", "ap-east-1", "-o", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["count"], plan["vcpusNeeded"]) == (1, 48)
+    assert [(r["zone"], r["usable"]) for r in plan["ranking"]][:2] == [("us-east-1a", True), ("us-east-1b", True)]
+    regions = {r["region"]: r for r in plan["regions"]}
+    assert regions["ap-east-1"]["error"] == "ap-east-1 is an opt-in region not enabled for this account"
+    # moto 5.2.5 has neither Spot placement scores nor EC2's Service Quotas: both become notes, not tracebacks.
+    assert regions["us-east-1"]["notes"][0].startswith("Spot placement score: ")
+    assert regions["us-east-1"]["quota"]["error"].startswith("quota L-DB2E81BA: ")

@@ -12,8 +12,8 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 moto = pytest.importorskip("moto")
 
-from fsdp_operator import schema  # noqa: E402
-from fsdp_operator.spec import Spec, SpecError, parse_job  # noqa: E402
+from fsdp_operator import render, schema  # noqa: E402
+from fsdp_operator.spec import Job, Spec, SpecError, parse_job  # noqa: E402
 from fsdp_train import catalog  # noqa: E402
 from fsdp_train.metrics import peak_flops  # noqa: E402
 
@@ -27,10 +27,12 @@ def parse_spec(spec: dict[str, Any]) -> Spec:
 @pytest.fixture(scope="module")
 def ec2_instance_types() -> dict[str, dict[str, object]]:
     """`DescribeInstanceTypes` for every catalog entry, answered by moto from EC2's published data."""
-    with moto.mock_aws():
-        ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-        names = sorted(catalog.INSTANCE_TYPES)
-        answer = ec2.describe_instance_types(InstanceTypes=names)
+    with pytest.MonkeyPatch.context() as patch:
+        # moto's thousands of public AMIs cost seconds and nothing here needs them.
+        patch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+        with moto.mock_aws():
+            ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+            answer = ec2.describe_instance_types(InstanceTypes=sorted(catalog.INSTANCE_TYPES))
     return {item["InstanceType"]: item for item in answer["InstanceTypes"]}
 
 
@@ -153,3 +155,24 @@ def test_validation_reads_the_catalog() -> None:
 def test_the_catalog_imports_no_torch() -> None:
     code = "import sys, fsdp_train.catalog; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_transport_auto_requests_efa_only_where_the_catalog_has_it() -> None:
+    small = {"instanceType": "g5.4xlarge", "gpusPerWorker": 1, "cpu": 8, "memory": "32Gi"}  # no EFA on EC2
+    for transport, problems in (("efa", ["spec.workers.efaPerWorker: g5.4xlarge does not support EFA"]), ("auto", [])):
+        try:
+            spec = parse_spec({"workers": small, "network": {"transport": transport}})
+            found: list[str] = []
+        except SpecError as e:
+            found = e.problems
+        assert found == problems, transport
+    job = Job("j", "ml", "uid", 1, spec)
+    (workers,) = render.raycluster(job)["spec"]["workerGroupSpecs"]
+    (container,) = workers["template"]["spec"]["containers"]
+    assert "vpc.amazonaws.com/efa" not in container["resources"]["limits"]
+    assert {e["name"]: e.get("value") for e in container["env"]}["NCCL_NET"] == "Socket"
+    # The same spec on a type with EFA requests it.
+    job = Job("j", "ml", "uid", 1, parse_spec({"network": {"transport": "auto"}}))
+    (workers,) = render.raycluster(job)["spec"]["workerGroupSpecs"]
+    (container,) = workers["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["vpc.amazonaws.com/efa"] == "1"

@@ -133,3 +133,21 @@ def test_the_loss_history_is_bounded_and_spans_the_whole_run() -> None:
     again = fold_events(job, status, [Step(rank=0, step=1000, total_steps=1000, loss=0.01, tokens_per_second=1.0,
                                            tokens_per_second_per_device=1.0)], now=NOW).status  # fmt: skip
     assert again.progress["lossHistory"] == history
+
+
+def test_every_reason_a_job_can_fail_with_is_a_reason_of_the_failed_condition() -> None:
+    """`_finish(..., Phase.FAILED, Reason.X, ...)` and `_attempt_failed(..., Reason.X, ...)` in reconcile.py."""
+    failing: set[str] = {"VALIDATION_FAILED"}
+    tree = ast.parse((ROOT / "operator" / "fsdp_operator" / "reconcile.py").read_text())
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+            continue
+        args = node.args
+        # A plain name there is a reason handed through (`_attempt_failed` -> `_finish`): counted at its source.
+        finish = node.func.id == "_finish" and len(args) >= 5 and getattr(args[3], "attr", "") == "FAILED"
+        if finish and isinstance(args[4], ast.Attribute):
+            failing.add(args[4].attr)
+        if node.func.id == "_attempt_failed" and len(args) >= 4 and isinstance(args[3], ast.Attribute):
+            failing.add(args[3].attr)
+    assert len(failing) > 5, failing
+    assert {Reason[name] for name in failing} == CONDITIONS[ConditionType.FAILED].reasons

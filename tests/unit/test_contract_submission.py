@@ -278,6 +278,8 @@ TRAINING_FIELDS: dict[str, tuple[str, st.SearchStrategy[Any]]] = {
     "lossChunkTokens": ("loss_chunk_tokens", st.integers(0, 1 << 20)),
     "seed": ("seed", st.integers(0, 2**31 - 1)),
     "probeSizeBytes": ("probe_size_bytes", st.integers(0, 1 << 30)),
+    "precision": ("precision", st.sampled_from(["bf16", "fp8", "auto"])),
+    "compileCacheDir": ("compile_cache_dir", st.sampled_from(["", "/shared/compile-cache"])),
 }
 CHECKPOINT_FIELDS = {"storage": "checkpoint_path", "intervalSteps": "checkpoint_interval"}
 

@@ -1,4 +1,5 @@
-"""The CRD file is generated from schema.py and must not drift; its names and columns are what users type."""
+"""The CRD and docs/api.md are generated from the field declarations and must not drift;
+its names and columns are what users type."""
 
 from __future__ import annotations
 

@@ -417,3 +417,24 @@ def test_the_examples_in_the_docs_validate() -> None:
     for example in sorted((ROOT / "examples").glob("*.yaml")):
         job = parse_job(yaml.safe_load(example.read_text()))
         assert TrainConfig.from_dict(render.train_config(job)) == train_config(job.spec)
+
+
+# --- precision and the compile cache ----------------------------------------------------------------------
+
+
+def test_fp8_is_refused_on_gpus_without_fp8_tensor_cores() -> None:
+    a10g = {"workers": {"instanceType": "g5.12xlarge", "efaPerWorker": 0}, "network": {"transport": "socket"}}
+    assert problems({**a10g, "training": {"precision": "fp8"}}) == [
+        "spec.training.precision: fp8 needs fp8 tensor cores; g5.12xlarge's A10G has none (use bf16 or auto)"
+    ]
+    assert parse_job(manifest({**a10g, "training": {"precision": "auto"}})).spec.training.precision == "auto"
+    l4 = parse_job(manifest({"training": {"precision": "fp8"}}))  # the default g6.12xlarge: L4
+    assert train_config(l4.spec).precision == "fp8"
+
+
+def test_compile_cache_dir_reaches_the_training_function_and_must_be_absolute() -> None:
+    job = parse_job(manifest({"training": {"compileCacheDir": "/mnt/shared/compile-cache"}}))
+    assert train_config(job.spec).compile_cache_dir == "/mnt/shared/compile-cache"
+    assert problems({"training": {"compileCacheDir": "cache"}}) == [
+        "spec.training.compileCacheDir: must be an absolute path, got 'cache'."
+    ]

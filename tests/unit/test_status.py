@@ -29,6 +29,7 @@ from fsdp_train.events import (
     Probe,
     Step,
     Summary,
+    Timings,
     Transport,
     parse_lines,
 )
@@ -215,3 +216,29 @@ def test_non_finite_numbers_never_reach_the_api_server() -> None:
     json.dumps(status.to_dict(), allow_nan=False)  # raises on NaN or infinity
     assert status.progress["loss"] is None and status.progress["tokensPerSecond"] is None
     assert status.result["finalLoss"] is None
+
+
+def test_fold_timings_and_precision() -> None:
+    events: list[Event] = [
+        Timings(
+            rank=0,
+            to_first_step_seconds=19.2658,
+            startup_seconds=6.5214,
+            probe_seconds=0.3276,
+            build_seconds=10.0476,
+            first_step_seconds=2.3693,
+            compile_cache="warm",
+        ),
+        Summary(rank=0, steps=3, final_loss=1.5, first_loss=6.0, tokens_per_second=55603.6, precision="fp8"),
+    ]
+    status = fold_events(job(), JobStatus(), events, now=NOW).status
+    assert status.timings == {
+        "toFirstStepSeconds": 19.27,
+        "startupSeconds": 6.52,
+        "probeSeconds": 0.33,
+        "buildSeconds": 10.05,
+        "firstStepSeconds": 2.37,
+        "compileCache": "warm",
+    }
+    assert status.result["precision"] == "fp8"
+    assert JobStatus.from_dict(status.to_dict()).timings == status.timings

@@ -20,6 +20,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "mixed_precision": ("bf16", "fp32"),
     "data_format": ("", "jsonl", "parquet", "text"),
     "data_kind": ("text", "chat"),
+    "precision": ("bf16", "fp8", "auto"),
 }
 
 RANDOM_DATA = "random"
@@ -85,6 +86,13 @@ class TrainConfig:
     """Free each block's gathered parameters after its forward and gather them again in backward
     (FSDP's memory saving). ``false`` keeps them gathered from forward to backward: one all-gather
     per block per micro-batch instead of two, for the memory of the whole bf16 model on every rank."""
+    precision: str = "bf16"
+    """Matmul precision of the decoder blocks' linear layers: ``bf16``, ``fp8`` (torchao float8 training;
+    needs fp8 tensor cores: L4, L40S, H100, H200) or ``auto`` (fp8 only where it was measured to win:
+    H100/H200 and a hidden size of at least 3584; ``fsdp_train.precision``)."""
+    compile_cache_dir: str = ""
+    """Directory for Inductor's and Triton's compile caches, shared by the runs of a job (a volume), so a
+    restart or a second run reuses the compiled kernels; empty: the default per-process temporary cache."""
     seed: int = 0
     """Seed of the weight init and of the random data."""
     data: str = RANDOM_DATA
@@ -129,6 +137,10 @@ class TrainConfig:
             value = getattr(self, name)
             if value not in choices:
                 raise ConfigError(name, f"must be one of {', '.join(choices)}; got {value!r}.")
+        if self.precision == "fp8" and self.mixed_precision != "bf16":
+            raise ConfigError("precision", f"fp8 needs {p}.mixed_precision bf16 (got {self.mixed_precision}).")
+        if self.compile_cache_dir and not self.compile_cache_dir.startswith("/"):
+            raise ConfigError("compile_cache_dir", f"must be an absolute path, got {self.compile_cache_dir!r}.")
         if not self.model:
             raise ConfigError("model", "must not be empty.")
         for name in ("steps", "seq_len", "batch_size_per_rank", "grad_accum"):

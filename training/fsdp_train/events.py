@@ -162,6 +162,27 @@ class Summary(Event):
     eval_loss: float | None = None
     epochs: int = 0
     """Epochs begun (1 while the first is running); 0 with random data."""
+    precision: str = ""
+    """The matmul precision actually used (``bf16``, ``fp8``, or ``fp32`` without mixed precision)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Timings(Event):
+    """Where the time to the first optimizer step went (rank 0 reports, once, after that step)."""
+
+    kind: ClassVar[str] = "timings"
+    to_first_step_seconds: float
+    """From process start to the end of the first optimizer step."""
+    startup_seconds: float = 0.0
+    """Process start to the training function: interpreter, imports, process group."""
+    probe_seconds: float = 0.0
+    """First collective and the bandwidth probe."""
+    build_seconds: float = 0.0
+    """Architecture, sharding, weight init or load, checkpoint restore."""
+    first_step_seconds: float = 0.0
+    """The first step itself, compilation included."""
+    compile_cache: str = ""
+    """Persistent compile cache as found: ``cold`` (empty), ``warm``, or empty when none is configured."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -175,7 +196,8 @@ class Failure(Event):
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Failure)
+    cls.kind: cls
+    for cls in (Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Timings, Failure)
 }
 
 

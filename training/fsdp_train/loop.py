@@ -42,6 +42,8 @@ from fsdp_train.model import (
     load_pretrained_weights,
 )
 from fsdp_train.parallelize import Topology, build_mesh, parallelize, resolve_sharding
+from fsdp_train.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
+from fsdp_train.startup import StartupClock, configure_compile_cache
 
 FAIL_AT_STEP_ENV = "FSDP_TRAIN_FAIL_AT_STEP"
 """Fault injection: raise after step N (and its checkpoint) unless the run resumed at or past N."""
@@ -119,6 +121,8 @@ def _train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
 def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> dict[str, Any]:
     env = host.env
     started = time.perf_counter()
+    clock = StartupClock.start()
+    compile_cache = configure_compile_cache(cfg.compile_cache_dir, env)
     emit(report.placement(topo, node_ip=host.node_ip, device=device, env=env))
 
     # The first collective creates the NCCL communicator, whose log says which transport it chose.
@@ -133,6 +137,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
 
     cross_node_gbps = _probe(cfg, topo, device)
     sharding = resolve_sharding(cfg.sharding, topo.num_nodes, cross_node_gbps, cfg.min_cross_node_gbps)
+    clock.mark("probe")
 
     # Data before weights: a source that cannot be read fails the job in seconds, not after a model load.
     model_dir = _fetch_model(cfg, topo)
@@ -147,6 +152,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     resumed_from = host.checkpointer.restore(model, optimizer, extra)
     if feed is not None and resumed_from != feed.position.epoch * feed.steps_per_epoch + feed.position.step_in_epoch:
         raise AssertionError(f"checkpoint of step {resumed_from} holds data position {feed.position}")
+    clock.mark("build")
 
     device_name, _ = report.device_identity(device)
     metrics = Metrics(
@@ -177,8 +183,12 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
                 "samples_digest": samples_digest(sample_ids),
             }
         step_seconds = time.perf_counter() - t0
+        if step == resumed_from + 1:
+            clock.mark("first_step")
         peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
         event = metrics.log(StepMetrics(step, loss, step_seconds, tokens_per_step, peak_mem, **progress))
+        if step == resumed_from + 1 and topo.rank == 0:
+            emit(clock.timings(0, compile_cache))
         if validation is not None and (
             step == cfg.steps or (cfg.eval_every_steps and step % cfg.eval_every_steps == 0)
         ):
@@ -213,6 +223,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         resumed_from_step=resumed_from,
         eval_loss=eval_loss,
         epochs=feed.position.epoch + (1 if feed.position.step_in_epoch else 0) if feed is not None else 0,
+        precision=matmul_precision(cfg, device, config),
     )
     emit(summary)
     return as_dict(summary)
@@ -320,6 +331,8 @@ def build(
     config = hf_config(cfg)
     model = build_meta_model(config)
     mesh = build_mesh(topo, sharding, device.type)
+    on_gpu = device.type == "cuda"
+    precision = matmul_precision(cfg, device, config)
     parallelize(
         model,
         decoder_blocks(model),
@@ -328,6 +341,7 @@ def build(
         activation_checkpointing=cfg.activation_checkpointing,
         compile_blocks=cfg.compile,
         reshard_after_forward=cfg.reshard_after_forward,
+        float8=DEFAULT_FLOAT8 if precision == "fp8" else None,
     )
     use_chunked_loss(model, chunk_tokens=cfg.loss_chunk_tokens, compiled=cfg.compile)
     if cfg.model_init == "pretrained":
@@ -336,7 +350,6 @@ def build(
         init_weights(model, config, cfg.seed, device)
     model.train()
     # fused: one kernel for the whole update on GPU (DTensor parameters are supported by FSDP2).
-    on_gpu = device.type == "cuda"
     optimizer = torch.optim.AdamW(
         model.parameters(),
         lr=cfg.learning_rate,
@@ -344,7 +357,22 @@ def build(
         fused=True if on_gpu else None,
         foreach=None if on_gpu else True,
     )
+    if precision == "fp8":
+        float8_step_hook(model, optimizer, DEFAULT_FLOAT8)
     return model, optimizer, config
+
+
+def matmul_precision(cfg: TrainConfig, device: torch.device, config: Any) -> str:
+    """``bf16``, ``fp8`` or ``fp32``: the matmuls' precision for this device and model (``fsdp_train.precision``)."""
+    if cfg.mixed_precision == "fp32":
+        return "fp32"  # no mixed precision at all (the config refuses fp8 with it)
+    on_gpu = device.type == "cuda"
+    return resolve_precision(
+        cfg.precision,
+        device_name=torch.cuda.get_device_name(device) if on_gpu else "cpu",
+        capability=torch.cuda.get_device_capability(device) if on_gpu else None,
+        hidden_size=int(config.hidden_size),
+    )
 
 
 def _probe(cfg: TrainConfig, topo: Topology, device: torch.device) -> float | None:

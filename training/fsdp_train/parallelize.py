@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fsdp_train.precision import Float8Choice, convert_to_float8
+
 if TYPE_CHECKING:  # torch is imported where it is used: the topology helpers stay import-light
     from torch import nn
 
@@ -130,10 +132,24 @@ def parallelize(
     activation_checkpointing: bool,
     compile_blocks: bool,
     reshard_after_forward: bool = True,
+    float8: Float8Choice | None = None,
 ) -> nn.Module:
-    """Apply activation checkpointing, per-block compile and FSDP2 to ``model`` (still on meta) in place."""
+    """Apply fp8, activation checkpointing, per-block compile and FSDP2 to ``model`` (still on meta) in place.
+
+    ``float8``: convert the blocks' chosen linear layers to torchao's float8 training (``precision: fp8``).
+    """
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if float8 is not None:
+        convert_to_float8(blocks, float8)
+        if compile_blocks:
+            # Float8Linear's guards differ per block: without room, Dynamo runs the later blocks eagerly.
+            limit = 2 * len(blocks) + 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
+            torch._dynamo.config.accumulated_recompile_limit = max(
+                torch._dynamo.config.accumulated_recompile_limit, 4 * limit
+            )
 
     if mixed_precision == "bf16":
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -586,6 +586,13 @@ CASES: list[tuple[str, str, str | bytes, int, str]] = [
         "spec.runtimeEnv.pip[0]: 'a\\n--pre' must be one",
     ),
     (
+        "pip-bad-url",
+        "pip",
+        spec("{runtimeEnv: {pip: ['x @ http://[::1']}}"),
+        1,
+        "spec.runtimeEnv.pip[0]: 'x @ http://[::1' has a URL that is not well-formed",
+    ),
+    (
         "pip-garbage",
         "pip",
         spec("{runtimeEnv: {pip: ['pandas >=< 2']}}"),

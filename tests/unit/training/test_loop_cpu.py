@@ -68,7 +68,7 @@ def of(kind: type[Event], events: list[Event]) -> list[Any]:
 def test_one_rank_reports_and_trains(one_rank: Topology, capsys: pytest.CaptureFixture[str]) -> None:
     summary = train(TrainConfig.from_dict(TRAIN), one_rank, Host(node_ip="10.1.2.3", env={}))
     events = printed(capsys)
-    assert [e.kind for e in events] == ["placement", "transport", "step", "step", "step", "summary"]
+    assert [e.kind for e in events] == ["placement", "transport", "step", "timings", "step", "step", "summary"]
     (placement,) = of(Placement, events)
     assert (placement.rank, placement.world_size, placement.node_ip, placement.device, placement.backend) == (
         0, 1, "10.1.2.3", "cpu", "gloo",
@@ -83,6 +83,7 @@ def test_one_rank_reports_and_trains(one_rank: Topology, capsys: pytest.CaptureF
     assert summary["kind"] == "summary" and summary["steps"] == 3 and summary["sharding"] == "full"
     assert summary["final_loss"] == steps[-1].loss and summary["first_loss"] == steps[0].loss
     assert summary["resumed_from_step"] == 0
+    assert summary["precision"] == "fp32"  # mixed_precision fp32
 
 
 def test_a_failure_is_reported_then_the_rerun_resumes_from_the_checkpoint(
