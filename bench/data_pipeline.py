@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ WORDS = 30_000
 SHARDS = 32
 
 
+@functools.cache
 def vocabulary() -> list[str]:
     import numpy as np
 
@@ -56,7 +58,12 @@ def write_shard(args: tuple[Path, int, int]) -> int:
     return words
 
 
-def assets(root: Path, tokens: int) -> None:
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2}  # fmt: skip
+"""``--tiny``: the same pipeline with a small model, for a dry run on a CPU."""
+
+
+def assets(root: Path, tokens: int, tiny: bool = False) -> None:
     import numpy as np
     import torch
     from fsdp_train.model import QWEN25_1_5B
@@ -92,7 +99,7 @@ def assets(root: Path, tokens: int) -> None:
     )
 
     t0 = time.perf_counter()
-    config = Qwen2Config(**{k: v for k, v in QWEN25_1_5B.items() if k != "model_type"})
+    config = Qwen2Config(**{k: v for k, v in QWEN25_1_5B.items() if k != "model_type"} | (TINY if tiny else {}))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)  # HF's own init, on the GPU: seconds, not minutes
@@ -112,38 +119,47 @@ def load(directory: str) -> None:
     from fsdp_train.parallelize import Topology, build_mesh, parallelize
 
     topo = Topology.from_torchrun_env()
-    torch.cuda.set_device(topo.device_index)
-    dist.init_process_group("nccl")
-    device = torch.device("cuda", topo.device_index)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(topo.device_index)
+        device = torch.device("cuda", topo.device_index)
+    else:
+        device = torch.device("cpu")  # a dry run
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     cfg = TrainConfig(model=directory, model_init="pretrained")
     results = {}
-    for how in ("sharded", "rank0-broadcast", "sharded"):
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for name, how in (("sharded", "sharded"), ("rank0-broadcast", "broadcast"), ("sharded-again", "sharded")):
         model = build_meta_model(hf_config(cfg))
         parallelize(
             model,
             decoder_blocks(model),
-            build_mesh(topo, "full", "cuda"),
+            build_mesh(topo, "full", device.type),
             mixed_precision="bf16",
             activation_checkpointing=False,
             compile_blocks=False,
         )
         dist.barrier()
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         to_empty_keeping_ties(model, device)
         if how == "sharded":
             weights.load_sharded(model, directory)
         else:
             weights.load_broadcast(model, directory, {})
-        torch.cuda.synchronize()
+        sync()
         dist.barrier()
-        results[how] = time.perf_counter() - t0
+        results[name] = time.perf_counter() - t0
         embed = model.model.embed_tokens.weight
         assert model.lm_head.weight is embed, "the tied lm_head must stay tied"
         del model
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     if topo.rank == 0:
-        # The first sharded load reads the files cold (page cache empty); the second warm.
+        # The files were just written: all three read them from the page cache, not from disk.
         print(f"load: {json.dumps({k: round(v, 2) for k, v in results.items()})} world={topo.world_size}")
     dist.barrier()
     dist.destroy_process_group()
@@ -155,12 +171,13 @@ def main() -> None:
     a = sub.add_parser("assets")
     a.add_argument("root", type=Path)
     a.add_argument("--tokens", type=int, default=200_000_000)
+    a.add_argument("--tiny", action="store_true", help="a small model: a dry run on a CPU")
     b = sub.add_parser("load")
     b.add_argument("directory")
     args = parser.parse_args()
     if args.command == "assets":
         args.root.mkdir(parents=True, exist_ok=True)
-        assets(args.root, args.tokens)
+        assets(args.root, args.tokens, args.tiny)
     else:
         load(args.directory)
 
