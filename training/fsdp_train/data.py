@@ -16,6 +16,7 @@ at 0 on every document start (``position_ids``). Reading needs no torch; the loa
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -164,10 +165,15 @@ def read_tables(source: Source, column: str) -> Iterator[pa.Table]:
 # --- tokenizing ---------------------------------------------------------------------------------------
 
 
+@functools.cache
 def load_tokenizer(location: str) -> Any:
+    """The tokenizer at ``location`` (a directory, an ``s3://`` prefix or a hub id), fetched to this node
+    first: Ray Data runs the tokenizing tasks on any node of the cluster."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(location)
+    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, fetch
+
+    tokenizer = AutoTokenizer.from_pretrained(fetch(location, patterns=TOKENIZER_FILE_PATTERNS))
     if tokenizer.eos_token_id is None:
         raise ValueError(f"training.tokenizer: the tokenizer in {location} has no EOS token to separate documents.")
     return tokenizer
@@ -744,7 +750,7 @@ def _documents(batch: pa.Table) -> dict[str, list[np.ndarray]]:
     return out
 
 
-def ray_datasets(cfg: TrainConfig, tokenizer_dir: str) -> dict[str, Any]:
+def ray_datasets(cfg: TrainConfig, tokenizer: str) -> dict[str, Any]:
     """Ray Data pipelines for the Ray entrypoint (run in the job's driver, before training starts).
 
     Ray Data reads the files (pyarrow's filesystems) and tokenizes in ``map_batches`` across the
@@ -761,8 +767,9 @@ def ray_datasets(cfg: TrainConfig, tokenizer_dir: str) -> dict[str, Any]:
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True
     context.enable_progress_bars = False
-    tokenize = Tokenize(tokenizer_dir, cfg.data_field, cfg.data_kind)
+    tokenize = Tokenize(tokenizer, cfg.data_field, cfg.data_kind)
     eos = int(tokenize.tokenizer.eos_token_id)
+    tokenize._tokenizer = None  # each task loads its own (where it runs), not a pickled copy of this one
 
     def tokenized(uri: str) -> Iterator[dict[str, Any]]:
         source = open_source(uri, cfg.data_format)

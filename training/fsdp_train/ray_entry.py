@@ -178,10 +178,9 @@ def driver_datasets(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.data == RANDOM_DATA:
         return {}
     from fsdp_train.data import ray_datasets, tokenizer_location
-    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, fetch
 
-    location = tokenizer_location(cfg, cfg.model if cfg.model_init == "pretrained" else None)
-    return ray_datasets(cfg, fetch(location, patterns=TOKENIZER_FILE_PATTERNS))
+    # The location, not a copy on this (head) node: the tokenizing tasks fetch it where they run.
+    return ray_datasets(cfg, tokenizer_location(cfg, cfg.model if cfg.model_init == "pretrained" else None))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -77,8 +77,10 @@ def fetch(location: str, *, patterns: list[str] | None = None) -> str:
             file, str(staging / file.rsplit("/", 1)[-1]), source_filesystem=fs, destination_filesystem=local
         )
     (staging / ".complete").touch()
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    try:
+        staging.rename(target)
+    except OSError:  # another process on this node fetched it first: keep theirs
+        shutil.rmtree(staging, ignore_errors=True)
     return str(target)
 
 
