@@ -53,8 +53,19 @@ def container(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return c
 
 
-def test_lint_strict(helm: Path) -> None:
-    proc = helm_run(helm, "lint", "--strict", str(CHART), *IMAGE)
+@pytest.mark.parametrize(
+    "settings",
+    [
+        (),
+        ("replicas=3", "metrics.serviceMonitor.enabled=true"),
+        ("watchAllNamespaces=false", "watchNamespaces={a,b}", "replicas=2", "networkPolicy.dns.podLabels=null"),
+        ("metrics.enabled=false", "networkPolicy.enabled=false", "serviceAccount.create=false"),
+    ],
+    ids=["defaults", "replicas-and-monitor", "namespaced-peering", "minimal"],
+)
+def test_lint_strict(helm: Path, settings: tuple[str, ...]) -> None:
+    extra = [arg for setting in settings for arg in ("--set", setting)]
+    proc = helm_run(helm, "lint", "--strict", str(CHART), *IMAGE, *extra)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 

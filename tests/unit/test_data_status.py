@@ -192,3 +192,18 @@ def test_other_failures_keep_their_reason() -> None:
         training_package="/pkg",
     ).status
     assert status.reason == Reason.RAY_JOB_FAILED
+
+
+def test_the_summary_lines_tell_the_eval_loss_the_data_and_where_the_model_went() -> None:
+    from fsdp_operator.summary import summary_lines
+
+    status = {
+        "phase": "Succeeded",
+        "progress": {"stepOfTotal": "40/40", "evalLoss": 1.2346, "evalStep": 40, "epoch": 1,
+                     "samplesSeen": 320, "tokensSeen": 20480},
+        "output": {"path": "s3://models/sft", "step": 40},
+    }  # fmt: skip
+    lines = summary_lines(status)
+    assert "eval loss  1.2346 after step 40" in lines
+    assert "data       epoch 1, 320 sequences, 20,480 tokens" in lines
+    assert "model      s3://models/sft (step 40)" in lines

@@ -1,0 +1,302 @@
+"""Whole decisions of the state machine, written out: every action with its arguments, every condition field,
+and each time limit on both sides of its boundary.
+
+Names, ids and messages are literals here (not derived with `render`), so a change in how they are made
+shows up as a failing line, not as a test that follows the code.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from fsdp_operator import schema
+from fsdp_operator.reconcile import (
+    ClusterView,
+    CreateRayCluster,
+    DeleteJob,
+    DeleteRayCluster,
+    Observed,
+    PostEvent,
+    RayJobInfo,
+    StopJob,
+    dashboard_url,
+    reconcile,
+)
+from fsdp_operator.status import JobStatus, Phase, Reason
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+UID = "0b8a2b5e-1111-2222-3333-444455556666"
+CLUSTER = "qwen-ray"
+SID1 = "qwen-f92e6afb-1"  # sha256("qwen/<UID>")[:8], written down once
+SID2 = "qwen-f92e6afb-2"
+
+
+def manifest(generation: int = 1, namespace: str | None = "ml", **spec: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "qwen", "uid": UID, "generation": generation}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    body: dict[str, Any] = {"workers": {"replicas": 2}, "training": {"steps": 100}, **spec}
+    return {"apiVersion": schema.API_VERSION, "kind": schema.KIND, "metadata": meta, "spec": body}
+
+
+def at(phase: Phase, **fields: Any) -> JobStatus:
+    base = JobStatus(
+        phase=phase,
+        reason=fields.pop("reason", Reason.JOB_RUNNING if phase == Phase.RUNNING else None),
+        ray_cluster_name=CLUSTER,
+        submission_id=SID1,
+        attempts=1,
+        observed_generation=1,
+        start_time=NOW - timedelta(seconds=60),
+    )
+    for key, value in fields.items():
+        setattr(base, key, value)
+    return base
+
+
+def cluster(**fields: Any) -> ClusterView:
+    values: dict[str, Any] = {"name": CLUSTER, "state": "ready", "ready_workers": 2, "desired_workers": 2,
+                              "owner_uid": UID, "dashboard_url": "http://10.0.0.1:8265", **fields}  # fmt: skip
+    return ClusterView(**values)
+
+
+def run(m: dict[str, Any], status: JobStatus, **observed: Any) -> Any:
+    return reconcile(m, status, Observed(now=NOW, **observed), training_package="/opt/fsdp_train")
+
+
+def without_events(actions: tuple[Any, ...]) -> list[Any]:
+    return [a for a in actions if not isinstance(a, PostEvent)]
+
+
+def test_the_submission_id_is_the_one_written_down() -> None:
+    d = run(manifest(), JobStatus())
+    assert (d.status.ray_cluster_name, d.status.submission_id) == (CLUSTER, SID1)
+
+
+def test_first_pass_in_full() -> None:
+    d = run(manifest(generation=4), JobStatus())
+    assert d.status.to_dict() == {
+        "phase": "Pending",
+        "reason": "Created",
+        "message": "RayCluster name and submission id recorded",
+        "rayClusterName": CLUSTER,
+        "submissionId": SID1,
+        "attempts": 1,
+        "observedGeneration": 4,
+        "startTime": "2026-11-29T12:00:00Z",
+        "conditions": [
+            {"type": "Validated", "status": "True", "reason": "Valid", "message": "spec is valid",
+             "lastTransitionTime": "2026-11-29T12:00:00Z", "observedGeneration": 4},
+        ],
+    }  # fmt: skip
+    assert without_events(d.actions) == []
+
+
+@pytest.mark.parametrize(
+    ("phase", "stops"), [(Phase.RUNNING, True), (Phase.SUBMITTING, True), (Phase.PROVISIONING, False)]
+)
+def test_a_spec_turned_invalid_fails_and_cleans_up_in_full(phase: Phase, stops: bool) -> None:
+    bad = manifest(generation=2, workers={"replicas": 2, "gpusPerWorker": 5})
+    d = run(bad, at(phase))
+    message = "invalid spec: spec.workers.gpusPerWorker: 5 GPUs requested, g6.12xlarge has 4"
+    s = d.status
+    assert (s.phase, s.reason, s.message, s.observed_generation) == (Phase.FAILED, Reason.VALIDATION_FAILED, message, 2)
+    assert (s.start_time, s.end_time) == (NOW - timedelta(seconds=60), NOW)
+    conditions = {c["type"]: c for c in s.conditions}
+    assert conditions["Validated"] == {
+        "type": "Validated",
+        "status": "False",
+        "reason": "Invalid",
+        "message": message,
+        "lastTransitionTime": "2026-11-29T12:00:00Z",
+        "observedGeneration": 2,
+    }
+    assert (conditions["Failed"]["status"], conditions["Failed"]["reason"]) == ("True", "ValidationFailed")
+    stop = [StopJob(SID1)] if stops else []
+    assert without_events(d.actions) == [*stop, DeleteRayCluster("ml", CLUSTER)]
+
+
+def test_an_invalid_spec_in_the_default_namespace_deletes_there() -> None:
+    bad = manifest(namespace=None, workers={"replicas": 2, "gpusPerWorker": 5})
+    assert without_events(run(bad, at(Phase.RUNNING)).actions) == [StopJob(SID1), DeleteRayCluster("default", CLUSTER)]
+
+
+def test_every_problem_is_listed_on_one_line() -> None:
+    bad = manifest(workers={"replicas": 1, "gpusPerWorker": 5}, training={"sharding": "hybrid"})
+    message = run(bad, JobStatus()).status.message
+    assert message.startswith("invalid spec: ") and "\n" not in message and message.count("; ") >= 1
+
+
+def test_an_invalid_spec_seen_again_changes_nothing_until_edited() -> None:
+    bad = manifest(generation=2, workers={"replicas": 2, "gpusPerWorker": 5})
+    failed = run(bad, at(Phase.RUNNING)).status
+    again = run(bad, failed)
+    assert again.status == failed and again.actions == () and not again.done
+    edited_still_bad = manifest(generation=3, workers={"replicas": 2, "gpusPerWorker": 6})
+    third = run(edited_still_bad, failed)
+    assert third.status.observed_generation == 3 and "6 GPUs requested" in third.status.message
+    assert without_events(third.actions) == [DeleteRayCluster("ml", CLUSTER)]  # no Ray job runs any more
+
+
+def test_an_invalid_manifest_without_a_generation_counts_as_zero() -> None:
+    bad = manifest(workers={"replicas": 2, "gpusPerWorker": 5})
+    del bad["metadata"]["generation"]
+    assert run(bad, JobStatus()).status.observed_generation == 0
+
+
+# --- time limits on both sides ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("waited", "fails"), [(299, False), (300, True)])
+def test_wait_for_workers_timeout_on_both_sides(waited: int, fails: bool) -> None:
+    m = manifest(runPolicy={"waitForWorkersTimeoutSeconds": 300})
+    status = at(Phase.PROVISIONING, provisioning_since=NOW - timedelta(seconds=waited), workers="0/2")
+    d = run(m, status, cluster=cluster(state="", ready_workers=1))
+    if fails:
+        assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.WAIT_FOR_WORKERS_TIMEOUT)
+        assert d.status.message == (
+            "waitForWorkersTimeoutSeconds (300s) exceeded: 1/2 worker pods ready (RayCluster state: no state yet)"
+        )
+        assert (d.status.workers, d.status.end_time, d.status.provisioning_since) == ("1/2", NOW, None)
+        assert without_events(d.actions) == [DeleteRayCluster("ml", CLUSTER)]
+    else:
+        assert (d.status.phase, d.status.reason) == (Phase.PROVISIONING, Reason.WORKERS_NOT_READY)
+        assert d.status.message == "1/2 worker pods ready (RayCluster state: no state yet)"
+        assert d.status.workers == "1/2" and d.status.provisioning_since == NOW - timedelta(seconds=waited)
+        assert without_events(d.actions) == []
+
+
+@pytest.mark.parametrize(("waited", "fails"), [(299, False), (300, True)])
+def test_a_cluster_that_never_appears_on_both_sides(waited: int, fails: bool) -> None:
+    m = manifest(runPolicy={"waitForWorkersTimeoutSeconds": 300})
+    d = run(m, at(Phase.PROVISIONING, provisioning_since=NOW - timedelta(seconds=waited)))
+    if fails:
+        assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.WAIT_FOR_WORKERS_TIMEOUT)
+        assert d.status.message == "waitForWorkersTimeoutSeconds (300s) exceeded: RayCluster qwen-ray does not exist"
+        # A create still in flight may land after this pass: the delete makes sure nothing stays behind.
+        assert without_events(d.actions) == [DeleteRayCluster("ml", CLUSTER)]
+    else:
+        assert (d.status.phase, d.status.reason, d.status.message) == (
+            Phase.PROVISIONING, Reason.CLUSTER_CREATING, "creating RayCluster",
+        )  # fmt: skip
+        (create,) = without_events(d.actions)
+        assert isinstance(create, CreateRayCluster) and create.manifest["metadata"]["name"] == CLUSTER
+
+
+def test_a_cluster_being_deleted_while_provisioning_times_out_with_that_said() -> None:
+    m = manifest(runPolicy={"waitForWorkersTimeoutSeconds": 300})
+    d = run(m, at(Phase.PROVISIONING, provisioning_since=NOW - timedelta(seconds=300)), cluster=cluster(deleting=True))
+    assert d.status.message == "waitForWorkersTimeoutSeconds (300s) exceeded: RayCluster qwen-ray is being deleted"
+
+
+def test_unschedulable_at_the_timeout_fails_with_the_schedulers_words() -> None:
+    m = manifest(runPolicy={"waitForWorkersTimeoutSeconds": 300})
+    status = at(Phase.PROVISIONING, provisioning_since=NOW - timedelta(seconds=300))
+    d = run(m, status, cluster=cluster(state="", ready_workers=0), unschedulable="0/3 nodes are available")
+    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.UNSCHEDULABLE)
+    assert d.status.message == "workers not scheduled after 300s: 0/3 nodes are available"
+    assert without_events(d.actions) == [DeleteRayCluster("ml", CLUSTER)]
+
+
+@pytest.mark.parametrize(("elapsed", "fails"), [(3599, False), (3600, True)])
+def test_active_deadline_on_both_sides(elapsed: int, fails: bool) -> None:
+    m = manifest(runPolicy={"activeDeadlineSeconds": 3600})
+    status = at(Phase.RUNNING, start_time=NOW - timedelta(seconds=elapsed))
+    d = run(m, status, cluster=cluster(), ray_job=RayJobInfo(SID1, "RUNNING"))
+    assert (d.status.phase == Phase.FAILED) is fails
+    if fails:
+        assert d.status.message == "activeDeadlineSeconds (3600s) exceeded after 3600s in phase Running"
+        assert without_events(d.actions) == [StopJob(SID1), DeleteRayCluster("ml", CLUSTER)]
+
+
+@pytest.mark.parametrize(("since_end", "deleted"), [(59, False), (60, True)])
+def test_ttl_after_finished_on_both_sides(since_end: int, deleted: bool) -> None:
+    m = manifest(runPolicy={"ttlSecondsAfterFinished": 60, "cleanup": "Keep"})
+    status = at(Phase.SUCCEEDED, reason=Reason.COMPLETED, end_time=NOW - timedelta(seconds=since_end))
+    d = run(m, status, cluster=cluster())
+    if deleted:
+        assert d.actions == (DeleteJob(),) and d.requeue_after is None
+    else:
+        assert d.actions == () and d.requeue_after == 1.0 and not d.done
+
+
+def test_a_finished_job_without_ttl_is_done_once_nothing_is_left() -> None:
+    status = at(Phase.SUCCEEDED, reason=Reason.COMPLETED, end_time=NOW)
+    assert run(manifest(), status).done
+    busy = run(manifest(), status, cluster=cluster(), ray_job=RayJobInfo(SID1, "RUNNING"))
+    assert busy.actions == (StopJob(SID1), DeleteRayCluster("ml", CLUSTER)) and not busy.done
+
+
+# --- a failed attempt ---------------------------------------------------------------------------------------
+
+
+def test_a_failed_attempt_with_retries_left_in_full() -> None:
+    m = manifest(generation=2, runPolicy={"backoffLimit": 1})
+    status = at(Phase.RUNNING, observed_generation=2)
+    d = run(m, status, cluster=cluster(), ray_job=RayJobInfo(SID1, "FAILED", "exit 1"))
+    s = d.status
+    assert (s.phase, s.reason, s.attempts, s.failed_attempts, s.submission_id) == (
+        Phase.PROVISIONING, Reason.RETRYING, 2, 1, SID2,
+    )  # fmt: skip
+    assert s.message == "attempt 1 failed (RayJobFailed: Ray: exit 1); retry 1/1 as attempt 2"
+    assert s.provisioning_since == NOW
+    submitted = next(c for c in s.conditions if c["type"] == "JobSubmitted")
+    assert submitted == {"type": "JobSubmitted", "status": "False", "reason": "RayJobFailed", "message": "Ray: exit 1",
+                         "lastTransitionTime": "2026-11-29T12:00:00Z", "observedGeneration": 2}  # fmt: skip
+    (create,) = without_events(d.actions)
+    assert isinstance(create, CreateRayCluster) and create.manifest["metadata"]["name"] == CLUSTER
+
+
+def test_the_last_allowed_attempt_failing_fails_the_job_in_full() -> None:
+    m = manifest(generation=2, runPolicy={"backoffLimit": 1})
+    status = at(Phase.RUNNING, attempts=2, failed_attempts=1, submission_id=SID2, observed_generation=2)
+    d = run(m, status, cluster=cluster(), ray_job=RayJobInfo(SID2, "FAILED", "exit 1"))
+    s = d.status
+    assert (s.phase, s.reason, s.failed_attempts, s.end_time) == (Phase.FAILED, Reason.RAY_JOB_FAILED, 2, NOW)
+    assert s.message == "Ray: exit 1 (attempt 2; backoffLimit 1 reached)"
+    submitted = next(c for c in s.conditions if c["type"] == "JobSubmitted")
+    assert (submitted["status"], submitted["reason"], submitted["message"], submitted["observedGeneration"]) == (
+        "False", "RayJobFailed", "Ray: exit 1 (attempt 2; backoffLimit 1 reached)", 2,
+    )  # fmt: skip
+    assert without_events(d.actions) == [DeleteRayCluster("ml", CLUSTER)]  # Ray's job has ended already
+
+
+def test_a_foreign_cluster_is_a_conflict_and_left_alone() -> None:
+    d = run(manifest(), at(Phase.PROVISIONING, provisioning_since=NOW), cluster=cluster(owner_uid="someone-else"))
+    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.CLUSTER_CONFLICT)
+    assert d.status.message == "RayCluster qwen-ray exists and belongs to another object (owner uid someone-else)"
+    assert without_events(d.actions) == []
+
+
+# --- reading KubeRay's RayCluster ---------------------------------------------------------------------------
+
+
+def test_cluster_view_reads_every_field() -> None:
+    obj = {
+        "metadata": {"name": CLUSTER, "namespace": "ml", "deletionTimestamp": "2026-11-29T12:00:00Z",
+                     "ownerReferences": [{"uid": "not-the-controller"}, {"uid": UID, "controller": True}]},
+        "status": {"state": "failed", "reason": "pods failed", "readyWorkerReplicas": 1, "desiredWorkerReplicas": 2,
+                   "head": {"serviceIP": "10.96.0.7"}, "endpoints": {"dashboard": "18265"}},
+    }  # fmt: skip
+    assert ClusterView.from_object(obj) == ClusterView(
+        name=CLUSTER, state="failed", ready_workers=1, desired_workers=2, deleting=True, owner_uid=UID,
+        dashboard_url="http://10.96.0.7:18265", reason="pods failed",
+    )  # fmt: skip
+    assert ClusterView.from_object({}) == ClusterView(name="")
+
+
+@pytest.mark.parametrize(
+    ("status", "namespace", "url"),
+    [
+        ({"head": {"serviceName": "qwen-ray-head-svc"}}, "ml", "http://qwen-ray-head-svc.ml.svc:8265"),
+        ({"head": {"serviceName": "qwen-ray-head-svc"}}, None, "http://qwen-ray-head-svc.default.svc:8265"),
+        ({"head": {"serviceIP": "10.96.0.7", "serviceName": "x"}, "endpoints": {"client": "1"}}, "ml",
+         "http://10.96.0.7:8265"),
+        ({"endpoints": {"dashboard": "8265"}}, "ml", ""),
+    ],
+)  # fmt: skip
+def test_dashboard_address(status: dict[str, Any], namespace: str | None, url: str) -> None:
+    meta = {"name": CLUSTER} | ({"namespace": namespace} if namespace else {})
+    assert dashboard_url({"metadata": meta, "status": status}) == url
