@@ -3,8 +3,10 @@
 Each check takes a string and returns None when it is well-formed, or a short reason that never
 repeats the value (the caller decides how much of it may be shown). The rules are written out
 from their specifications (Kubernetes' `apimachinery/pkg/util/validation`, `resource.ParseQuantity`,
-the OCI distribution reference grammar) because no maintained Python package implements them;
-pip requirements use `packaging`, the library pip itself uses.
+the OCI distribution reference grammar) because no maintained Python package implements them as
+the API server does: the Kubernetes client's own `kubernetes.utils.parse_quantity` accepts " 1",
+"1e3Gi", "1K" and non-ASCII digits, all of which the API server refuses. Pip requirements use
+`packaging`, the library pip itself uses.
 """
 
 from __future__ import annotations

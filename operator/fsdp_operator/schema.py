@@ -94,6 +94,20 @@ STATUS_SCHEMA: Schema = {
             "description": "Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED).",
         },
         "logOffset": {"type": "integer", "description": "How much of the current submission's log has been read."},
+        "rayUnreachableSince": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When Ray's job API stopped answering (the operator fails the job after its timeout).",
+        },
+        "workerRestarts": {
+            "type": "integer",
+            "description": "Worker-group restarts by Ray Train in this attempt (runPolicy.maxWorkerRestarts).",
+        },
+        "workerGroupStartTime": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When rank 0 of the current worker group started (each restart moves it).",
+        },
         "placement": {
             "type": "object",
             "description": "For placement.availabilityZone: auto, the zone the operator chose and why.",

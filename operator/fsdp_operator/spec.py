@@ -617,6 +617,13 @@ class RunPolicy:
     """Deadlines, retries, suspension and cleanup."""
 
     backoff_limit: int = declare("Failed attempts to retry with a new submission.", default=0, minimum=0, maximum=100)
+    max_worker_restarts: int = declare(
+        "Restarts of the worker group within one attempt (a lost worker node, a crashed rank) before the attempt "
+        "fails; training resumes from the latest checkpoint. -1: no limit.",
+        default=0,
+        minimum=-1,
+        maximum=100,
+    )
     active_deadline_seconds: int | None = declare(
         "Fail the job after this long from its start. Unset: no deadline.", minimum=1, maximum=INT32_MAX
     )

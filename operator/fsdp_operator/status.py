@@ -123,6 +123,7 @@ _FAILURE_REASONS = frozenset(
         Reason.RAY_JOB_FAILED,
         Reason.RAY_JOB_STOPPED,
         Reason.RAY_JOB_LOST,
+        Reason.RAY_UNREACHABLE,
         Reason.DEADLINE_EXCEEDED,
         Reason.WAIT_FOR_WORKERS_TIMEOUT,
         Reason.CLUSTER_LOST,
@@ -283,6 +284,8 @@ class JobStatus:
     end_time: datetime | None = None
     provisioning_since: datetime | None = None
     """When the current wait for workers began (`waitForWorkersTimeoutSeconds` counts from here)."""
+    ray_unreachable_since: datetime | None = None
+    """When Ray's job API stopped answering a live job (the operator's `ray_unreachable_timeout` counts from here)."""
     ray_job_status: str = ""
     """Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), apart from `phase`."""
     log_offset: int = 0
@@ -304,6 +307,10 @@ class JobStatus:
     timings: dict[str, Any] = field(default_factory=dict)
     """Where the time to the first step went (rank 0's ``timings`` event)."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
+    worker_restarts: int = 0
+    """Ray Train restarts of the worker group within this attempt (rank 0 started again)."""
+    worker_group_start: datetime | None = None
+    """When rank 0 of the current worker group reported its placement (second precision)."""
 
     @property
     def terminal(self) -> bool:
@@ -323,6 +330,7 @@ class JobStatus:
             "startTime": format_time(self.start_time) if self.start_time else None,
             "endTime": format_time(self.end_time) if self.end_time else None,
             "provisioningSince": format_time(self.provisioning_since) if self.provisioning_since else None,
+            "rayUnreachableSince": format_time(self.ray_unreachable_since) if self.ray_unreachable_since else None,
             "rayJobStatus": self.ray_job_status,
             "logOffset": self.log_offset,
             "dashboardURL": self.dashboard_url,
@@ -338,6 +346,8 @@ class JobStatus:
             "output": self.output,
             "timings": self.timings,
             "rankFailures": self.rank_failures,
+            "workerRestarts": self.worker_restarts,
+            "workerGroupStartTime": format_time(self.worker_group_start) if self.worker_group_start else None,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
         return copy.deepcopy({k: v for k, v in out.items() if v not in (None, "", [], {}, 0)})
@@ -372,6 +382,7 @@ class JobStatus:
             start_time=parse_time(raw.get("startTime")),
             end_time=parse_time(raw.get("endTime")),
             provisioning_since=parse_time(raw.get("provisioningSince")),
+            ray_unreachable_since=parse_time(raw.get("rayUnreachableSince")),
             ray_job_status=str(raw.get("rayJobStatus") or ""),
             log_offset=integer("logOffset"),
             dashboard_url=str(raw.get("dashboardURL") or ""),
@@ -387,6 +398,8 @@ class JobStatus:
             output=mapping("output"),
             timings=mapping("timings"),
             rank_failures=listing("rankFailures"),
+            worker_restarts=integer("workerRestarts"),
+            worker_group_start=parse_time(raw.get("workerGroupStartTime")),
         )
 
 
@@ -426,6 +439,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
     return replace(
         status,
         ray_job_status="",
+        ray_unreachable_since=None,
         log_offset=0,
         conditions=kept,
         ranks=[],
@@ -437,6 +451,8 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
         checkpoint={},
         output={},
         rank_failures=[],
+        worker_restarts=0,
+        worker_group_start=None,
     )
 
 
@@ -541,11 +557,20 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     timings = dict(status.timings)
     probes = [dict(p) for p in status.probes]
     failures = [dict(f) for f in status.rank_failures]
+    restarts, group_start = status.worker_restarts, status.worker_group_start
     transports = _transport_events(status)
     saw_transport = saw_probe = False
 
     for event in events:
         if isinstance(event, Placement):
+            if event.rank == 0:
+                # Rank 0 placed again, later than the group we know (a re-read line has the same second): Ray
+                # Train restarted the worker group.
+                started = datetime.fromtimestamp(int(event.time), UTC)
+                if group_start is not None and started > group_start:
+                    restarts += 1
+                if group_start is None or started > group_start:
+                    group_start = started
             entry = _rank_entry(ranks, event.rank)
             entry.update(
                 localRank=event.local_rank,
@@ -656,6 +681,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         timings=timings,
         probes=probes,
         rank_failures=failures[-16:],
+        worker_restarts=restarts,
+        worker_group_start=group_start,
     )
     spec = job.spec
     conditions = new.conditions
