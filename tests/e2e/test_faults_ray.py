@@ -12,7 +12,9 @@ import asyncio
 import copy
 import io
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,8 +71,8 @@ def ray_log(address: str, submission_id: str) -> str:
 
 async def run_with(manifest: dict[str, Any], tmp_path: Path, scenario: Callable[[LocalRun], Any]) -> Any:
     """Start the run-local pieces for `manifest`, run `scenario`, then delete the job and stop everything."""
-    workdir = tmp_path / "run"
-    workdir.mkdir()
+    # Short: Ray's unix socket paths under it must stay within 107 bytes (pytest's tmp_path is too deep).
+    workdir = Path(tempfile.mkdtemp(prefix="fsdp-faults-"))
     os.environ[RUN_MARKER] = str(workdir)  # every process started from here on carries it (as run-local does)
     run = LocalRun(manifest, workdir, io.StringIO())
     try:
@@ -81,6 +83,7 @@ async def run_with(manifest: dict[str, Any], tmp_path: Path, scenario: Callable[
         await run.delete_job()
         left = await run.stop()
         assert not left, f"processes left behind: {left}"
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_operator_sigkilled_during_training_the_job_still_succeeds_once(tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ def faulty_api(request: pytest.FixtureRequest) -> Iterator[ThreadedApiServer]:
 
 
 def api_plan(seed: int, rate: float) -> FaultPlan:
-    return FaultPlan(rate=rate, seed=seed, clients=OPERATOR_CLIENTS, watch_rate=0.5, drop_within=1.0,
+    return FaultPlan(rate=rate, seed=seed, clients=OPERATOR_CLIENTS, watch_rate=0.8, drop_within=1.0,
                      slow_seconds=0.3, retry_after=1)  # fmt: skip
 
 
