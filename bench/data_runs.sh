@@ -16,7 +16,6 @@ assets=${ASSETS:-/tmp/fsdp-data-bench}
 mkdir -p "$out"
 
 python3 "$here/bench/data_pipeline.py" assets "$assets" --tokens "$tokens" 2>&1 | tee "$out/assets.log"
-torchrun --nproc-per-node "$gpus" "$here/bench/data_pipeline.py" load "$assets/model" 2>&1 | grep -v Warning | tee "$out/load.log"
 
 common='"seq_len":2048,"batch_size_per_rank":8,"steps":'"${STEPS:-30}"',"probe_size_bytes":0,"compile":'"${COMPILE:-false}"',"learning_rate":2e-5'
 run() {  # name, extra config
@@ -26,3 +25,5 @@ run() {  # name, extra config
 run random '"model":"Qwen/Qwen2.5-1.5B","model_init":"random"'
 run data '"model":"'"$assets/model"'","model_init":"pretrained","data":"'"$assets/corpus"'","shuffle_seed":1'
 python3 "$here/bench/summarize_events.py" "$out/random.log" "$out/data.log" | tee "$out/summary.md"
+# Last: the load timings (the training runs above matter more when time is short).
+torchrun --nproc-per-node "$gpus" "$here/bench/data_pipeline.py" load "$assets/model" 2>&1 | grep -v Warning | tee "$out/load.log"

@@ -473,6 +473,13 @@ class Data:
         maximum=MAX_STEPS,
         train="eval_every_steps",
     )
+    document_mask: bool = declare(
+        "Restart position ids at every document of a packed sequence, so attention stays inside each document "
+        "(with sdpa a block-diagonal mask, slower than the plain causal kernel: docs/data.md). false: attention "
+        "spans the documents of a sequence, plain causal.",
+        default=True,
+        train="document_mask",
+    )
     shuffle_seed: int = declare(
         "Seed of the order of the packed sequences in each epoch (and of validationSplit).",
         default=0,

@@ -129,6 +129,7 @@ _FAILURE_REASONS = frozenset(
         Reason.CLUSTER_LOST,
         Reason.CLUSTER_CONFLICT,
         Reason.TRANSPORT_FALLBACK,
+        Reason.DATA_UNAVAILABLE,
     }
 )
 

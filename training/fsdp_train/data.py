@@ -497,6 +497,8 @@ class PackedDataset:
 @dataclass(slots=True)
 class Collate:
     packed: Packed
+    document_mask: bool = True
+    """Position ids restart per document (see ``TrainConfig.document_mask``); else 0..seq_len-1 per row."""
 
     def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         import torch
@@ -504,10 +506,11 @@ class Collate:
         rows = np.asarray(indices, dtype=np.int64)
         ids = self.packed.input_ids[rows]
         flags = self.packed.flags[rows]
+        positions = position_ids(flags) if self.document_mask else np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
         return {
             "input_ids": torch.from_numpy(ids.astype(np.int64)),
             "labels": torch.from_numpy(labels(ids, flags)),
-            "position_ids": torch.from_numpy(position_ids(flags)),
+            "position_ids": torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)),
             "sample_ids": torch.from_numpy(rows),
         }
 
@@ -646,8 +649,10 @@ class TrainFeed:
         grad_accum: int,
         seed: int,
         pin_memory: bool = False,
+        document_mask: bool = True,
     ) -> None:
         self.packed = packed
+        self.document_mask = document_mask
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.grad_accum, self.seed = batch_size, grad_accum, seed
         self.pin_memory = pin_memory
@@ -673,7 +678,7 @@ class TrainFeed:
             PackedDataset(self.packed),  # type: ignore[arg-type]
             batch_size=self.batch_size,
             sampler=self.sampler,  # type: ignore[arg-type]
-            collate_fn=Collate(self.packed),
+            collate_fn=Collate(self.packed, self.document_mask),
             drop_last=True,
             pin_memory=self.pin_memory,
         )
@@ -705,7 +710,9 @@ class TrainFeed:
         return min(steps, epochs * self.steps_per_epoch) if epochs else steps
 
 
-def eval_batches(packed: Packed, *, rank: int, world_size: int, batch_size: int) -> Iterator[dict[str, torch.Tensor]]:
+def eval_batches(
+    packed: Packed, *, rank: int, world_size: int, batch_size: int, document_mask: bool = True
+) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's share of the validation rows (every ``world_size``-th), in batches.
 
     Every rank yields the same number of batches (FSDP's forward is collective): a rank with fewer
@@ -715,7 +722,7 @@ def eval_batches(packed: Packed, *, rank: int, world_size: int, batch_size: int)
 
     rows = list(range(rank, len(packed), world_size))
     per_rank = -(-len(packed) // world_size)
-    collate = Collate(packed)
+    collate = Collate(packed, document_mask)
     padded = rows + [-1] * (per_rank - len(rows))
     for start in range(0, per_rank, batch_size):
         chunk = padded[start : start + batch_size]

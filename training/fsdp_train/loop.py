@@ -258,6 +258,7 @@ def _prepare_data(
         grad_accum=cfg.grad_accum,
         seed=cfg.shuffle_seed,
         pin_memory=device.type == "cuda",
+        document_mask=cfg.document_mask,
     )
     return feed, prepared.validation, tokenizer_dir
 
@@ -271,7 +272,11 @@ def _evaluate(
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)
     for batch in eval_batches(
-        validation, rank=topo.rank, world_size=topo.world_size, batch_size=cfg.batch_size_per_rank
+        validation,
+        rank=topo.rank,
+        world_size=topo.world_size,
+        batch_size=cfg.batch_size_per_rank,
+        document_mask=cfg.document_mask,
     ):
         inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "sample_ids"}
         loss = model(**inputs).loss
