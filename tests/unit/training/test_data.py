@@ -305,10 +305,10 @@ def test_samples_digest_depends_on_order() -> None:
 
 def test_without_the_document_mask_positions_run_through_the_row() -> None:
     train, _ = data.pack_documents(
-        [batch(([11, 12, 13], [1, 1, 1]), ([21, 22], [1, 1]))], seq_len=4, eos_id=0, eos_is_target=True
+        [batch(([11, 12], [1, 1]), ([21, 22], [1, 1]), ([31], [1]))], seq_len=4, eos_id=0, eos_is_target=True
     )
-    masked = data.Collate(train)([0, 1])
+    masked = data.Collate(train)([0, 1])  # 11 12 EOS 21 | 22 EOS 31 EOS
     plain = data.Collate(train, document_mask=False)([0, 1])
-    assert masked["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 0]]
+    assert masked["position_ids"].tolist() == [[0, 1, 2, 0], [0, 1, 0, 1]]
     assert plain["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
     assert plain["labels"].tolist() == masked["labels"].tolist()  # the targets do not change
