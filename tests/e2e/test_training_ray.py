@@ -11,9 +11,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,12 +48,6 @@ TRAIN = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def ray_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_TRAIN_", "RAY_"))}
     # The Python that runs Ray's workers is the one on PATH when `ray start` ran.
@@ -67,30 +61,29 @@ def cluster() -> Iterator[str]:
         pytest.skip("the ray command is not installed next to this Python")
     # Short paths: Ray's unix sockets live under the temp dir and must stay below 108 characters.
     base = Path(tempfile.mkdtemp(prefix="fsdpray-"))
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     common = ["--block", "--disable-usage-stats", "--object-store-memory=80000000"]
-    commands = [
-        ["--head", f"--port={port}", "--num-cpus=0", "--node-ip-address=127.0.0.1", "--include-dashboard=false"],
-        [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.2"],
-        [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.3"],
-    ]
+    # Port 0: the head picks a free port itself and prints its address once its GCS is up (no port is
+    # chosen here and left free for another process to take before the head binds it).
+    head = ["--head", "--port=0", "--num-cpus=0", "--node-ip-address=127.0.0.1", "--include-dashboard=false"]
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for index, args in enumerate(commands):
-            temp = base / f"n{index}"
-            log = (base / f"start{index}.log").open("wb")
-            procs.append(
-                subprocess.Popen(
-                    [str(BIN / "ray"), "start", *args, *common, f"--temp-dir={temp}"],
-                    env=ray_env(FSDP_TRAIN_FAIL_AT_STEP="10"),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+
+    def start(index: int, args: list[str]) -> None:
+        log = (base / f"start{index}.log").open("wb")
+        procs.append(
+            subprocess.Popen(
+                [str(BIN / "ray"), "start", *args, *common, f"--temp-dir={base / f'n{index}'}"],
+                env=ray_env(FSDP_TRAIN_FAIL_AT_STEP="10"),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
-            if index == 0:
-                time.sleep(4)  # the head's GCS must be up before workers register
+        )
+
+    try:
+        start(0, head)
+        address = head_address(base / "start0.log", procs[0], timeout=90)
+        start(1, [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.2"])
+        start(2, [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.3"])
         wait_for_nodes(address, 3, timeout=90)
         yield address
     finally:
@@ -98,6 +91,19 @@ def cluster() -> Iterator[str]:
         # processes this fixture started (raylet, GCS, agents), and no other Ray on the machine.
         stop_groups([proc.pid for proc in procs])
         shutil.rmtree(base, ignore_errors=True)
+
+
+def head_address(log: Path, proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The GCS address the head printed (`ray start --address='127.0.0.1:PORT'`), once it is up."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"--address='([\d.]+:\d+)'", log.read_text(errors="replace"))
+        if found:
+            return found.group(1)
+        if proc.poll() is not None:
+            raise AssertionError(f"the Ray head exited: {log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"the Ray head printed no address within {timeout:g}s: {log.read_text()[-2000:]}")
 
 
 def stop_groups(pgids: list[int], grace: float = 10.0) -> None:
