@@ -126,7 +126,8 @@ STATUS_SCHEMA: Schema = {
         "progress": _free(
             "object",
             "Training progress: step, total steps, loss, tokens per second, MFU, and lossHistory "
-            "(at most 64 [step, loss] points spanning the run).",
+            "(at most 64 [step, loss] points spanning the run); with a data source also epoch, samplesSeen, "
+            "tokensSeen, and evalLoss / evalStep of the last evaluation.",
         ),
         "transport": _free("object", "Which transport NCCL really used, per rank and in summary."),
         "interconnect": _free("object", "Measured all-reduce and all-gather bus bandwidth against the floor."),
@@ -136,6 +137,7 @@ STATUS_SCHEMA: Schema = {
             "The finished run: steps, first and final loss, tokens per second, seconds, sharding and precision used.",
         ),
         "checkpoint": _free("object", "The last checkpoint: step, path, seconds."),
+        "output": _free("object", "The exported Hugging Face model (spec.output): path, step, seconds."),
         "timings": _free(
             "object",
             "Time to the first optimizer step (seconds, from rank 0's process start): toFirstStepSeconds, split into "
@@ -157,6 +159,7 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Transport", "type": "string", "jsonPath": ".status.transport.summary"},
     {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepOfTotal"},
     {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.progress.tokensPerSecond"},
+    {"name": "Eval Loss", "type": "number", "jsonPath": ".status.progress.evalLoss"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -16,7 +16,19 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Timings, Transport
+from fsdp_train.events import (
+    Checkpoint,
+    Evaluation,
+    Event,
+    Export,
+    Failure,
+    Placement,
+    Probe,
+    Step,
+    Summary,
+    Timings,
+    Transport,
+)
 
 from fsdp_operator import transport as transport_mod
 from fsdp_operator.spec import Job
@@ -66,6 +78,8 @@ class Reason(StrEnum):
     CLUSTER_CONFLICT = "ClusterConflict"
     TRANSPORT_FALLBACK = transport_mod.FAILURE_REASON
     SUSPENDED = "Suspended"
+    DATA_UNAVAILABLE = "DataUnavailable"
+    """spec.data.source cannot be read, holds no documents, or too few for one global batch."""
 
 
 # Reasons posted as Warning events (everything in phase Failed is a Warning too). Waiting for workers
@@ -115,6 +129,7 @@ _FAILURE_REASONS = frozenset(
         Reason.CLUSTER_LOST,
         Reason.CLUSTER_CONFLICT,
         Reason.TRANSPORT_FALLBACK,
+        Reason.DATA_UNAVAILABLE,
     }
 )
 
@@ -288,6 +303,8 @@ class JobStatus:
     probes: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    output: dict[str, Any] = field(default_factory=dict)
+    """The exported Hugging Face directory: path, step, seconds (spec.output)."""
     timings: dict[str, Any] = field(default_factory=dict)
     """Where the time to the first step went (rank 0's ``timings`` event)."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
@@ -327,6 +344,7 @@ class JobStatus:
             "probes": self.probes,
             "result": self.result,
             "checkpoint": self.checkpoint,
+            "output": self.output,
             "timings": self.timings,
             "rankFailures": self.rank_failures,
             "workerRestarts": self.worker_restarts,
@@ -378,6 +396,7 @@ class JobStatus:
             probes=listing("probes"),
             result=mapping("result"),
             checkpoint=mapping("checkpoint"),
+            output=mapping("output"),
             timings=mapping("timings"),
             rank_failures=listing("rankFailures"),
             worker_restarts=integer("workerRestarts"),
@@ -431,6 +450,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
         probes=[],
         result={},
         checkpoint={},
+        output={},
         rank_failures=[],
         worker_restarts=0,
         worker_group_start=None,
@@ -534,6 +554,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     progress = dict(status.progress)
     result = dict(status.result)
     checkpoint = dict(status.checkpoint)
+    output = dict(status.output)
     timings = dict(status.timings)
     probes = [dict(p) for p in status.probes]
     failures = [dict(f) for f in status.rank_failures]
@@ -583,6 +604,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             if event.step < int(progress.get("step", 0)):
                 continue  # an older line re-read after a restart
             history = _with_loss_point(progress.get("lossHistory"), event.step, _round(event.loss))
+            evaluation: dict[str, Any] = {k: progress[k] for k in ("evalLoss", "evalStep") if k in progress}
             progress = {
                 "step": event.step,
                 "totalSteps": event.total_steps,
@@ -600,6 +622,14 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress["peakMemoryBytes"] = event.peak_memory_bytes
             if history:
                 progress["lossHistory"] = history
+            if event.samples_seen:  # a data source (random tokens have no epochs)
+                progress.update(epoch=event.epoch, samplesSeen=event.samples_seen, tokensSeen=event.tokens_seen)
+            progress.update(evaluation)
+        elif isinstance(event, Evaluation):
+            if event.step >= int(progress.get("evalStep", 0)):
+                progress.update(evalLoss=_round(event.loss), evalStep=event.step)
+        elif isinstance(event, Export):
+            output = {"path": event.path, "step": event.step, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Timings):
@@ -628,10 +658,16 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 result["sharding"] = event.sharding
             if event.resumed_from_step:
                 result["resumedFromStep"] = event.resumed_from_step
+            if event.eval_loss is not None:
+                result["evalLoss"] = _round(event.eval_loss)
+            if event.epochs:
+                result["epochs"] = event.epochs
             if event.precision:
                 result["precision"] = event.precision
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
+            if event.reason:
+                failure["reason"] = event.reason[:64]
             if failure not in failures:
                 failures.append(failure)
 
@@ -642,6 +678,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         progress=progress,
         result=result,
         checkpoint=checkpoint,
+        output=output,
         timings=timings,
         probes=probes,
         rank_failures=failures[-16:],
