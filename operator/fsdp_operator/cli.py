@@ -30,7 +30,8 @@ def load_manifest(path: str) -> Any:
     limit = manifest_yaml.MAX_REQUEST_BYTES + 1  # never read more than can be refused
     try:
         if path == "-":
-            data = sys.stdin.buffer.read(limit)
+            stdin = getattr(sys.stdin, "buffer", None)  # a text-only stdin (a test's StringIO) has no buffer
+            data = stdin.read(limit) if stdin is not None else sys.stdin.read(limit).encode()
         else:
             with Path(path).open("rb") as f:
                 data = f.read(limit)

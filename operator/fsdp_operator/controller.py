@@ -193,7 +193,14 @@ class JobLoop:
         stored = dict(obj.get("status") or {})
         status = self.status if self.status is not None else JobStatus.from_dict(stored)
         observed = await self.observe(obj, status)
-        decision = reconcile(obj, status, observed, training_package=self.rt.config.training_package)
+        config = self.rt.config
+        decision = reconcile(
+            obj,
+            status,
+            observed,
+            training_package=config.training_package,
+            ray_unreachable_timeout=config.ray_unreachable_timeout,
+        )
         self.rt.metrics.record_pass((self.namespace, self.name), obj, status, decision.status, observed.now)
         await self.write(stored, decision.status)
         if stopped:

@@ -285,6 +285,9 @@ def _value(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> 
         if hint is Quantity and isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)  # `memory: 1e11` is the integer 100000000000 in the JSON kubectl sends
         if hint is Quantity and isinstance(value, int) and not isinstance(value, bool):
+            if value.bit_length() > 128:  # str() of a 4300-digit integer raises; no resource is that large
+                problems.append(f"{path}: {show(value)} is out of range")
+                return BAD
             value = str(value)
         if not isinstance(value, str):
             expected = "quantity (integer or string)" if hint is Quantity else "string"

@@ -3,8 +3,10 @@
 Each check takes a string and returns None when it is well-formed, or a short reason that never
 repeats the value (the caller decides how much of it may be shown). The rules are written out
 from their specifications (Kubernetes' `apimachinery/pkg/util/validation`, `resource.ParseQuantity`,
-the OCI distribution reference grammar) because no maintained Python package implements them;
-pip requirements use `packaging`, the library pip itself uses.
+the OCI distribution reference grammar) because no maintained Python package implements them as
+the API server does: the Kubernetes client's own `kubernetes.utils.parse_quantity` accepts " 1",
+"1e3Gi", "1K" and non-ASCII digits, all of which the API server refuses. Pip requirements use
+`packaging`, the library pip itself uses.
 """
 
 from __future__ import annotations
@@ -241,6 +243,25 @@ def _storage_uri(value: str) -> str | None:
 
 
 STORAGE_URI = Grammar("storage URI", _storage_uri, 1024)
+
+_HF_DATASET = re.compile(r"hf://datasets/[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(/[^\s]*)?")
+
+
+def _data_source(value: str) -> str | None:
+    """random, a storage URI, or hf://datasets/OWNER/NAME[/path]."""
+    if value == "random":
+        return None
+    if value.startswith("hf://"):
+        if not _HF_DATASET.fullmatch(value) or ".." in value.split("/"):
+            return "must be hf://datasets/OWNER/NAME (optionally followed by a path inside the data set)"
+        return None
+    if not value:
+        return "must not be empty (random, s3://, gs://, file://, an absolute path or hf://datasets/OWNER/NAME)"
+    problem = _storage_uri(value)
+    return problem and problem.replace("(use s3://", "(use random, hf://datasets/, s3://")
+
+
+DATA_SOURCE = Grammar("data source", _data_source, 1024)
 
 
 # --- pip requirements ---------------------------------------------------------------------------------

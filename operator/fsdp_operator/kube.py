@@ -14,6 +14,7 @@ instead of a second configuration loader with its own refresh logic.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -32,6 +33,11 @@ Obj = dict[str, Any]
 
 RAYCLUSTER_GROUP, RAYCLUSTER_VERSION, RAYCLUSTER_PLURAL = "ray.io", "v1", "rayclusters"
 EVENT_SOURCE = "fsdp-operator"
+USER_AGENT = "fsdp-operator/0.1.0"
+"""Names the operator's own requests in the API server's audit log (kopf's own say `kopf/<version>`)."""
+THROTTLE_RETRIES = 3
+"""A 429 is retried this often after its `Retry-After` (as client-go does) before the pass gives up."""
+MAX_RETRY_AFTER = 10.0
 
 
 class KubeError(RuntimeError):
@@ -86,6 +92,14 @@ def _job_path(namespace: str, name: str = "") -> str:
 def _cluster_path(namespace: str, name: str = "") -> str:
     base = f"/apis/{RAYCLUSTER_GROUP}/{RAYCLUSTER_VERSION}/namespaces/{quote(namespace)}/{RAYCLUSTER_PLURAL}"
     return f"{base}/{quote(name)}" if name else base
+
+
+def _seconds(retry_after: str) -> float:
+    """`Retry-After` in seconds (the API server sends whole seconds); 1 when absent or unreadable."""
+    try:
+        return max(float(retry_after), 0.0)
+    except ValueError:
+        return 1.0
 
 
 def _as_file(data: bytes | str | None, name: str) -> str | None:
@@ -197,12 +211,18 @@ class AioKube:
         return status, payload
 
     async def _send(self, method: str, url: str, path: str, data: str | None, content_type: str) -> tuple[int, str]:
-        headers = {**self.headers, "Content-Type": content_type, "Accept": "application/json"}
-        try:
-            async with self._client().request(method, url, data=data, headers=headers, ssl=self.ssl_context) as r:
-                return r.status, await r.text()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise KubeError(0, f"{method} {path}: {e}") from e
+        headers = {**self.headers, "Content-Type": content_type, "Accept": "application/json", "User-Agent": USER_AGENT}
+        for attempt in range(THROTTLE_RETRIES + 1):
+            try:
+                async with self._client().request(method, url, data=data, headers=headers, ssl=self.ssl_context) as r:
+                    status, text, retry_after = r.status, await r.text(), r.headers.get("Retry-After", "")
+            except (aiohttp.ClientError, TimeoutError) as e:
+                raise KubeError(0, f"{method} {path}: {e}") from e
+            # Throttled (API Priority and Fairness): the request was not processed, so even a POST is safe to repeat.
+            if status != 429 or attempt == THROTTLE_RETRIES:
+                break
+            await asyncio.sleep(min(_seconds(retry_after), MAX_RETRY_AFTER))
+        return status, text
 
     async def get_job(self, namespace: str, name: str) -> Obj | None:
         status, obj = await self._request("GET", _job_path(namespace, name), allow=(404,))

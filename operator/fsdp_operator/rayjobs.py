@@ -270,6 +270,19 @@ class FakeRay:
         for sid in cluster.jobs if cluster else ():
             self._players.pop(sid, None)
 
+    # --- faults the tests inject (Ray's side; the API server's are in `local/faults.py`) ---
+    def lose_job(self, submission_id: str) -> None:
+        """Ray forgets one job (`ray job delete`, or a head without persistent GCS): its id is unknown again."""
+        for cluster in self.clusters.values():
+            cluster.jobs.pop(submission_id, None)
+        self._players.pop(submission_id, None)
+
+    def restart_head(self, address: str) -> None:
+        """The head restarted without a persistent GCS: every job is forgotten, the nodes join again."""
+        cluster = self.clusters.get(address)
+        for sid in list(cluster.jobs if cluster else ()):
+            self.lose_job(sid)
+
     def job(self, submission_id: str) -> FakeJob:
         for cluster in self.clusters.values():
             if submission_id in cluster.jobs:

@@ -39,6 +39,8 @@ from fsdp_operator.status import (
 RAY_PENDING, RAY_RUNNING, RAY_SUCCEEDED = "PENDING", "RUNNING", "SUCCEEDED"
 RAY_FAILED, RAY_STOPPED = "FAILED", "STOPPED"
 RAY_TERMINAL = frozenset({RAY_SUCCEEDED, RAY_FAILED, RAY_STOPPED})
+RAY_UNREACHABLE_TIMEOUT = 300.0
+"""Seconds a submitted job's Ray job API may stay silent before the job fails (the operator's default)."""
 
 
 # --- what was observed ----------------------------------------------------------------------------------
@@ -180,9 +182,16 @@ class Decision:
 # --- the state machine ------------------------------------------------------------------------------
 
 
-def reconcile(manifest: Mapping[str, Any], status: JobStatus, observed: Observed, *, training_package: str) -> Decision:
+def reconcile(
+    manifest: Mapping[str, Any],
+    status: JobStatus,
+    observed: Observed,
+    *,
+    training_package: str,
+    ray_unreachable_timeout: float = RAY_UNREACHABLE_TIMEOUT,
+) -> Decision:
     """One pass: the new status and the actions, with an Event for every phase or reason change."""
-    decision = _decide(manifest, status, observed, training_package)
+    decision = _decide(manifest, status, observed, training_package, ray_unreachable_timeout)
     new = decision.status
     if observed.cluster is not None and observed.cluster.dashboard_url and not status.terminal:
         new = replace(new, dashboard_url=observed.cluster.dashboard_url)
@@ -193,7 +202,9 @@ def reconcile(manifest: Mapping[str, Any], status: JobStatus, observed: Observed
     return _with_transition_events(status, decision)
 
 
-def _decide(manifest: Mapping[str, Any], status: JobStatus, obs: Observed, package: str) -> Decision:
+def _decide(
+    manifest: Mapping[str, Any], status: JobStatus, obs: Observed, package: str, ray_unreachable_timeout: float
+) -> Decision:
     try:
         job = parse_job(dict(manifest))
     except (SpecError, NotAJobError) as e:
@@ -217,7 +228,7 @@ def _decide(manifest: Mapping[str, Any], status: JobStatus, obs: Observed, packa
         case Phase.PROVISIONING:
             return _wait_for_workers(job, status, obs, package)
         case Phase.SUBMITTING | Phase.RUNNING:
-            return _track_job(job, status, obs, package)
+            return _track_job(job, status, obs, package, ray_unreachable_timeout)
         case _:
             raise AssertionError(f"unhandled phase {status.phase}")
 
@@ -275,7 +286,9 @@ def _record_identity(job: Job, status: JobStatus, now: datetime) -> Decision:
             generation=job.generation,
         ),
     )
-    return Decision(new)
+    # Nothing to wait for: the next pass (which creates the RayCluster) follows at once, not on the watch
+    # event of this write; under many jobs that round trip was most of the time to a RayCluster.
+    return Decision(new, requeue_after=0.0)
 
 
 def _foreign(cluster: ClusterView | None, uid: str) -> bool:
@@ -582,7 +595,16 @@ def _attempt_failed(job: Job, status: JobStatus, obs: Observed, reason: Reason, 
     return Decision(retry, (_raycluster(job, retry),))
 
 
-def _track_job(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision:
+def _data_unavailable(status: JobStatus) -> str | None:
+    """The message of the first rank (or the job's driver) that could not read spec.data, or None."""
+    for failure in status.rank_failures:
+        if failure.get("reason") == Reason.DATA_UNAVAILABLE:
+            message = str(failure.get("message", ""))
+            return message.removeprefix(f"{Reason.DATA_UNAVAILABLE}: ") or "the data source cannot be read"
+    return None
+
+
+def _track_job(job: Job, status: JobStatus, obs: Observed, package: str, unreachable_timeout: float) -> Decision:
     cluster = obs.cluster
     if cluster is None or cluster.deleting:
         what = "was deleted" if cluster is None else "is being deleted"
@@ -603,18 +625,31 @@ def _track_job(job: Job, status: JobStatus, obs: Observed, package: str) -> Deci
             return _finish(
                 job, status, obs, Phase.FAILED, Reason.TRANSPORT_FALLBACK, folded.transport_failure, stop_job=running
             )
+    unreadable = _data_unavailable(status)
+    if unreadable:
+        # Not retried: another attempt would read the same source. The ranks still waiting stop now.
+        running = obs.ray_job is not None and obs.ray_job.status not in RAY_TERMINAL
+        return _finish(job, status, obs, Phase.FAILED, Reason.DATA_UNAVAILABLE, unreadable, stop_job=running)
 
     info = obs.ray_job
+    if obs.ray_error:
+        return _ray_unreachable(job, status, obs, unreachable_timeout)
+    status = replace(status, ray_unreachable_since=None)
     if info is None:
-        if obs.ray_error:
-            return Decision(replace(status, reason=Reason.RAY_UNREACHABLE, message=f"Ray job API: {obs.ray_error}"))
-        if status.phase == Phase.RUNNING:
+        if status.phase == Phase.RUNNING and status.ray_job_status != RAY_PENDING:
             message = f"Ray no longer knows submission {status.submission_id} (head restarted?)"
             return _attempt_failed(job, status, obs, Reason.RAY_JOB_LOST, message)
         if obs.submit_error:
             return _attempt_failed(job, status, obs, Reason.SUBMISSION_FAILED, obs.submit_error)
-        # Submitting and not known to Ray yet: (re)submit; "already exists" counts as success.
-        new = replace(status, reason=Reason.WORKERS_READY, message=f"submitting {status.submission_id}")
+        # Not known to Ray, and no step of it ever ran (never sent, or forgotten while still PENDING, e.g. by a
+        # head restart): (re)submit under the recorded id; "already exists" counts as success.
+        new = replace(
+            status,
+            phase=Phase.SUBMITTING,
+            reason=Reason.WORKERS_READY,
+            message=f"submitting {status.submission_id}",
+            ray_job_status="",
+        )
         return Decision(new, (SubmitJob(render.submission(job, status.submission_id, package)),))
 
     status = replace(status, ray_job_status=info.status)
@@ -648,6 +683,19 @@ def _track_job(job: Job, status: JobStatus, obs: Observed, package: str) -> Deci
         "Ray is preparing the job (runtime environment)" if info.status == RAY_PENDING else "training is running"
     )
     return Decision(replace(status, phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, message=running_message))
+
+
+def _ray_unreachable(job: Job, status: JobStatus, obs: Observed, timeout: float) -> Decision:
+    """Ray's job API does not answer a submitted job: wait, but never longer than `timeout` (then Failed)."""
+    since = status.ray_unreachable_since or obs.now
+    silent = (obs.now - since).total_seconds()
+    if silent >= timeout:
+        message = f"Ray's job API did not answer for {silent:.0f}s (limit {timeout:g}s): {obs.ray_error}"
+        return _finish(job, status, obs, Phase.FAILED, Reason.RAY_UNREACHABLE, message, stop_job=True)
+    new = replace(
+        status, reason=Reason.RAY_UNREACHABLE, message=f"Ray job API: {obs.ray_error}", ray_unreachable_since=since
+    )
+    return Decision(new)
 
 
 def finalize_actions(

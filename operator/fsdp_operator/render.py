@@ -244,8 +244,9 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
             "use_gpu": use_gpu,
             "resources_per_worker": {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1},
         },
-        # Retries are the operator's (runPolicy.backoffLimit), each with a fresh submission id.
-        "max_failures": 0,
+        # Ray Train restarts the worker group in place (from the latest checkpoint) this often; beyond that the
+        # attempt fails, and retries are the operator's (runPolicy.backoffLimit), each with a fresh submission id.
+        "max_failures": spec.run_policy.max_worker_restarts,
         "storage_path": spec.training.checkpoint.storage or None,
         "name": job.name,
     }

@@ -94,6 +94,20 @@ STATUS_SCHEMA: Schema = {
             "description": "Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED).",
         },
         "logOffset": {"type": "integer", "description": "How much of the current submission's log has been read."},
+        "rayUnreachableSince": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When Ray's job API stopped answering (the operator fails the job after its timeout).",
+        },
+        "workerRestarts": {
+            "type": "integer",
+            "description": "Worker-group restarts by Ray Train in this attempt (runPolicy.maxWorkerRestarts).",
+        },
+        "workerGroupStartTime": {
+            "type": "string",
+            "format": "date-time",
+            "description": "When rank 0 of the current worker group started (each restart moves it).",
+        },
         "placement": {
             "type": "object",
             "description": "For placement.availabilityZone: auto, the zone the operator chose and why.",
@@ -112,7 +126,8 @@ STATUS_SCHEMA: Schema = {
         "progress": _free(
             "object",
             "Training progress: step, total steps, loss, tokens per second, MFU, and lossHistory "
-            "(at most 64 [step, loss] points spanning the run).",
+            "(at most 64 [step, loss] points spanning the run); with a data source also epoch, samplesSeen, "
+            "tokensSeen, and evalLoss / evalStep of the last evaluation.",
         ),
         "transport": _free("object", "Which transport NCCL really used, per rank and in summary."),
         "interconnect": _free("object", "Measured all-reduce and all-gather bus bandwidth against the floor."),
@@ -122,6 +137,7 @@ STATUS_SCHEMA: Schema = {
             "The finished run: steps, first and final loss, tokens per second, seconds, sharding and precision used.",
         ),
         "checkpoint": _free("object", "The last checkpoint: step, path, seconds."),
+        "output": _free("object", "The exported Hugging Face model (spec.output): path, step, seconds."),
         "timings": _free(
             "object",
             "Time to the first optimizer step (seconds, from rank 0's process start): toFirstStepSeconds, split into "
@@ -143,6 +159,7 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Transport", "type": "string", "jsonPath": ".status.transport.summary"},
     {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepOfTotal"},
     {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.progress.tokensPerSecond"},
+    {"name": "Eval Loss", "type": "number", "jsonPath": ".status.progress.evalLoss"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -30,6 +30,8 @@ class OperatorConfig:
     """Pause after a pass that could not reach the Kubernetes API."""
     ray_timeout: float = 20.0
     """Bound on each call to Ray's job API or dashboard."""
+    ray_unreachable_timeout: float = 300.0
+    """A submitted job whose Ray job API does not answer for this long fails (reason RayUnreachable)."""
     kube_timeout: float = 30.0
     """Bound on each call to the Kubernetes API."""
     zone_advice_timeout: float = 60.0

@@ -16,7 +16,19 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Timings, Transport
+from fsdp_train.events import (
+    Checkpoint,
+    Evaluation,
+    Event,
+    Export,
+    Failure,
+    Placement,
+    Probe,
+    Step,
+    Summary,
+    Timings,
+    Transport,
+)
 
 from fsdp_operator import transport as transport_mod
 from fsdp_operator.spec import Job
@@ -66,6 +78,8 @@ class Reason(StrEnum):
     CLUSTER_CONFLICT = "ClusterConflict"
     TRANSPORT_FALLBACK = transport_mod.FAILURE_REASON
     SUSPENDED = "Suspended"
+    DATA_UNAVAILABLE = "DataUnavailable"
+    """spec.data.source cannot be read, holds no documents, or too few for one global batch."""
 
 
 # Reasons posted as Warning events (everything in phase Failed is a Warning too). Waiting for workers
@@ -109,11 +123,13 @@ _FAILURE_REASONS = frozenset(
         Reason.RAY_JOB_FAILED,
         Reason.RAY_JOB_STOPPED,
         Reason.RAY_JOB_LOST,
+        Reason.RAY_UNREACHABLE,
         Reason.DEADLINE_EXCEEDED,
         Reason.WAIT_FOR_WORKERS_TIMEOUT,
         Reason.CLUSTER_LOST,
         Reason.CLUSTER_CONFLICT,
         Reason.TRANSPORT_FALLBACK,
+        Reason.DATA_UNAVAILABLE,
     }
 )
 
@@ -269,6 +285,8 @@ class JobStatus:
     end_time: datetime | None = None
     provisioning_since: datetime | None = None
     """When the current wait for workers began (`waitForWorkersTimeoutSeconds` counts from here)."""
+    ray_unreachable_since: datetime | None = None
+    """When Ray's job API stopped answering a live job (the operator's `ray_unreachable_timeout` counts from here)."""
     ray_job_status: str = ""
     """Ray's own job state (PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED), apart from `phase`."""
     log_offset: int = 0
@@ -285,9 +303,15 @@ class JobStatus:
     probes: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    output: dict[str, Any] = field(default_factory=dict)
+    """The exported Hugging Face directory: path, step, seconds (spec.output)."""
     timings: dict[str, Any] = field(default_factory=dict)
     """Where the time to the first step went (rank 0's ``timings`` event)."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
+    worker_restarts: int = 0
+    """Ray Train restarts of the worker group within this attempt (rank 0 started again)."""
+    worker_group_start: datetime | None = None
+    """When rank 0 of the current worker group reported its placement (second precision)."""
 
     @property
     def terminal(self) -> bool:
@@ -307,6 +331,7 @@ class JobStatus:
             "startTime": format_time(self.start_time) if self.start_time else None,
             "endTime": format_time(self.end_time) if self.end_time else None,
             "provisioningSince": format_time(self.provisioning_since) if self.provisioning_since else None,
+            "rayUnreachableSince": format_time(self.ray_unreachable_since) if self.ray_unreachable_since else None,
             "rayJobStatus": self.ray_job_status,
             "logOffset": self.log_offset,
             "dashboardURL": self.dashboard_url,
@@ -319,8 +344,11 @@ class JobStatus:
             "probes": self.probes,
             "result": self.result,
             "checkpoint": self.checkpoint,
+            "output": self.output,
             "timings": self.timings,
             "rankFailures": self.rank_failures,
+            "workerRestarts": self.worker_restarts,
+            "workerGroupStartTime": format_time(self.worker_group_start) if self.worker_group_start else None,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
         return copy.deepcopy({k: v for k, v in out.items() if v not in (None, "", [], {}, 0)})
@@ -355,6 +383,7 @@ class JobStatus:
             start_time=parse_time(raw.get("startTime")),
             end_time=parse_time(raw.get("endTime")),
             provisioning_since=parse_time(raw.get("provisioningSince")),
+            ray_unreachable_since=parse_time(raw.get("rayUnreachableSince")),
             ray_job_status=str(raw.get("rayJobStatus") or ""),
             log_offset=integer("logOffset"),
             dashboard_url=str(raw.get("dashboardURL") or ""),
@@ -367,8 +396,11 @@ class JobStatus:
             probes=listing("probes"),
             result=mapping("result"),
             checkpoint=mapping("checkpoint"),
+            output=mapping("output"),
             timings=mapping("timings"),
             rank_failures=listing("rankFailures"),
+            worker_restarts=integer("workerRestarts"),
+            worker_group_start=parse_time(raw.get("workerGroupStartTime")),
         )
 
 
@@ -408,6 +440,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
     return replace(
         status,
         ray_job_status="",
+        ray_unreachable_since=None,
         log_offset=0,
         conditions=kept,
         ranks=[],
@@ -417,7 +450,10 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
         probes=[],
         result={},
         checkpoint={},
+        output={},
         rank_failures=[],
+        worker_restarts=0,
+        worker_group_start=None,
     )
 
 
@@ -518,14 +554,24 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     progress = dict(status.progress)
     result = dict(status.result)
     checkpoint = dict(status.checkpoint)
+    output = dict(status.output)
     timings = dict(status.timings)
     probes = [dict(p) for p in status.probes]
     failures = [dict(f) for f in status.rank_failures]
+    restarts, group_start = status.worker_restarts, status.worker_group_start
     transports = _transport_events(status)
     saw_transport = saw_probe = False
 
     for event in events:
         if isinstance(event, Placement):
+            if event.rank == 0:
+                # Rank 0 placed again, later than the group we know (a re-read line has the same second): Ray
+                # Train restarted the worker group.
+                started = datetime.fromtimestamp(int(event.time), UTC)
+                if group_start is not None and started > group_start:
+                    restarts += 1
+                if group_start is None or started > group_start:
+                    group_start = started
             entry = _rank_entry(ranks, event.rank)
             entry.update(
                 localRank=event.local_rank,
@@ -558,6 +604,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             if event.step < int(progress.get("step", 0)):
                 continue  # an older line re-read after a restart
             history = _with_loss_point(progress.get("lossHistory"), event.step, _round(event.loss))
+            evaluation: dict[str, Any] = {k: progress[k] for k in ("evalLoss", "evalStep") if k in progress}
             progress = {
                 "step": event.step,
                 "totalSteps": event.total_steps,
@@ -575,6 +622,14 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress["peakMemoryBytes"] = event.peak_memory_bytes
             if history:
                 progress["lossHistory"] = history
+            if event.samples_seen:  # a data source (random tokens have no epochs)
+                progress.update(epoch=event.epoch, samplesSeen=event.samples_seen, tokensSeen=event.tokens_seen)
+            progress.update(evaluation)
+        elif isinstance(event, Evaluation):
+            if event.step >= int(progress.get("evalStep", 0)):
+                progress.update(evalLoss=_round(event.loss), evalStep=event.step)
+        elif isinstance(event, Export):
+            output = {"path": event.path, "step": event.step, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Timings):
@@ -603,10 +658,16 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 result["sharding"] = event.sharding
             if event.resumed_from_step:
                 result["resumedFromStep"] = event.resumed_from_step
+            if event.eval_loss is not None:
+                result["evalLoss"] = _round(event.eval_loss)
+            if event.epochs:
+                result["epochs"] = event.epochs
             if event.precision:
                 result["precision"] = event.precision
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
+            if event.reason:
+                failure["reason"] = event.reason[:64]
             if failure not in failures:
                 failures.append(failure)
 
@@ -617,9 +678,12 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         progress=progress,
         result=result,
         checkpoint=checkpoint,
+        output=output,
         timings=timings,
         probes=probes,
         rank_failures=failures[-16:],
+        worker_restarts=restarts,
+        worker_group_start=group_start,
     )
     spec = job.spec
     conditions = new.conditions

@@ -8,22 +8,16 @@ resumes from that checkpoint; with ``max_failures: 0`` the entrypoint exits 1 wi
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import re
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fsdp_train.events import Checkpoint, Event, Failure, Placement, Step, Summary, Transport, parse_line
+from support.ray_cluster import local_cluster, ray_available, ray_env
 
 pytestmark = pytest.mark.e2e
 
@@ -48,100 +42,12 @@ TRAIN = {
 }
 
 
-def ray_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_TRAIN_", "RAY_"))}
-    # The Python that runs Ray's workers is the one on PATH when `ray start` ran.
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", **extra)
-    return env
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
-    if not (BIN / "ray").exists():
+    if not ray_available():
         pytest.skip("the ray command is not installed next to this Python")
-    # Short paths: Ray's unix sockets live under the temp dir and must stay below 108 characters.
-    base = Path(tempfile.mkdtemp(prefix="fsdpray-"))
-    common = ["--block", "--disable-usage-stats", "--object-store-memory=80000000"]
-    # Port 0: the head picks a free port itself and prints its address once its GCS is up (no port is
-    # chosen here and left free for another process to take before the head binds it).
-    head = ["--head", "--port=0", "--num-cpus=0", "--node-ip-address=127.0.0.1", "--include-dashboard=false"]
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def start(index: int, args: list[str]) -> None:
-        log = (base / f"start{index}.log").open("wb")
-        procs.append(
-            subprocess.Popen(
-                [str(BIN / "ray"), "start", *args, *common, f"--temp-dir={base / f'n{index}'}"],
-                env=ray_env(FSDP_TRAIN_FAIL_AT_STEP="10"),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-
-    try:
-        start(0, head)
-        address = head_address(base / "start0.log", procs[0], timeout=90)
-        start(1, [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.2"])
-        start(2, [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.3"])
-        wait_for_nodes(address, 3, timeout=90)
+    with local_cluster(FSDP_TRAIN_FAIL_AT_STEP="10") as address:
         yield address
-    finally:
-        # Each `ray start` leads its own session: stopping that process group stops exactly the Ray
-        # processes this fixture started (raylet, GCS, agents), and no other Ray on the machine.
-        stop_groups([proc.pid for proc in procs])
-        shutil.rmtree(base, ignore_errors=True)
-
-
-def head_address(log: Path, proc: subprocess.Popen[bytes], timeout: float) -> str:
-    """The GCS address the head printed (`ray start --address='127.0.0.1:PORT'`), once it is up."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = re.search(r"--address='([\d.]+:\d+)'", log.read_text(errors="replace"))
-        if found:
-            return found.group(1)
-        if proc.poll() is not None:
-            raise AssertionError(f"the Ray head exited: {log.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"the Ray head printed no address within {timeout:g}s: {log.read_text()[-2000:]}")
-
-
-def stop_groups(pgids: list[int], grace: float = 10.0) -> None:
-    """SIGTERM each process group, then SIGKILL whatever is left of them after ``grace`` seconds."""
-    alive = list(pgids)
-    for pgid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.5)
-        alive = [pgid for pgid in alive if group_exists(pgid)]
-    for pgid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-
-
-def group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def wait_for_nodes(address: str, count: int, timeout: float) -> None:
-    probe = "import ray; ray.init(); print(sum(n['Alive'] for n in ray.nodes()))"
-    deadline = time.monotonic() + timeout
-    seen = ""
-    while time.monotonic() < deadline:
-        out = subprocess.run(
-            [sys.executable, "-c", probe], env=ray_env(RAY_ADDRESS=address), capture_output=True, text=True
-        )
-        seen = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
-        if seen == str(count):
-            return
-        time.sleep(2)
-    raise AssertionError(f"Ray cluster did not reach {count} nodes: {seen}")
 
 
 def submit(address: str, job: dict[str, Any]) -> subprocess.CompletedProcess[str]:

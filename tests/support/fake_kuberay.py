@@ -122,20 +122,18 @@ class FakeKubeRay:
 
     async def sync(self) -> None:
         listing = await self._request("GET", RAYCLUSTERS)
-        present: set[str] = set()
-        for rc in listing.get("items", []):
+        live = [rc for rc in listing.get("items", []) if not rc["metadata"].get("deletionTimestamp")]
+        # Gone ones first: a cluster deleted and created again under its name gets its pods made anew.
+        for uid in set(self.clusters) - {rc["metadata"]["uid"] for rc in live}:
+            await self._teardown(self.clusters.pop(uid))
+        for rc in live:
             meta = rc["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
-            present.add(meta["uid"])
             cluster = self.clusters.get(meta["uid"])
             if cluster is None:
                 cluster = await self._adopt(rc)
             waiting = not cluster.ready and not self.never_ready and not self.unschedulable
             if waiting and time.monotonic() - cluster.created >= self.ready_delay:
                 await self._make_ready(cluster, rc)
-        for uid in set(self.clusters) - present:
-            await self._teardown(self.clusters.pop(uid))
 
     async def _adopt(self, rc: Obj) -> _Cluster:
         meta = rc["metadata"]

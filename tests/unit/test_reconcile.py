@@ -428,6 +428,32 @@ def test_job_unknown_to_ray_while_running_is_lost() -> None:
     assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.RAY_JOB_LOST)
 
 
+def test_job_ray_forgot_while_pending_is_resubmitted_under_its_id() -> None:
+    # Ray said PENDING (the entrypoint never ran), then forgot the id (a head restart): submitting again is safe.
+    pending = at(Phase.RUNNING, reason=Reason.JOB_RUNNING, ray_job_status="PENDING")
+    d = run(manifest(), pending, cluster=cluster())
+    assert (d.status.phase, d.status.reason, d.status.attempts) == (Phase.SUBMITTING, Reason.WORKERS_READY, 1)
+    assert [a.submission.submission_id for a in d.actions if isinstance(a, SubmitJob)] == [sid(1)]
+
+
+def test_ray_unreachable_fails_the_job_after_the_timeout() -> None:
+    live = at(Phase.RUNNING, reason=Reason.JOB_RUNNING, ray_job_status="RUNNING")
+    first = reconcile(manifest(), live, Observed(now=NOW, cluster=cluster(), ray_error="connection refused"),
+                      training_package=PACKAGE, ray_unreachable_timeout=60)  # fmt: skip
+    assert (first.status.phase, first.status.ray_unreachable_since) == (Phase.RUNNING, NOW)
+    later = Observed(now=NOW + timedelta(seconds=59), cluster=cluster(), ray_error="connection refused")
+    d = reconcile(manifest(), first.status, later, training_package=PACKAGE, ray_unreachable_timeout=60)
+    assert d.status.phase == Phase.RUNNING and d.status.ray_unreachable_since == NOW
+    last = replace(later, now=NOW + timedelta(seconds=60))
+    d = reconcile(manifest(), first.status, last, training_package=PACKAGE, ray_unreachable_timeout=60)
+    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.RAY_UNREACHABLE)
+    assert d.status.message == "Ray's job API did not answer for 60s (limit 60s): connection refused"
+    assert kinds(d) == ["StopJob", "DeleteRayCluster"]  # best effort; the cluster goes per cleanup: Delete
+    # Ray answering again clears the clock.
+    back = run(manifest(), first.status, **running())
+    assert back.status.ray_unreachable_since is None and back.status.reason == Reason.JOB_RUNNING
+
+
 def test_ray_unreachable_keeps_the_phase_and_says_so() -> None:
     d = run(manifest(), at(Phase.RUNNING, reason=Reason.JOB_RUNNING), cluster=cluster(), ray_error="timed out")
     assert (d.status.phase, d.status.reason) == (Phase.RUNNING, Reason.RAY_UNREACHABLE)

@@ -265,6 +265,9 @@ def test_submission_carries_the_training_parameters() -> None:
         "use_gpu": True,
         "resources_per_worker": {"CPU": 1, "GPU": 1},
     }
+    assert config["max_failures"] == 0  # Ray Train restarts nothing unless runPolicy.maxWorkerRestarts says so
+    restarting = job({"runPolicy": {"maxWorkerRestarts": 3}})
+    assert render.submission(restarting, "sid-1", "/opt/pkg/fsdp_train").config["max_failures"] == 3
     assert sub.runtime_env["py_modules"] == ["/opt/pkg/fsdp_train"]
     env_vars = sub.runtime_env["env_vars"]
     assert env_vars["RAY_DEDUP_LOGS"] == "0" and env_vars["RAY_TRAIN_ENABLE_PRINT_PATCH"] == "0"

@@ -314,6 +314,7 @@ def test_tolerations_are_checked_like_a_pod_spec() -> None:
         ({"workers": {"replicas": True}}, "spec.workers.replicas: expected integer, got boolean true"),
         ({"runPolicy": {"activeDeadlineSeconds": 2**31}}, "spec.runPolicy.activeDeadlineSeconds: must be at most"),
         ({"network": {"minCrossNodeBandwidthGBps": 10**400}}, "spec.network.minCrossNodeBandwidthGBps: must be at"),
+        ({"workers": {"cpu": 10**5000}}, "spec.workers.cpu: a 16610-bit integer is out of range"),
     ],
 )
 def test_numbers_are_finite_and_bounded(spec: dict[str, Any], expected: str) -> None:

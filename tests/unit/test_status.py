@@ -22,6 +22,7 @@ from fsdp_operator.status import (
 )
 from fsdp_train.events import (
     Checkpoint,
+    Evaluation,
     Event,
     Failure,
     Placement,
@@ -93,7 +94,8 @@ def test_round_trip_and_empty_fields_left_out() -> None:
 
 def test_printer_columns_read_what_status_writes() -> None:
     status = JobStatus(phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, workers="2/2")
-    folded = fold_events(job(), status, [step(12), Transport(rank=0, transport="efa")], now=NOW).status
+    events = [step(12), Transport(rank=0, transport="efa"), Evaluation(rank=0, step=12, loss=2.5)]
+    folded = fold_events(job(), status, events, now=NOW).status
     raw = {"status": folded.to_dict()}
     for column in schema.PRINTER_COLUMNS:
         path = column["jsonPath"].lstrip(".").split(".")
@@ -240,3 +242,20 @@ def test_fold_timings_and_precision() -> None:
     }
     assert status.result["precision"] == "fp8"
     assert JobStatus.from_dict(status.to_dict()).timings == status.timings
+
+
+def test_fold_counts_worker_group_restarts_once_each() -> None:
+    def placed(rank: int, at: float) -> Placement:
+        return Placement(rank=rank, world_size=2, local_rank=0, local_world_size=1, node_rank=rank,
+                         node_ip=f"10.0.0.{rank + 1}", hostname="h", pod="p", device="cpu", time=at)  # fmt: skip
+
+    t0 = NOW.timestamp()
+    first = [placed(0, t0), placed(1, t0 + 0.2), step(1), step(2)]
+    folded = fold_events(job(), JobStatus(), first, now=NOW).status
+    assert folded.worker_restarts == 0 and folded.worker_group_start == NOW
+    # Ray Train restarted the group 30 s later: rank 0 is placed again, steps resume from a checkpoint.
+    again = fold_events(job(), folded, [placed(0, t0 + 30.4), placed(1, t0 + 30.5), step(2)], now=NOW).status
+    assert again.worker_restarts == 1 and again.worker_group_start == NOW + timedelta(seconds=30)
+    # The same lines read again (an operator restart re-reads from its last written offset): no new count.
+    reread = fold_events(job(), JobStatus.from_dict(again.to_dict()), [placed(0, t0 + 30.4)], now=NOW).status
+    assert reread.worker_restarts == 1 and reread.to_dict()["workerRestarts"] == 1

@@ -34,6 +34,7 @@ import yaml
 from aiohttp import web
 
 from fsdp_operator.local import patching, rbac, tables, validation
+from fsdp_operator.local.faults import FaultInjector
 from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType
 from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
 from fsdp_operator.local.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent
@@ -85,8 +86,11 @@ class ApiServer:
         bookmark_interval: float = 5.0,
         history_length: int = HISTORY_LENGTH,
         access: rbac.Access | None = None,
+        faults: FaultInjector | None = None,
     ) -> None:
         self.host = host
+        self.faults = faults
+        """Injects API errors, slow answers and broken watches (`faults.py`); None: a well-behaved server."""
         self.port = port
         self.bookmark_interval = bookmark_interval
         self.store = Store(history_length=history_length)
@@ -190,6 +194,11 @@ class ApiServer:
     # ------------------------------------------------------------------ HTTP dispatch
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if self.faults is not None:
+            return await self.faults.handle(request, self._answer)
+        return await self._answer(request)
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         try:
             if self.access is not None:
                 request[_USER] = self.access.authenticate(request.headers.get("Authorization", ""))

@@ -132,6 +132,12 @@ class Progress:
                 progress.get("loss"),
                 progress.get("tokensPerSecond"),
             )
+        if "evalLoss" in progress:
+            step = progress.get("evalStep")
+            self.once(f"eval-{step}", f"eval loss {progress['evalLoss']} after step {step}")
+        output = status.get("output") or {}
+        if path := output.get("path"):
+            self.once(f"output-{path}", f"model exported to {path} (step {output.get('step')})")
 
 
 def format_table(table: Obj) -> str:
@@ -179,8 +185,12 @@ class LocalRun:
         self.http = aiohttp.ClientSession()
         self.kuberay.api_url = self.api.url
         self._kuberay_task = asyncio.get_running_loop().create_task(self.kuberay.run())
+        await self.start_operator()
+
+    async def start_operator(self) -> None:
+        """The operator in its own process (again, after a crash: its log goes on in the same file)."""
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
-        log = (self.workdir / "operator.log").open("wb")
+        log = (self.workdir / "operator.log").open("ab")
         self.operator = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

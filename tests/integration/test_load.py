@@ -1,0 +1,215 @@
+"""Many jobs at once on one operator: the emulated API server (in its own process), the fake KubeRay and Ray.
+
+Measured: wall time until every job is terminal; creation -> RayCluster created (p50, p95, max: from the
+API server's commit times); the operator's API requests and status writes per job; the peak memory of the
+operator's process (which also hosts the fake KubeRay and Ray, so an upper bound); event-loop lag.
+`pytest -m load` runs 300 jobs and asserts the targets of docs/reliability.md; the default run, 30 jobs,
+asserts what must hold at any speed (every job finished, nothing duplicated, status writes bounded).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from fsdp_operator import schema
+from fsdp_operator.controller import Runtime
+from fsdp_operator.handlers import build_registry
+from fsdp_operator.kube import AioKube
+from fsdp_operator.rayjobs import FakeJob, FakeRay
+from fsdp_operator.settings import OperatorConfig
+from fsdp_train.events import Placement, Step, Summary, Transport
+from integration.test_operator import EFA_LINE, manifest
+from support.apiserver_process import ApiServerProcess
+from support.fake_kuberay import FakeKubeRay
+from support.kopf_runner import kopf_operator
+
+pytestmark = [pytest.mark.integration]
+
+JOBS = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/default/{schema.PLURAL}"
+STEPS = 100
+STEPS_PER_TICK = 25
+TICK = 1.0
+"""The fake KubeRay's period (it lists every RayCluster each tick, in the operator's process: kept cheap)."""
+CONFIG = OperatorConfig()
+"""The operator's defaults (a 5 s re-observe interval, at most one progress write per 5 s per job)."""
+
+
+@dataclass
+class LoadScript:
+    """A fake Ray job of 2 ranks: placement, transport, `STEPS` steps (`STEPS_PER_TICK` per tick), a summary."""
+
+    def __call__(self, ray: FakeRay, job: FakeJob) -> Iterator[None]:
+        sid = job.submission.submission_id
+        yield
+        ray.emit(sid, *(Placement(rank=r, world_size=2, local_rank=0, local_world_size=1, node_rank=r,
+                                  node_ip=f"10.0.0.{r + 1}", hostname=f"h{r}", pod=f"w{r}", device="L4").to_line()
+                        for r in range(2)))  # fmt: skip
+        ray.emit(sid, *(Transport(rank=r, transport="efa", evidence=EFA_LINE).to_line() for r in range(2)))
+        yield
+        for step in range(1, STEPS + 1):
+            ray.emit(sid, Step(rank=0, step=step, total_steps=STEPS, loss=5.0 / step, tokens_per_second=4096.0,
+                               tokens_per_second_per_device=2048.0).to_line())  # fmt: skip
+            if step % STEPS_PER_TICK == 0:
+                yield
+        ray.emit(sid, Summary(rank=0, steps=STEPS, final_loss=0.05, first_loss=5.0, tokens_per_second=4096).to_line())
+        ray.finish(sid)
+
+
+def _memory_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _reset_peak_memory() -> None:
+    # Writing 5 to clear_refs resets VmHWM (the peak RSS) to the current RSS (Linux, proc(5)).
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+async def _lag_monitor(lags: list[float], period: float = 0.05) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        before = loop.time()
+        await asyncio.sleep(period)
+        lags.append(loop.time() - before - period)
+
+
+async def run_load(count: int) -> dict[str, Any]:
+    """Create `count` jobs at once and wait until each is terminal; return the figures."""
+    with ApiServerProcess() as api:
+        ray = FakeRay(script=LoadScript())
+        kuberay = FakeKubeRay(api.url, ray)
+        lags: list[float] = []
+        async with kuberay.running(tick=TICK), aiohttp.ClientSession() as http:
+            monitor = asyncio.create_task(_lag_monitor(lags))  # started before kopf, which leaves it alone
+            baseline_kib = _memory_kib("VmRSS")
+            cpu_before = _cpu_seconds()
+            _reset_peak_memory()
+            runtime = Runtime(CONFIG, kube=AioKube(api.url, timeout=CONFIG.kube_timeout), ray=ray.client)
+            try:
+                async with kopf_operator(build_registry(runtime, login=False), api.url):
+                    started = time.monotonic()
+
+                    async def create(i: int) -> None:
+                        body = manifest(f"load-{i:04d}", steps=STEPS, workers={"replicas": 2})
+                        async with http.post(api.url + JOBS, json=body) as response:
+                            assert response.status == 201, await response.text()
+
+                    await asyncio.gather(*(create(i) for i in range(count)))
+                    phases: Counter[str] = Counter()
+                    while True:
+                        async with http.get(api.url + JOBS) as response:
+                            items = (await response.json())["items"]
+                        phases = Counter((job.get("status") or {}).get("phase", "") for job in items)
+                        if phases["Succeeded"] + phases["Failed"] == count:
+                            break
+                        await asyncio.sleep(0.5)
+                    wall = time.monotonic() - started
+                    statuses = {job["metadata"]["name"]: job["status"] for job in items}
+            finally:
+                monitor.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await monitor
+            peak_kib = _memory_kib("VmHWM")
+            cpu = _cpu_seconds() - cpu_before
+        stats = api.stats()
+    created = stats["created"]
+    latencies = [created["clusters"][f"{name}-ray"] - t for name, t in created["jobs"].items()]
+    to_loop = [created["loops"][name] - t for name, t in created["jobs"].items()]
+    requests = Counter({(c, m, p, s): n for c, m, p, s, n in stats["requests"]})
+    writes = stats["status_writes"]
+    return {
+        "jobs": count,
+        "phases": dict(phases),
+        "statuses": statuses,
+        "wall_s": wall,
+        "create_to_cluster_s": {
+            "p50": percentile(latencies, 0.5),
+            "p95": percentile(latencies, 0.95),
+            "max": max(latencies),
+        },
+        "create_to_loop_s": {"p50": percentile(to_loop, 0.5), "p95": percentile(to_loop, 0.95)},
+        "clusters_seen": len(kuberay.seen_uids),
+        "submissions": list(ray.created),
+        "requests_per_job": sum(requests.values()) / count,
+        "controller_requests_per_job": sum(n for k, n in requests.items() if k[0] == "controller") / count,
+        "requests": {" ".join(k): n for k, n in sorted(requests.items())},
+        "status_writes_per_job": {"mean": sum(writes.values()) / count, "max": max(writes.values())},
+        "cpu_s_per_job": cpu / count,
+        "load_average": os.getloadavg()[0],
+        "peak_rss_mb": peak_kib / 1024,
+        "baseline_rss_mb": baseline_kib / 1024,
+        "loop_lag_ms": {"p99": 1000 * percentile(lags, 0.99), "max": 1000 * max(lags)},
+    }
+
+
+def report(figures: dict[str, Any]) -> str:
+    c, w, lag = figures["create_to_cluster_s"], figures["status_writes_per_job"], figures["loop_lag_ms"]
+    return (
+        f"{figures['jobs']} jobs: all terminal after {figures['wall_s']:.1f} s; create->RayCluster p50 "
+        f"{c['p50']:.3f} s, p95 {c['p95']:.3f} s, max {c['max']:.3f} s (of which to the job's loop starting: p50 "
+        f"{figures['create_to_loop_s']['p50']:.3f} s, p95 {figures['create_to_loop_s']['p95']:.3f} s); "
+        f"{figures['requests_per_job']:.1f} API "
+        f"requests/job ({figures['controller_requests_per_job']:.1f} by the controller); status writes/job mean "
+        f"{w['mean']:.1f}, max {w['max']}; peak RSS {figures['peak_rss_mb']:.0f} MB (baseline "
+        f"{figures['baseline_rss_mb']:.0f} MB); event-loop lag p99 {lag['p99']:.0f} ms, max {lag['max']:.0f} ms; "
+        f"{figures['cpu_s_per_job']:.3f} CPU-s/job in the operator's process; machine load average "
+        f"{figures['load_average']:.1f}"
+    )
+
+
+def _check(figures: dict[str, Any]) -> None:
+    count = figures["jobs"]
+    assert figures["phases"] == {"Succeeded": count}, figures["phases"]
+    for name, status in figures["statuses"].items():
+        assert status["progress"]["stepOfTotal"] == f"{STEPS}/{STEPS}", (name, status)
+        assert status["attempts"] == 1, (name, status)
+    # Nothing duplicated: one RayCluster and one accepted submission per job.
+    assert figures["clusters_seen"] == count
+    assert len(figures["submissions"]) == len(set(figures["submissions"])) == count
+    assert figures["status_writes_per_job"]["max"] <= 12, figures["status_writes_per_job"]
+
+
+def test_load_sample_of_30_jobs() -> None:
+    figures = asyncio.run(run_load(30))
+    print("\nLOAD " + report(figures))
+    _check(figures)
+
+
+@pytest.mark.load
+@pytest.mark.timeout(900)
+def test_load_300_jobs_at_once() -> None:
+    figures = asyncio.run(run_load(300))
+    print("\nLOAD " + report(figures))
+    for key in sorted(figures["requests"]):
+        print(f"  {key}: {figures['requests'][key]}")
+    _check(figures)
+    # The load-independent targets are asserted; the latency target (p95 under 1 s) is reported in
+    # docs/reliability.md with the machine's load, and here only starvation is checked: no job waits for its
+    # RayCluster much longer than the slowest twentieth of them.
+    assert figures["peak_rss_mb"] < 300, report(figures)
+    latency = figures["create_to_cluster_s"]
+    assert latency["max"] <= 2 * latency["p95"] + 1.0, report(figures)

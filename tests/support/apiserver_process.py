@@ -1,0 +1,133 @@
+"""The emulated API server in a child process, so that a measurement of the operator's process is the operator's.
+
+The child also records (on CLOCK_MONOTONIC, which all processes of the machine share) when each
+FSDPTrainingJob and each RayCluster was committed, and counts the requests of the operator's two clients
+(kopf's and the controller's, told apart by User-Agent) per verb and object: what the load test reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import time
+from collections import Counter
+from multiprocessing.connection import Connection
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+from fsdp_operator import schema
+from fsdp_operator.kube import USER_AGENT
+from fsdp_operator.local import ApiServer
+from fsdp_operator.local.faults import FaultInjector, FaultPlan
+from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.store import WatchEvent
+
+OPERATOR_AGENTS = ("kopf/", USER_AGENT)
+
+
+def _request_key(request: web.Request) -> tuple[str, str, str, str]:
+    """(client, method, kind of object, subresource): `kind` is the plural; the name goes into per-object counts."""
+    parts = [p for p in request.path.split("/") if p]
+    client = "controller" if request.headers.get("User-Agent", "").startswith(USER_AGENT) else "kopf"
+    watch = request.query.get("watch") in ("true", "1")
+    method = "WATCH" if watch else request.method
+    plural, subresource = "", ""
+    if "namespaces" in parts and len(parts) > parts.index("namespaces") + 2:
+        rest = parts[parts.index("namespaces") + 2 :]
+    else:
+        rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if rest:
+        plural = rest[0]
+        subresource = rest[2] if len(rest) > 2 else ""
+    return client, method, plural, subresource
+
+
+async def _main(conn: Connection, plan: FaultPlan | None) -> None:
+    requests: Counter[tuple[str, str, str, str]] = Counter()
+    status_writes: Counter[str] = Counter()
+    created: dict[str, dict[str, float]] = {"jobs": {}, "clusters": {}, "loops": {}}
+    """Commit times of jobs and RayClusters, and when the controller first asked about each job."""
+
+    async def count(request: web.Request, response: web.StreamResponse) -> None:
+        if not request.headers.get("User-Agent", "").startswith(OPERATOR_AGENTS):
+            return
+        key = _request_key(request)
+        requests[key] += 1
+        if key[0] == "controller" and key[2] == schema.PLURAL:
+            # The controller's first request about a job: its loop (the kopf daemon) has started.
+            name = request.path.split("/")[-2 if key[3] else -1]
+            created["loops"].setdefault(name, time.monotonic())
+        if key[1:] == ("PATCH", schema.PLURAL, "status") and key[0] == "controller":
+            status_writes[request.path.split("/")[-2]] += 1
+
+    api = ApiServer(faults=FaultInjector(plan or FaultPlan(), tap=count))
+    await api.start()
+    store = api.store
+    crds = store.resource("customresourcedefinitions", "apiextensions.k8s.io")
+    store.create(crds, schema.crd())
+    store.create(crds, RAYCLUSTER_CRD)
+
+    def recorder(bucket: dict[str, float]) -> Any:
+        def deliver(event: WatchEvent) -> None:
+            if event.type == "ADDED":
+                bucket.setdefault(event.object["metadata"]["name"], time.monotonic())
+
+        return deliver
+
+    store.subscribe(store.resource(schema.PLURAL, schema.GROUP), None, None, recorder(created["jobs"]))
+    store.subscribe(store.resource("rayclusters", "ray.io"), None, None, recorder(created["clusters"]))
+    conn.send(api.url)
+    loop = asyncio.get_running_loop()
+    while True:
+        command = await loop.run_in_executor(None, conn.recv)
+        if command == "stats":
+            conn.send(
+                {
+                    "requests": [[*key, n] for key, n in requests.items()],
+                    "status_writes": dict(status_writes),
+                    "created": created,
+                    "injected": dict(api.faults.injected) if api.faults else {},
+                }
+            )
+        else:
+            break
+    await api.stop()
+
+
+def _serve(conn: Connection, plan: FaultPlan | None) -> None:
+    asyncio.run(_main(conn, plan))
+
+
+class ApiServerProcess:
+    """`with ApiServerProcess() as api:` serves the emulator (with both CRDs) on `api.url` from a child process."""
+
+    def __init__(self, plan: FaultPlan | None = None) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=_serve, args=(child, plan), name="apiserver", daemon=True)
+        self.url = ""
+
+    def __enter__(self) -> ApiServerProcess:
+        self._process.start()
+        if not self._conn.poll(60):
+            self._process.kill()
+            raise RuntimeError("the API server process did not start within 60 s")
+        self.url = str(self._conn.recv())
+        return self
+
+    def stats(self) -> dict[str, Any]:
+        self._conn.send("stats")
+        result: dict[str, Any] = self._conn.recv()
+        return result
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self._conn.send("stop")
+        self._process.join(10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
