@@ -244,6 +244,25 @@ def _storage_uri(value: str) -> str | None:
 
 STORAGE_URI = Grammar("storage URI", _storage_uri, 1024)
 
+_HF_DATASET = re.compile(r"hf://datasets/[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(/[^\s]*)?")
+
+
+def _data_source(value: str) -> str | None:
+    """random, a storage URI, or hf://datasets/OWNER/NAME[/path]."""
+    if value == "random":
+        return None
+    if value.startswith("hf://"):
+        if not _HF_DATASET.fullmatch(value) or ".." in value.split("/"):
+            return "must be hf://datasets/OWNER/NAME (optionally followed by a path inside the data set)"
+        return None
+    if not value:
+        return "must not be empty (random, s3://, gs://, file://, an absolute path or hf://datasets/OWNER/NAME)"
+    problem = _storage_uri(value)
+    return problem and problem.replace("(use s3://", "(use random, hf://datasets/, s3://")
+
+
+DATA_SOURCE = Grammar("data source", _data_source, 1024)
+
 
 # --- pip requirements ---------------------------------------------------------------------------------
 

@@ -724,6 +724,15 @@ def _attempt_failed(
     return Decision(retry, _cluster_actions(job, retry, security))
 
 
+def _data_unavailable(status: JobStatus) -> str | None:
+    """The message of the first rank (or the job's driver) that could not read spec.data, or None."""
+    for failure in status.rank_failures:
+        if failure.get("reason") == Reason.DATA_UNAVAILABLE:
+            message = str(failure.get("message", ""))
+            return message.removeprefix(f"{Reason.DATA_UNAVAILABLE}: ") or "the data source cannot be read"
+    return None
+
+
 def _track_job(
     job: Job, status: JobStatus, obs: Observed, package: str, security: render.Security, unreachable_timeout: float
 ) -> Decision:
@@ -751,6 +760,11 @@ def _track_job(
             return _finish(
                 job, status, obs, Phase.FAILED, Reason.TRANSPORT_FALLBACK, folded.transport_failure, stop_job=running
             )
+    unreadable = _data_unavailable(status)
+    if unreadable:
+        # Not retried: another attempt would read the same source. The ranks still waiting stop now.
+        running = obs.ray_job is not None and obs.ray_job.status not in RAY_TERMINAL
+        return _finish(job, status, obs, Phase.FAILED, Reason.DATA_UNAVAILABLE, unreadable, stop_job=running)
 
     info = obs.ray_job
     if obs.ray_error:

@@ -197,7 +197,8 @@ STATUS_SCHEMA: Schema = {
         "progress": _free(
             "object",
             "Training progress: step, total steps, loss, tokens per second, MFU, and lossHistory "
-            "(at most 64 [step, loss] points spanning the run).",
+            "(at most 64 [step, loss] points spanning the run); with a data source also epoch, samplesSeen, "
+            "tokensSeen, and evalLoss / evalStep of the last evaluation.",
         ),
         "transport": TRANSPORT_SCHEMA,
         "interconnect": _free("object", "Measured all-reduce and all-gather bus bandwidth against the floor."),
@@ -212,6 +213,7 @@ STATUS_SCHEMA: Schema = {
             "x-kubernetes-preserve-unknown-fields": True,
             "properties": {"step": _INT, "path": _text("path"), "seconds": {"type": "number", "nullable": True}},
         },
+        "output": _free("object", "The exported Hugging Face model (spec.output): path, step, seconds."),
         "timings": _free(
             "object",
             "Time to the first optimizer step (seconds, from rank 0's process start): toFirstStepSeconds, split into "
@@ -242,6 +244,7 @@ PRINTER_COLUMNS: list[Schema] = [
     {"name": "Transport", "type": "string", "jsonPath": ".status.transport.summary"},
     {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepOfTotal"},
     {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.progress.tokensPerSecond"},
+    {"name": "Eval Loss", "type": "number", "jsonPath": ".status.progress.evalLoss"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -420,6 +420,101 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class Data:
+    """What to train on: random tokens, or the documents of a data source, tokenized and packed into seqLen."""
+
+    source: str = declare(
+        "random: uniform random token ids (smoke tests, benchmarks). Else a file, directory or prefix: s3://, "
+        "gs://, file://, an absolute path (a PVC mounted in the image) or hf://datasets/OWNER/NAME. Unreadable or "
+        "empty: the job fails with reason DataUnavailable.",
+        default="random",
+        grammar=formats.DATA_SOURCE,
+        train="data",
+    )
+    format: Literal["jsonl", "parquet", "text", ""] = declare(
+        "jsonl, parquet or text (one document per non-empty line). Empty: from the file extension.",
+        default="",
+        train="data_format",
+    )
+    field: str = declare(
+        "The column holding each document's text (kind text) or its list of {role, content} messages (kind chat).",
+        default="text",
+        max_length=256,
+        train="data_field",
+    )
+    kind: Literal["text", "chat"] = declare(
+        "text: causal LM over packed documents. chat: each row is a conversation, rendered with the tokenizer's "
+        "chat template; the loss is on the assistant turns only.",
+        default="text",
+        train="data_kind",
+    )
+    tokenizer: str = declare(
+        "Hugging Face tokenizer id or directory (s3:// or a path). Empty: the model's own.",
+        default="",
+        grammar=formats.or_empty(formats.MODEL_NAME),
+        train="tokenizer",
+    )
+    validation_split: float = declare(
+        "Fraction of the documents held out for evaluation (chosen with shuffleSeed). 0: none.",
+        default=0.0,
+        minimum=0,
+        maximum=0.5,
+        train="validation_split",
+    )
+    validation_source: str = declare(
+        "A second source evaluated instead of a split (same format, field and kind). Empty: none.",
+        default="",
+        grammar=formats.or_empty(formats.DATA_SOURCE),
+        train="validation_data",
+    )
+    eval_every_steps: int = declare(
+        "Evaluate on the validation data every N steps, and after the last; 0: after the last step only.",
+        default=0,
+        minimum=0,
+        maximum=MAX_STEPS,
+        train="eval_every_steps",
+    )
+    document_mask: bool = declare(
+        "Restart position ids at every document of a packed sequence, so attention stays inside each document "
+        "(with sdpa a block-diagonal mask, slower than the plain causal kernel: docs/data.md). false: attention "
+        "spans the documents of a sequence, plain causal.",
+        default=True,
+        train="document_mask",
+    )
+    shuffle_seed: int = declare(
+        "Seed of the order of the packed sequences in each epoch (and of validationSplit).",
+        default=0,
+        minimum=0,
+        maximum=2**32 - 1,
+        train="shuffle_seed",
+    )
+    epochs: int = declare(
+        "Passes over the data: training stops after training.steps or after this many epochs, whichever comes "
+        "first. 0: no limit (the data repeats, reshuffled).",
+        default=0,
+        minimum=0,
+        maximum=1_000_000,
+        train="epochs",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """The trained model, written as a Hugging Face directory (config, safetensors, tokenizer, generation config)."""
+
+    storage: str = declare(
+        "Where to write it: s3://BUCKET/prefix, gs://BUCKET/prefix, file:///path or an absolute path. Its path "
+        "goes into status.output. Empty: no export (the DCP checkpoints are for resuming only).",
+        default="",
+        grammar=formats.STORAGE_URI,
+        train="output_path",
+    )
+    every_checkpoint: bool = declare(
+        "Also export at each checkpoint, into <storage>/step_NNNNNNNN.", default=False, train="export_every_checkpoint"
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class Training:
     """The bundled FSDP training function's parameters."""
 
@@ -575,6 +670,8 @@ class Spec:
     network: Network = declare(Network.__doc__ or "", factory=Network)
     placement: Placement = declare(Placement.__doc__ or "", factory=Placement)
     training: Training = declare(Training.__doc__ or "", factory=Training)
+    data: Data = declare(Data.__doc__ or "", factory=Data)
+    output: Output = declare(Output.__doc__ or "", factory=Output)
     runtime_env: RuntimeEnv = declare(RuntimeEnv.__doc__ or "", factory=RuntimeEnv)
     run_policy: RunPolicy = declare(RunPolicy.__doc__ or "", factory=RunPolicy)
 
@@ -751,7 +848,7 @@ def parse_job(manifest: Any) -> Job:
 
 
 # TrainConfig fields no spec field sets (yet); a declared field with the same `train=` name wins.
-TRAIN_CONSTANTS: dict[str, Any] = {"data": "random"}
+TRAIN_CONSTANTS: dict[str, Any] = {}
 
 
 def train_config(spec: Spec) -> TrainConfig:

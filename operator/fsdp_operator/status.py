@@ -21,7 +21,9 @@ from fsdp_train.events import (
     MAX_COUNT,
     TRUNCATED,
     Checkpoint,
+    Evaluation,
     Event,
+    Export,
     Failure,
     Placement,
     Probe,
@@ -82,6 +84,8 @@ class Reason(StrEnum):
     """A RayCluster (or the job's auth Secret) under the job's name exists and was not created for this job."""
     TRANSPORT_FALLBACK = transport_mod.FAILURE_REASON
     SUSPENDED = "Suspended"
+    DATA_UNAVAILABLE = "DataUnavailable"
+    """spec.data.source cannot be read, holds no documents, or too few for one global batch."""
 
 
 # Reasons posted as Warning events (everything in phase Failed is a Warning too). Waiting for workers
@@ -133,6 +137,7 @@ _FAILURE_REASONS = frozenset(
         Reason.CLUSTER_LOST,
         Reason.CLUSTER_NAME_TAKEN,
         Reason.TRANSPORT_FALLBACK,
+        Reason.DATA_UNAVAILABLE,
     }
 )
 
@@ -314,6 +319,8 @@ class JobStatus:
     probes: list[dict[str, Any]] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
     checkpoint: dict[str, Any] = field(default_factory=dict)
+    output: dict[str, Any] = field(default_factory=dict)
+    """The exported Hugging Face directory: path, step, seconds (spec.output)."""
     timings: dict[str, Any] = field(default_factory=dict)
     """Where the time to the first step went (rank 0's ``timings`` event)."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
@@ -354,6 +361,7 @@ class JobStatus:
             "probes": self.probes,
             "result": self.result,
             "checkpoint": self.checkpoint,
+            "output": self.output,
             "timings": self.timings,
             "rankFailures": self.rank_failures,
             "workerRestarts": self.worker_restarts,
@@ -406,6 +414,7 @@ class JobStatus:
             probes=listing("probes"),
             result=mapping("result"),
             checkpoint=mapping("checkpoint"),
+            output=mapping("output"),
             timings=mapping("timings"),
             rank_failures=listing("rankFailures"),
             worker_restarts=integer("workerRestarts"),
@@ -460,6 +469,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
         probes=[],
         result={},
         checkpoint={},
+        output={},
         rank_failures=[],
         worker_restarts=0,
         worker_group_start=None,
@@ -582,6 +592,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     progress = dict(status.progress)
     result = dict(status.result)
     checkpoint = dict(status.checkpoint)
+    output = dict(status.output)
     timings = dict(status.timings)
     probes = [dict(p) for p in status.probes]
     failures = [dict(f) for f in status.rank_failures]
@@ -637,6 +648,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             if event.step < _int(progress.get("step")):
                 continue  # an older line re-read after a restart
             history = _with_loss_point(progress.get("lossHistory"), event.step, _round(event.loss))
+            evaluation: dict[str, Any] = {k: progress[k] for k in ("evalLoss", "evalStep") if k in progress}
             progress = {
                 "step": event.step,
                 "totalSteps": event.total_steps,
@@ -654,6 +666,14 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress["peakMemoryBytes"] = event.peak_memory_bytes
             if history:
                 progress["lossHistory"] = history
+            if event.samples_seen:  # a data source (random tokens have no epochs)
+                progress.update(epoch=event.epoch, samplesSeen=event.samples_seen, tokensSeen=event.tokens_seen)
+            progress.update(evaluation)
+        elif isinstance(event, Evaluation):
+            if event.step >= int(progress.get("evalStep", 0)):
+                progress.update(evalLoss=_round(event.loss), evalStep=event.step)
+        elif isinstance(event, Export):
+            output = {"path": event.path, "step": event.step, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Timings):
@@ -682,10 +702,16 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 result["sharding"] = event.sharding
             if event.resumed_from_step:
                 result["resumedFromStep"] = event.resumed_from_step
+            if event.eval_loss is not None:
+                result["evalLoss"] = _round(event.eval_loss)
+            if event.epochs:
+                result["epochs"] = event.epochs
             if event.precision:
                 result["precision"] = event.precision
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
+            if event.reason:
+                failure["reason"] = event.reason[:64]
             if failure not in failures:
                 failures.append(failure)
 
@@ -695,6 +721,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         progress=progress,
         result=result,
         checkpoint=checkpoint,
+        output=output,
         timings=timings,
         probes=probes,
         rank_failures=failures[-16:],

@@ -43,6 +43,16 @@ def summary_lines(status: Mapping[str, Any], *, saved_to: str = "") -> list[str]
     first, last = result.get("firstLoss"), result.get("finalLoss", progress.get("loss"))
     if last is not None:
         lines.append("loss       " + (f"{_number(first)} -> " if first is not None else "") + _number(last))
+    if progress.get("evalLoss") is not None:
+        lines.append(f"eval loss  {_number(progress['evalLoss'])} after step {progress.get('evalStep', '-')}")
+    if progress.get("samplesSeen"):
+        lines.append(
+            f"data       epoch {progress.get('epoch', 0)}, {_number(progress['samplesSeen'])} sequences, "
+            f"{_number(progress.get('tokensSeen', 0))} tokens"
+        )
+    output = status.get("output") or {}
+    if output.get("path"):
+        lines.append(f"model      {output['path']} (step {output.get('step', '-')})")
     tokens = result.get("tokensPerSecond", progress.get("tokensPerSecond"))
     if tokens is not None:
         lines.append(f"tokens/s   {_number(tokens)}" + (f", MFU {_number(result['mfu'])}" if "mfu" in result else ""))

@@ -89,21 +89,25 @@ async def run_with(manifest: dict[str, Any], tmp_path: Path, scenario: Callable[
 def test_operator_sigkilled_during_training_the_job_still_succeeds_once(tmp_path: Path) -> None:
     manifest = copy.deepcopy(EXAMPLE)
     manifest["metadata"]["name"] = "tiny-kill"
-    manifest["spec"]["training"]["steps"] = 40
+    # Long enough to be killed in the middle (a tiny model's step takes a few hundredths of a second here).
+    manifest["spec"]["training"].update(steps=300, seqLen=256, batchSizePerRank=8)
+    manifest["spec"]["runPolicy"] = {"cleanup": "Keep"}  # Ray's job list is read after the job finished
 
     async def scenario(run: LocalRun) -> None:
         before = await until(run, lambda s: (s.get("progress") or {}).get("step", 0) >= 2, "training to run")
+        assert before["progress"]["step"] < 300, "training ended before the kill: make it longer"
         assert run.operator is not None
         os.killpg(run.operator.pid, signal.SIGKILL)  # the operator's whole process, no shutdown of any kind
         assert await run.operator.wait() == -signal.SIGKILL
         await run.start_operator()
         final = await until(run, lambda s: s.get("phase") in TERMINAL_PHASES, "the job to finish")
+        print(f"\nSIGKILL: killed at step {before['progress']['step']}; final {final['phase']}/{final['reason']}")
         address = await ray_address(run, "tiny-kill")
         jobs = await asyncio.to_thread(ray_jobs, address)
 
         assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
         assert final["attempts"] == 1 and final["submissionId"] == before["submissionId"]
-        assert final["progress"]["stepOfTotal"] == "40/40"
+        assert final["progress"]["stepOfTotal"] == "300/300"
         # One submission: Ray knows exactly one job, the recorded one; one RayCluster was ever created.
         assert [j.submission_id for j in jobs] == [before["submissionId"]]
         assert run.api.count("create", "rayclusters", "ray.io") == 1
@@ -111,18 +115,20 @@ def test_operator_sigkilled_during_training_the_job_still_succeeds_once(tmp_path
     asyncio.run(run_with(manifest, tmp_path, scenario))
 
 
-CHECKPOINT_INTERVAL = 5
+CHECKPOINT_INTERVAL = 20
+STEPS = 400
 
 
 def test_a_lost_worker_node_restarts_training_from_the_latest_checkpoint(tmp_path: Path) -> None:
     manifest = copy.deepcopy(EXAMPLE)
     manifest["metadata"]["name"] = "tiny-lost"
     spec = manifest["spec"]
-    # Two worker nodes of 2 CPUs, one rank each: the surviving node can hold both ranks after the restart.
+    # Two worker nodes of 2 CPUs for 2 ranks (Ray Train packs them on one node): the other node can hold both
+    # ranks once the first is gone.
     spec["workers"].update(replicas=2, ranksPerWorker=1, cpu="2")
-    spec["training"].update(steps=60, checkpoint={"storage": str(tmp_path / "checkpoints"),
-                                                  "intervalSteps": CHECKPOINT_INTERVAL})  # fmt: skip
-    spec["runPolicy"] = {"maxWorkerRestarts": 2}
+    checkpoint = {"storage": str(tmp_path / "checkpoints"), "intervalSteps": CHECKPOINT_INTERVAL}
+    spec["training"].update(steps=STEPS, seqLen=256, batchSizePerRank=8, checkpoint=checkpoint)
+    spec["runPolicy"] = {"maxWorkerRestarts": 2, "cleanup": "Keep"}  # the job's log is read after it finished
 
     async def scenario(run: LocalRun) -> None:
         def mid_training(s: Status) -> bool:
@@ -130,13 +136,15 @@ def test_a_lost_worker_node_restarts_training_from_the_latest_checkpoint(tmp_pat
             return checkpointed >= 2 * CHECKPOINT_INTERVAL and int(s["progress"]["step"]) > checkpointed + 1
 
         during = await until(run, mid_training, "a checkpoint and a few steps past it")
-        # Kill every Ray process of the node that runs rank 1 (raylet, object store, the rank's worker).
+        # Kill every Ray process of the node that runs rank 1 (raylet, object store, the ranks' workers).
         (pod,) = [r["pod"] for r in during["ranks"] if r["rank"] == 1]
         (cluster,) = run.kuberay.clusters.values()
         (node,) = [n for n in cluster.nodes if n.pod_name == pod]
         kill_marked(node.marker)
 
         final = await until(run, lambda s: s.get("phase") in TERMINAL_PHASES, "the job to finish")
+        print(f"\nLOST WORKER: killed {pod} at step {during['progress']['step']}; final {final['phase']}/"
+              f"{final['reason']} {final.get('message')}, workerRestarts {final.get('workerRestarts')}")  # fmt: skip
         address = await ray_address(run, "tiny-lost")
         events = list(parse_lines((await asyncio.to_thread(ray_log, address, final["submissionId"])).splitlines()))
 
@@ -150,7 +158,7 @@ def test_a_lost_worker_node_restarts_training_from_the_latest_checkpoint(tmp_pat
         (summary,) = [e for e in events if isinstance(e, Summary) and e.rank == 0]
         resumed = summary.resumed_from_step
         assert resumed % CHECKPOINT_INTERVAL == 0 and resumed >= 2 * CHECKPOINT_INTERVAL
-        assert after[0] == resumed + 1 and after[-1] == 60
+        assert after[0] == resumed + 1 and after[-1] == STEPS
         lost = max(before) - resumed
         print(f"\nLOST WORKER: last step before {max(before)}, resumed from {resumed}, steps lost {lost}")
         assert 0 <= lost <= CHECKPOINT_INTERVAL

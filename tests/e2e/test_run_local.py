@@ -6,6 +6,7 @@ Assertions read the status the operator wrote (the FSDPTrainingJob that `--statu
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -113,3 +114,64 @@ def test_bad_yaml_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "not valid YAML" in proc.stderr and "Traceback" not in proc.stderr
     assert proc.stdout == ""  # nothing started: no API server, no work dir, no Ray
+
+
+# A loss no model can reach on random tokens: over the tokenizer's 500 ids, uniform random tokens have an
+# entropy of ln(500) = 6.21 nats per token, and a cross-entropy is never below the entropy of what it
+# predicts. The generated corpus repeats 16 fixed phrases, so a model that learned them goes far lower.
+RANDOM_TOKEN_FLOOR = math.log(500)
+LEARNED_BOUND = 2.0
+# bf16 export: every weight is rounded to 8 significant bits (relative error <= 2^-8); through two
+# tiny blocks that moves the logits by a few hundredths. Random weights of the same shape would differ by ~1.
+LOGIT_TOLERANCE = 0.1
+
+
+def test_a_data_job_learns_evaluates_exports_and_the_export_reloads(tmp_path: Path) -> None:
+    import torch
+    from support.tiny_hf import documents, save_tiny_model, write_jsonl
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"text": d} for d in documents(240)])
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"]["name"] = "tiny-data"
+    spec = manifest["spec"]
+    spec["model"] = {"name": str(model_dir), "init": "pretrained"}
+    spec["data"] = {"source": str(corpus), "validationSplit": 0.1, "evalEverySteps": 10, "shuffleSeed": 1}
+    spec["output"] = {"storage": str(tmp_path / "export")}
+    spec["training"].update(steps=40, learningRate=0.01, lrSchedule="constant", warmupSteps=0, seqLen=64)
+    spec["training"]["checkpoint"] = {"storage": str(tmp_path / "ckpt")}
+    path = tmp_path / "data.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    proc, job = run_local(path, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = job["status"]
+    assert status["phase"] == "Succeeded"
+
+    assert LEARNED_BOUND < RANDOM_TOKEN_FLOOR
+    assert status["result"]["finalLoss"] < LEARNED_BOUND, status["result"]
+    progress = status["progress"]
+    assert progress["evalStep"] == 40 and progress["evalLoss"] < LEARNED_BOUND, progress
+    assert status["result"]["evalLoss"] == progress["evalLoss"]
+    assert progress["samplesSeen"] == 40 * 8 and progress["tokensSeen"] == 40 * 8 * 64
+    assert progress["epoch"] >= 1  # 216 training documents make fewer than 40 steps of 8 sequences
+    assert "EVAL LOSS" in proc.stdout and f"eval loss {progress['evalLoss']} after step 40" in proc.stdout
+    assert status["output"]["path"] == str(tmp_path / "export") and status["output"]["step"] == 40
+
+    # The trained model is the last checkpoint (the one resume would load); the export must match it.
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(status["checkpoint"]["path"], tmp_path / "trained.pt")
+    trained_state = torch.load(tmp_path / "trained.pt", weights_only=False)["model"]
+    trained = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    missing, unexpected = trained.load_state_dict(trained_state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to the embedding
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export")
+    assert exported.dtype == torch.bfloat16 and exported.config.tie_word_embeddings
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "export")
+    prompt = tokenizer("the red fox jumps over the", return_tensors="pt")
+    with torch.no_grad():
+        want = trained(**prompt).logits
+        got = exported.float()(**prompt).logits
+    assert (got - want).abs().max().item() < LOGIT_TOLERANCE
+    assert tokenizer.decode(int(got[0, -1].argmax())).strip() == "lazy"  # it learned the phrase

@@ -53,16 +53,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def torchrun_cmd(nproc: int, cfg: dict[str, Any], *, nnodes: int = 1, node_rank: int = 0, port: int) -> list[str]:
+def torchrun_cmd(
+    nproc: int, cfg: dict[str, Any], *, nnodes: int = 1, node_rank: int = 0, port: int | None = None
+) -> list[str]:
+    """One node: `--standalone`, torchrun picks a free port itself. Several: the port both agents meet on."""
+    where = (
+        ["--standalone"]
+        if port is None
+        else [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--master-addr=127.0.0.1", f"--master-port={port}"]
+    )
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        f"--nnodes={nnodes}",
-        f"--node-rank={node_rank}",
+        *where,
         f"--nproc-per-node={nproc}",
-        "--master-addr=127.0.0.1",
-        f"--master-port={port}",
         "-m",
         "fsdp_train",
         "--config-json",
@@ -82,7 +87,7 @@ def events_of(output: str) -> list[Event]:
 
 def launch(nproc: int, cfg: dict[str, Any], **env: str) -> list[Event]:
     proc = subprocess.run(
-        torchrun_cmd(nproc, cfg, port=free_port()),
+        torchrun_cmd(nproc, cfg),
         env=run_env(**env),
         capture_output=True,
         text=True,
@@ -165,6 +170,8 @@ def test_resume_follows_the_uninterrupted_run(fsdp_run: tuple[list[Event], Path]
 @pytest.mark.slow  # two ranks as two nodes, fast: tests/unit/training/test_loop_cpu.py
 def test_two_nodes_report_placement_and_train_hybrid(single_process: dict[int, float]) -> None:
     """Two torchrun agents (node ranks 0 and 1) of 2 ranks each; sharding=auto must pick HSDP."""
+    # Two agents must meet on one port, so it is chosen here; the window until node 0's agent binds it is
+    # the one place left where another process could take it first (the run then fails with EADDRINUSE).
     port = free_port()
     # A threshold no loopback link reaches, so auto resolves to hybrid from the measured probe.
     cfg = config(4, sharding="auto", min_cross_node_gbps=1e6)

@@ -133,7 +133,7 @@ def test_kubectl_fsdptrainingjob_printer_columns(kubeconfig: Path) -> None:
     run_kubectl(kubeconfig, "apply", "-f", str(example))
     name = yaml.safe_load(example.read_text())["metadata"]["name"]
     listing = run_kubectl(kubeconfig, "get", "trainingjobs").stdout
-    assert _header(listing) == ["NAME", "PHASE", "WORKERS", "TRANSPORT", "STEP", "TOKENS/S", "AGE"]
+    assert _header(listing) == ["NAME", "PHASE", "WORKERS", "TRANSPORT", "STEP", "TOKENS/S", "EVAL", "LOSS", "AGE"]
     status = {"phase": "Running", "workers": "2/2", "reason": "WorkersReady"}
     run_kubectl(
         kubeconfig,

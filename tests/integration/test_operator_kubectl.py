@@ -32,7 +32,17 @@ def test_apply_get_delete_with_kubectl(apiserver: ThreadedApiServer, kubeconfig:
             assert "created" in await kubectl("apply", "-f", str(EXAMPLE))
             await w.phase("Succeeded", name=NAME)
             header, row = (await kubectl("get", "trainingjobs")).splitlines()
-            assert header.split() == ["NAME", "PHASE", "WORKERS", "TRANSPORT", "STEP", "TOKENS/S", "AGE"]
+            assert header.split() == [
+                "NAME",
+                "PHASE",
+                "WORKERS",
+                "TRANSPORT",
+                "STEP",
+                "TOKENS/S",
+                "EVAL",
+                "LOSS",
+                "AGE",
+            ]
             assert row.split()[:6] == [NAME, "Succeeded", "2/2", "efa", "3/3", "8192"]
             assert "unchanged" in await kubectl("apply", "-f", str(EXAMPLE))
             # Re-applying the same YAML is a no-op: no second cluster, no second submission.

@@ -22,7 +22,9 @@ from fsdp_operator.status import JobStatus, Phase, Reason
 from fsdp_train.events import (
     EVENT_TYPES,
     Checkpoint,
+    Evaluation,
     Event,
+    Export,
     Failure,
     Placement,
     Probe,
@@ -105,7 +107,13 @@ EVENTS: list[Event] = [
         mfu=0.412345,
         step_seconds=1.234567,
         peak_memory_bytes=21474836480,
+        epoch=2,
+        samples_seen=2496,
+        tokens_seen=5111808,
+        samples_digest="3f9a0c1d2e4b",
     ),
+    Evaluation(rank=0, time=4.7, step=39, loss=1.987654, tokens=65000, seconds=2.5),
+    Export(rank=0, time=6.7, step=40, path="s3://bucket/qwen/model", seconds=45.678),
     Checkpoint(rank=0, time=5.5, step=39, path="s3://bucket/qwen/step_00000039", seconds=12.3456),
     Summary(
         rank=0,
@@ -118,6 +126,8 @@ EVENTS: list[Event] = [
         seconds=321.987,
         sharding="hybrid",
         resumed_from_step=20,
+        eval_loss=1.9,
+        epochs=3,
         precision="fp8",
     ),
     Timings(
@@ -130,7 +140,12 @@ EVENTS: list[Event] = [
         first_step_seconds=14.2156,
         compile_cache="cold",
     ),
-    Failure(rank=0, time=7.5, message="RuntimeError: CUDA error: an illegal memory access was encountered"),
+    Failure(
+        rank=0,
+        time=7.5,
+        message="RuntimeError: CUDA error: an illegal memory access was encountered",
+        reason="CudaError",
+    ),
 ]
 
 # event kind -> field -> where the status keeps it (dotted path), or None with the reason it is not kept.
@@ -178,7 +193,26 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
         "mfu": "progress.mfu",
         "step_seconds": "progress.stepSeconds",
         "peak_memory_bytes": "progress.peakMemoryBytes",
+        "epoch": "progress.epoch",
+        "samples_seen": "progress.samplesSeen",
+        "tokens_seen": "progress.tokensSeen",
+        "samples_digest": (None, "a fingerprint of the step's samples, for checking resumes in the log"),
         "rank": (None, "only rank 0 reports steps"),
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+    "evaluation": {
+        "step": "progress.evalStep",
+        "loss": "progress.evalLoss",
+        "tokens": (None, "how many targets the mean is over: diagnostic, in the log"),
+        "seconds": (None, "diagnostic, in the log"),
+        "rank": (None, "only rank 0 reports the evaluation"),
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+    "export": {
+        "step": "output.step",
+        "path": "output.path",
+        "seconds": "output.seconds",
+        "rank": (None, "only rank 0 reports the export"),
         "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
     },
     "checkpoint": {
@@ -197,6 +231,8 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
         "seconds": "result.seconds",
         "sharding": "result.sharding",
         "resumed_from_step": "result.resumedFromStep",
+        "eval_loss": "result.evalLoss",
+        "epochs": "result.epochs",
         "precision": "result.precision",
         "rank": (None, "rank 0's summary is the job's result; the others are skipped"),
         "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
@@ -214,6 +250,7 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
     "failure": {
         "rank": "rankFailures.0.rank",
         "message": "rankFailures.0.message",
+        "reason": "rankFailures.0.reason",
         "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
     },
 }
@@ -247,6 +284,14 @@ EXPECTED_VALUES: dict[str, Any] = {
     "progress.mfu": 0.4123,
     "progress.stepSeconds": 1.2346,
     "progress.peakMemoryBytes": 21474836480,
+    "progress.epoch": 2,
+    "progress.samplesSeen": 2496,
+    "progress.tokensSeen": 5111808,
+    "progress.evalStep": 39,
+    "progress.evalLoss": 1.9877,
+    "output.step": 40,
+    "output.path": "s3://bucket/qwen/model",
+    "output.seconds": 45.68,
     "checkpoint.step": 39,
     "checkpoint.path": "s3://bucket/qwen/step_00000039",
     "checkpoint.seconds": 12.35,
@@ -258,6 +303,8 @@ EXPECTED_VALUES: dict[str, Any] = {
     "result.seconds": 321.99,
     "result.sharding": "hybrid",
     "result.resumedFromStep": 20,
+    "result.evalLoss": 1.9,
+    "result.epochs": 3,
     "result.precision": "fp8",
     "timings.toFirstStepSeconds": 29.89,
     "timings.startupSeconds": 5.99,
@@ -267,6 +314,7 @@ EXPECTED_VALUES: dict[str, Any] = {
     "timings.compileCache": "cold",
     "rankFailures.0.rank": 0,
     "rankFailures.0.message": "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "rankFailures.0.reason": "CudaError",
 }
 
 

@@ -15,12 +15,14 @@ def test_a_line_is_the_prefix_and_compact_sorted_json() -> None:
 
 def test_emit_writes_one_line_at_once(capsys: pytest.CaptureFixture[str]) -> None:
     emit(Failure(rank=2, time=1.0, message="boom"))
-    assert capsys.readouterr().out == 'FSDP_EVENT {"kind":"failure","message":"boom","rank":2,"time":1.0,"v":1}\n'
+    assert capsys.readouterr().out == (
+        'FSDP_EVENT {"kind":"failure","message":"boom","rank":2,"reason":"","time":1.0,"v":1}\n'
+    )
 
 
 def test_as_dict_carries_the_kind() -> None:
     assert as_dict(Failure(rank=2, time=1.0, message="boom")) == {"kind": "failure", "rank": 2, "time": 1.0,
-                                                                   "message": "boom"}  # fmt: skip
+                                                                   "message": "boom", "reason": ""}  # fmt: skip
 
 
 def test_the_first_prefix_on_a_line_starts_the_event() -> None:

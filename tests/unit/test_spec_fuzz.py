@@ -85,6 +85,12 @@ SAMPLES: dict[str, tuple[list[Any], list[Any]]] = {
         ["--pre", "a b c", "x @ http://[::1"],
     ),
     formats.MODEL_NAME.name: (["Qwen/Qwen2.5-1.5B", "/models/tiny"], ["../x", ""]),
+    f"{formats.MODEL_NAME.name} or empty": (["", "Qwen/Qwen2.5-1.5B-Instruct", "s3://bkt/tok"], ["../x", "a b"]),
+    formats.DATA_SOURCE.name: (
+        ["random", "s3://bucket/corpus/", "/data/train.jsonl", "hf://datasets/owner/name"],
+        ["", "hf://models/x", "ftp://h/x", "s3://b/../x"],
+    ),
+    f"{formats.DATA_SOURCE.name} or empty": (["", "/data/val.jsonl"], ["hf://datasets/x", "s3://"]),
     formats.RAY_VERSION.name: (["2.58.0", "2.58.0rc1"], ["latest"]),
     formats.INTERFACE_NAMES.name: (["eth0", "^lo,docker", "ens"], ["eth 0"]),
     formats.CONFIG_KEY.name: (["hidden_size", "num_hidden_layers", "vocab_size"], ["1x"]),

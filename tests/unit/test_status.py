@@ -22,6 +22,7 @@ from fsdp_operator.status import (
 )
 from fsdp_train.events import (
     Checkpoint,
+    Evaluation,
     Event,
     Failure,
     Placement,
@@ -93,7 +94,8 @@ def test_round_trip_and_empty_fields_left_out() -> None:
 
 def test_printer_columns_read_what_status_writes() -> None:
     status = JobStatus(phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, workers="2/2")
-    folded = fold_events(job(), status, [step(12), Transport(rank=0, transport="efa")], now=NOW).status
+    events = [step(12), Transport(rank=0, transport="efa"), Evaluation(rank=0, step=12, loss=2.5)]
+    folded = fold_events(job(), status, events, now=NOW).status
     raw = {"status": folded.to_dict()}
     for column in schema.PRINTER_COLUMNS:
         path = column["jsonPath"].lstrip(".").split(".")

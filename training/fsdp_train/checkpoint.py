@@ -10,7 +10,7 @@ import contextlib
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,34 +30,45 @@ def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def app_state(model: nn.Module, optimizer: Optimizer, step: int) -> dict[str, Any]:
+Extra = Mapping[str, Any]
+"""More state to save and restore beside model and optimizer: DCP ``Stateful`` objects by name (the data position)."""
+
+
+def app_state(model: nn.Module, optimizer: Optimizer, step: int, extra: Extra | None = None) -> dict[str, Any]:
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    return {"model": model_sd, "optim": optim_sd, "train": {"step": step}}
+    return {"model": model_sd, "optim": optim_sd, "train": {"step": step}, **(extra or {})}
 
 
-def load_into(model: nn.Module, optimizer: Optimizer, checkpoint_id: str) -> None:
-    """Load a DCP snapshot in place: a directory, or a URI (DCP picks its fsspec reader by itself)."""
-    state = app_state(model, optimizer, 0)
+def load_into(model: nn.Module, optimizer: Optimizer, checkpoint_id: str, extra: Extra | None = None) -> None:
+    """Load a DCP snapshot in place: a directory, or a URI (DCP picks its fsspec reader by itself).
+
+    DCP calls ``load_state_dict`` on the ``Stateful`` objects in ``extra`` itself.
+    """
+    state = app_state(model, optimizer, 0, extra)
     dcp_load(state, checkpoint_id=checkpoint_id)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 class Checkpointer(Protocol):
-    def restore(self, model: nn.Module, optimizer: Optimizer) -> int:
-        """Load the latest checkpoint into model and optimizer; return its step (0 when none)."""
+    def restore(self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None) -> int:
+        """Load the latest checkpoint into model, optimizer and ``extra``; return its step (0 when none)."""
         ...
 
-    def save(self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any]) -> str:
+    def save(
+        self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any], extra: Extra | None = None
+    ) -> str:
         """Save a snapshot after ``step``; return where it went."""
         ...
 
 
 @dataclass(slots=True)
 class NoCheckpoints:
-    def restore(self, model: nn.Module, optimizer: Optimizer) -> int:
+    def restore(self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None) -> int:
         return 0
 
-    def save(self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any]) -> str:
+    def save(
+        self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any], extra: Extra | None = None
+    ) -> str:
         return ""
 
 
@@ -99,7 +110,7 @@ class DirectoryCheckpoints:
     def _path(self, step: int) -> str:
         return f"{self.root.rstrip('/')}/{step_dir_name(step)}"
 
-    def restore(self, model: nn.Module, optimizer: Optimizer) -> int:
+    def restore(self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None) -> int:
         # Rank 0 lists and decides: ranks listing at different moments could disagree, and on object
         # storage every listing costs requests.
         steps = self.complete_steps() if dist.get_rank() == 0 else []
@@ -107,14 +118,16 @@ class DirectoryCheckpoints:
         dist.broadcast_object_list(chosen, src=0)
         step = int(chosen[0])
         if step:
-            load_into(model, optimizer, self._path(step))
+            load_into(model, optimizer, self._path(step), extra)
         return step
 
-    def save(self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any]) -> str:
+    def save(
+        self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any], extra: Extra | None = None
+    ) -> str:
         path = self._path(step)
         if not self.is_uri:
             Path(path).mkdir(parents=True, exist_ok=True)
-        dcp_save(app_state(model, optimizer, step), checkpoint_id=path)
+        dcp_save(app_state(model, optimizer, step, extra), checkpoint_id=path)
         dist.barrier()
         if dist.get_rank() == 0:
             self._prune()
@@ -134,17 +147,19 @@ class RayCheckpoints:
     reports it; Ray merges the ranks' files into one checkpoint in the run's storage and hands the
     latest back through ``ray.train.get_checkpoint()`` after a worker-group restart."""
 
-    def restore(self, model: nn.Module, optimizer: Optimizer) -> int:
+    def restore(self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None) -> int:
         import ray.train
 
         checkpoint = ray.train.get_checkpoint()
-        return 0 if checkpoint is None else restore_ray_checkpoint(checkpoint, model, optimizer)
+        return 0 if checkpoint is None else restore_ray_checkpoint(checkpoint, model, optimizer, extra)
 
-    def save(self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any]) -> str:
+    def save(
+        self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any], extra: Extra | None = None
+    ) -> str:
         import ray.train
 
         with _staging() as staging:
-            dcp_save(app_state(model, optimizer, step), checkpoint_id=staging)
+            dcp_save(app_state(model, optimizer, step, extra), checkpoint_id=staging)
             ray.train.report(
                 metrics,
                 checkpoint=ray.train.Checkpoint.from_directory(staging),
@@ -154,7 +169,7 @@ class RayCheckpoints:
         return str(storage.build_checkpoint_path_from_name(step_dir_name(step)))
 
 
-def restore_ray_checkpoint(checkpoint: Any, model: nn.Module, optimizer: Optimizer) -> int:
+def restore_ray_checkpoint(checkpoint: Any, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None) -> int:
     """Load a ``ray.train.Checkpoint`` into model and optimizer; return its step.
 
     The step comes from the checkpoint's name in storage: from remote storage (S3, GCS) Ray downloads
@@ -164,7 +179,7 @@ def restore_ray_checkpoint(checkpoint: Any, model: nn.Module, optimizer: Optimiz
     if m is None:
         raise ValueError(f"checkpoint {checkpoint.path} is not named step_NNNNNNNN")
     with checkpoint.as_directory() as directory:
-        load_into(model, optimizer, directory)
+        load_into(model, optimizer, directory, extra)
     return int(m.group(1))
 
 

@@ -18,9 +18,14 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "lr_schedule": ("constant", "cosine"),
     "sharding": ("full", "hybrid", "auto"),
     "mixed_precision": ("bf16", "fp32"),
+    "data_format": ("", "jsonl", "parquet", "text"),
+    "data_kind": ("text", "chat"),
     "precision": ("bf16", "fp8", "auto"),
-    "data": ("random",),
 }
+
+RANDOM_DATA = "random"
+DATA_SCHEMES = ("s3://", "gs://", "file://", "hf://datasets/", "/")
+"""Where data, weights and the exported model may live: object storage, the hub (data), or a path."""
 
 
 class ConfigError(ValueError):
@@ -90,8 +95,37 @@ class TrainConfig:
     restart or a second run reuses the compiled kernels; empty: the default per-process temporary cache."""
     seed: int = 0
     """Seed of the weight init and of the random data."""
-    data: str = "random"
-    """Where the tokens come from; ``random``: uniform random token ids, the same for every run with one seed."""
+    data: str = RANDOM_DATA
+    """Where the tokens come from: ``random`` (uniform random token ids, the same for every run with one
+    seed), or a file, directory or prefix: ``s3://``, ``gs://``, ``hf://datasets/OWNER/NAME``, a path."""
+    data_format: str = ""
+    """``jsonl``, ``parquet`` or ``text`` (one document per non-empty line); empty: from the file extension."""
+    data_field: str = "text"
+    """The column holding each document's text (``kind: text``) or its ``messages`` (``kind: chat``)."""
+    data_kind: str = "text"
+    """``text``: causal LM over packed documents; ``chat``: the field holds a list of ``{role, content}``
+    messages, rendered with the tokenizer's chat template, with the loss on assistant tokens only."""
+    tokenizer: str = ""
+    """The tokenizer's directory or id; empty: the model's own (``model``)."""
+    validation_split: float = 0.0
+    """Fraction (0..0.5) of the documents held out for evaluation, chosen with ``shuffle_seed``."""
+    validation_data: str = ""
+    """A second source evaluated instead of a split (same format, field and kind)."""
+    eval_every_steps: int = 0
+    """Evaluate every N steps (and after the last); 0: only after the last step."""
+    document_mask: bool = True
+    """Restart position ids at every document of a packed row, so attention stays inside documents (Hugging
+    Face turns the restarts into a block-diagonal mask for sdpa, or sequence boundaries for flash-attention);
+    false: positions run through the row and attention spans its documents (plain causal, the fastest kernel)."""
+    shuffle_seed: int = 0
+    """Seed of the per-epoch order of the packed sequences (and of the validation split)."""
+    epochs: int = 0
+    """Passes over the data; training stops after ``steps`` or after this many epochs, whichever comes
+    first. 0: no limit (the data repeats, reshuffled, until ``steps``)."""
+    output_path: str = ""
+    """Where to write the trained model as a Hugging Face directory (path or ``s3://``); empty: no export."""
+    export_every_checkpoint: bool = False
+    """Also export the model at each checkpoint (into ``<output_path>/step_NNNNNNNN``)."""
     checkpoint_path: str = ""
     """Directory or fsspec URI for ``torch.distributed.checkpoint`` snapshots; empty: no checkpoints."""
     checkpoint_interval: int = 0
@@ -116,7 +150,16 @@ class TrainConfig:
         for name in ("steps", "seq_len", "batch_size_per_rank", "grad_accum"):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, "must be greater than 0.")
-        for name in ("warmup_steps", "checkpoint_interval", "probe_size_bytes", "seed", "loss_chunk_tokens"):
+        for name in (
+            "warmup_steps",
+            "checkpoint_interval",
+            "probe_size_bytes",
+            "seed",
+            "loss_chunk_tokens",
+            "eval_every_steps",
+            "shuffle_seed",
+            "epochs",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(name, "must be 0 or greater.")
         if self.warmup_steps >= self.steps and self.warmup_steps > 0:
@@ -127,6 +170,39 @@ class TrainConfig:
             value = getattr(self, name)
             if not (value >= 0 and math.isfinite(value)):
                 raise ConfigError(name, "must be 0 or greater.")
+
+        self._check_data()
+
+    def _check_data(self) -> None:
+        p = self.PREFIX
+        if self.data != RANDOM_DATA and not self.data.startswith(DATA_SCHEMES):
+            raise ConfigError(
+                "data", f"must be random or a location starting with {', '.join(DATA_SCHEMES)}; got {self.data!r}."
+            )
+        if self.validation_data and not self.validation_data.startswith(DATA_SCHEMES):
+            raise ConfigError(
+                "validation_data", f"must start with {', '.join(DATA_SCHEMES)}; got {self.validation_data!r}."
+            )
+        for name in ("model", "tokenizer", "output_path"):
+            value = getattr(self, name)
+            if value.startswith("hf://"):
+                raise ConfigError(name, "must not be an hf:// location (that is for data sets); use the model's id.")
+        if self.output_path and not self.output_path.startswith(DATA_SCHEMES):
+            raise ConfigError("output_path", f"must start with {', '.join(DATA_SCHEMES)}; got {self.output_path!r}.")
+        if not (0.0 <= self.validation_split <= 0.5):
+            raise ConfigError("validation_split", f"must be between 0 and 0.5; got {self.validation_split}.")
+        if self.validation_split and self.validation_data:
+            raise ConfigError("validation_split", f"and {p}.validation_data exclude each other: set one.")
+        if self.data == RANDOM_DATA and (self.validation_split or self.validation_data):
+            raise ConfigError("validation_split", "needs a data source other than random.")
+        if self.export_every_checkpoint and not self.output_path:
+            raise ConfigError("export_every_checkpoint", f"needs {p}.output_path.")
+        if not self.data_field:
+            raise ConfigError("data_field", "must not be empty.")
+
+    @property
+    def has_validation(self) -> bool:
+        return bool(self.validation_split or self.validation_data)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:

@@ -106,6 +106,35 @@ class Step(Event):
     """Model FLOPs utilisation, 0..1; None on CPU (no known peak)."""
     step_seconds: float = 0.0
     peak_memory_bytes: int = 0
+    epoch: int = 0
+    """Epoch of the data this step trained on (0-based); 0 with random data."""
+    samples_seen: int = 0
+    """Packed sequences trained on so far, all ranks and epochs (a resumed run counts the earlier ones)."""
+    tokens_seen: int = 0
+    samples_digest: str = ""
+    """A fingerprint of this step's sample ids in order (``fsdp_train.data.samples_digest``)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Evaluation(Event):
+    """Loss on the validation data (rank 0 reports the mean over all ranks)."""
+
+    kind: ClassVar[str] = "evaluation"
+    step: int
+    loss: float
+    tokens: int = 0
+    """Target tokens the loss is the mean over."""
+    seconds: float = 0.0
+
+
+@dataclass(kw_only=True, slots=True)
+class Export(Event):
+    """The model was written as a Hugging Face directory (rank 0 reports)."""
+
+    kind: ClassVar[str] = "export"
+    step: int
+    path: str
+    seconds: float = 0.0
 
 
 @dataclass(kw_only=True, slots=True)
@@ -132,6 +161,9 @@ class Summary(Event):
     sharding: str = ""
     """The sharding actually used (``full`` or ``hybrid``), after ``auto`` was resolved."""
     resumed_from_step: int = 0
+    eval_loss: float | None = None
+    epochs: int = 0
+    """Epochs begun (1 while the first is running); 0 with random data."""
     precision: str = ""
     """The matmul precision actually used (``bf16``, ``fp8``, or ``fp32`` without mixed precision)."""
 
@@ -161,10 +193,13 @@ class Failure(Event):
 
     kind: ClassVar[str] = "failure"
     message: str
+    reason: str = ""
+    """A reason the operator maps to the job's (``DataUnavailable``); empty for any other error."""
 
 
 EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls for cls in (Placement, Transport, Probe, Step, Checkpoint, Summary, Timings, Failure)
+    cls.kind: cls
+    for cls in (Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Timings, Failure)
 }
 
 

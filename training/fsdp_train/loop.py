@@ -6,10 +6,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +20,19 @@ from torch import nn
 
 from fsdp_train import report
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
-from fsdp_train.config import TrainConfig
-from fsdp_train.events import Checkpoint, Failure, Probe, Summary, as_dict, emit
-from fsdp_train.loss import use_chunked_loss
+from fsdp_train.config import RANDOM_DATA, TrainConfig
+from fsdp_train.data import (
+    Packed,
+    Prepared,
+    TrainFeed,
+    check_usable,
+    eval_batches,
+    prepare_on_each_node,
+    samples_digest,
+    tokenizer_location,
+)
+from fsdp_train.events import Checkpoint, Evaluation, Export, Failure, Probe, Summary, as_dict, emit
+from fsdp_train.loss import IGNORE_INDEX, use_chunked_loss
 from fsdp_train.metrics import Backend, EventsBackend, Metrics, StepMetrics, flops_per_token, peak_flops
 from fsdp_train.model import (
     build_meta_model,
@@ -36,6 +47,15 @@ from fsdp_train.startup import StartupClock, configure_compile_cache
 
 FAIL_AT_STEP_ENV = "FSDP_TRAIN_FAIL_AT_STEP"
 """Fault injection: raise after step N (and its checkpoint) unless the run resumed at or past N."""
+KILL_AT_STEP_ENV = "FSDP_TRAIN_KILL_AT_STEP"
+"""Fault injection: ``RANK:STEP`` makes that rank kill itself (SIGKILL) after the step, in a run that did not resume."""
+
+PrepareData = Callable[[TrainConfig, Topology, str], Prepared]
+"""How a rank gets its packed data: tokenized on each node (torchrun), or from Ray Data's shards (Ray)."""
+
+
+def prepare_torchrun(cfg: TrainConfig, topo: Topology, tokenizer_dir: str) -> Prepared:
+    return prepare_on_each_node(cfg, tokenizer_dir, rank=topo.rank, local_rank=topo.local_rank)
 
 
 def random_tokens(
@@ -62,6 +82,7 @@ class Host:
     checkpointer: Checkpointer = field(default_factory=NoCheckpoints)
     backends: list[Backend] = field(default_factory=list)
     env: MutableMapping[str, str] = field(default_factory=lambda: os.environ)
+    prepare_data: PrepareData = prepare_torchrun
 
 
 def train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
@@ -69,7 +90,7 @@ def train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
     try:
         return _train(cfg, topo, host)
     except BaseException as e:
-        emit(Failure(rank=topo.rank, message=f"{type(e).__name__}: {e}"))
+        emit(Failure(rank=topo.rank, message=f"{type(e).__name__}: {e}", reason=getattr(e, "reason", "")))
         raise
 
 
@@ -118,8 +139,19 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     sharding = resolve_sharding(cfg.sharding, topo.num_nodes, cross_node_gbps, cfg.min_cross_node_gbps)
     clock.mark("probe")
 
+    # Data before weights: a source that cannot be read fails the job in seconds, not after a model load.
+    model_dir = _fetch_model(cfg, topo)
+    if model_dir is not None:
+        cfg = dataclasses.replace(cfg, model=model_dir)
+    feed, validation, tokenizer_dir = _prepare_data(cfg, topo, host, device)
+    if feed is not None:
+        cfg = dataclasses.replace(cfg, steps=feed.total_steps(cfg.steps, cfg.epochs))
+
     model, optimizer, config = build(cfg, topo, sharding, device)
-    resumed_from = host.checkpointer.restore(model, optimizer)
+    extra = {"data": feed.position} if feed is not None else {}
+    resumed_from = host.checkpointer.restore(model, optimizer, extra)
+    if feed is not None and resumed_from != feed.position.epoch * feed.steps_per_epoch + feed.position.step_in_epoch:
+        raise AssertionError(f"checkpoint of step {resumed_from} holds data position {feed.position}")
     clock.mark("build")
 
     device_name, _ = report.device_identity(device)
@@ -133,25 +165,50 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     )
     fail_at = int(env.get(FAIL_AT_STEP_ENV, "0") or 0)
     tokens_per_step = topo.world_size * cfg.tokens_per_rank_per_step
+    eval_loss: float | None = None
     for step in range(resumed_from + 1, cfg.steps + 1):
         t0 = time.perf_counter()
-        loss = train_step(cfg, topo, model, optimizer, step, sharding, device, config.vocab_size)
+        progress: dict[str, Any] = {}
+        if feed is None:
+            loss = train_step(cfg, topo, model, optimizer, step, sharding, device, config.vocab_size)
+        else:
+            epoch = feed.position.epoch
+            batches, sample_ids = feed.next_step()
+            loss = train_step(cfg, topo, model, optimizer, step, sharding, device, config.vocab_size, batches)
+            feed.finish_step()
+            progress = {
+                "epoch": epoch,
+                "samples_seen": feed.position.samples_seen,
+                "tokens_seen": feed.position.samples_seen * feed.seq_len,
+                "samples_digest": samples_digest(sample_ids),
+            }
         step_seconds = time.perf_counter() - t0
         if step == resumed_from + 1:
             clock.mark("first_step")
         peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-        event = metrics.log(StepMetrics(step, loss, step_seconds, tokens_per_step, peak_mem))
+        event = metrics.log(StepMetrics(step, loss, step_seconds, tokens_per_step, peak_mem, **progress))
         if step == resumed_from + 1 and topo.rank == 0:
             emit(clock.timings(0, compile_cache))
-        if cfg.checkpoint_path and (
-            step == cfg.steps or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
+        if validation is not None and (
+            step == cfg.steps or (cfg.eval_every_steps and step % cfg.eval_every_steps == 0)
         ):
+            eval_loss = _evaluate(cfg, topo, model, validation, device, step)
+        checkpointed = cfg.checkpoint_path and (
+            step == cfg.steps or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
+        )
+        if checkpointed:
             t1 = time.perf_counter()
-            where = host.checkpointer.save(model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu})
+            where = host.checkpointer.save(
+                model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu}, extra
+            )
             if topo.rank == 0:
                 emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
+        if cfg.output_path and (step == cfg.steps or (checkpointed and cfg.export_every_checkpoint)):
+            target = cfg.output_path if step == cfg.steps else f"{cfg.output_path.rstrip('/')}/step_{step:08d}"
+            _export(cfg, topo, model, config, target, step, tokenizer_dir, model_dir)
         if fail_at and step == fail_at and resumed_from < fail_at:
             raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
+        _maybe_kill(env, topo.rank, step, resumed_from)
 
     last_loss = metrics.last.loss if metrics.last else float("nan")
     summary = Summary(
@@ -164,10 +221,112 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         seconds=time.perf_counter() - started,
         sharding=sharding,
         resumed_from_step=resumed_from,
+        eval_loss=eval_loss,
+        epochs=feed.position.epoch + (1 if feed.position.step_in_epoch else 0) if feed is not None else 0,
         precision=matmul_precision(cfg, device, config),
     )
     emit(summary)
     return as_dict(summary)
+
+
+def _fetch_model(cfg: TrainConfig, topo: Topology) -> str | None:
+    """The local directory of the pretrained model (fetched once per node), or None for a random init."""
+    if cfg.model_init != "pretrained":
+        return None
+    from fsdp_train.weights import fetch_on_each_node
+
+    return fetch_on_each_node(cfg.model, local_rank=topo.local_rank)
+
+
+def _prepare_data(
+    cfg: TrainConfig, topo: Topology, host: Host, device: torch.device
+) -> tuple[TrainFeed | None, Packed | None, str | None]:
+    """The training feed, the validation rows and the tokenizer's directory; (None, None, None) for random data."""
+    if cfg.data == RANDOM_DATA:
+        return None, None, None
+    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, fetch_on_each_node
+
+    location = tokenizer_location(cfg, cfg.model if cfg.model_init == "pretrained" else None)
+    tokenizer_dir = fetch_on_each_node(location, local_rank=topo.local_rank, patterns=TOKENIZER_FILE_PATTERNS)
+    prepared = host.prepare_data(cfg, topo, tokenizer_dir)
+    check_usable(prepared, cfg, topo.world_size, int(hf_config(cfg).vocab_size))
+    feed = TrainFeed(
+        prepared.train,
+        rank=topo.rank,
+        world_size=topo.world_size,
+        batch_size=cfg.batch_size_per_rank,
+        grad_accum=cfg.grad_accum,
+        seed=cfg.shuffle_seed,
+        pin_memory=device.type == "cuda",
+        document_mask=cfg.document_mask,
+    )
+    return feed, prepared.validation, tokenizer_dir
+
+
+@torch.no_grad()
+def _evaluate(
+    cfg: TrainConfig, topo: Topology, model: nn.Module, validation: Packed, device: torch.device, step: int
+) -> float:
+    """Mean loss over every validation target (all ranks); rank 0 emits it."""
+    started = time.perf_counter()
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=device)
+    for batch in eval_batches(
+        validation,
+        rank=topo.rank,
+        world_size=topo.world_size,
+        batch_size=cfg.batch_size_per_rank,
+        document_mask=cfg.document_mask,
+    ):
+        inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "sample_ids"}
+        loss = model(**inputs).loss
+        targets = (inputs["labels"][:, 1:] != IGNORE_INDEX).sum()
+        # An all-padding batch has no targets; Hugging Face's own loss is NaN there, not 0.
+        totals += torch.stack([torch.where(targets > 0, loss.double() * targets, 0.0), targets.double()])
+    model.train()
+    dist.all_reduce(totals)
+    loss_sum, count = totals.tolist()
+    mean = loss_sum / count if count else float("nan")
+    if topo.rank == 0:
+        emit(Evaluation(rank=0, step=step, loss=mean, tokens=int(count), seconds=time.perf_counter() - started))
+    return mean
+
+
+def _export(
+    cfg: TrainConfig,
+    topo: Topology,
+    model: nn.Module,
+    config: Any,
+    target: str,
+    step: int,
+    tokenizer_dir: str | None,
+    model_dir: str | None,
+) -> None:
+    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, export, fetch
+
+    started = time.perf_counter()
+    if tokenizer_dir is None and topo.rank == 0:
+        try:  # random data: still ship the model's tokenizer when there is one
+            tokenizer_dir = fetch(cfg.tokenizer or cfg.model, patterns=TOKENIZER_FILE_PATTERNS)
+        except Exception:
+            tokenizer_dir = None
+    export(model, config, target, tokenizer_dir=tokenizer_dir, generation_source=model_dir)
+    if topo.rank == 0:
+        emit(Export(rank=0, step=step, path=target, seconds=time.perf_counter() - started))
+
+
+def _maybe_kill(env: Mapping[str, str], rank: int, step: int, resumed_from: int) -> None:
+    spec = env.get(KILL_AT_STEP_ENV, "")
+    if not spec:
+        return
+    kill_rank, kill_step = (int(x) for x in spec.split(":"))
+    if rank == kill_rank and step == kill_step and resumed_from == 0:
+        import signal
+
+        # Under Ray a checkpoint counts once Ray Train's controller has collected every rank's report;
+        # a crash within its poll interval of the last checkpoint would lose that checkpoint too.
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def build(
@@ -270,8 +429,12 @@ def train_step(
     sharding: str,
     device: torch.device,
     vocab: int,
+    batches: Sequence[Mapping[str, torch.Tensor]] | None = None,
 ) -> float:
-    """One optimizer step over ``grad_accum`` micro-batches; returns the loss averaged over all ranks."""
+    """One optimizer step over ``grad_accum`` micro-batches; returns the loss averaged over all ranks.
+
+    ``batches``: this rank's micro-batches from the data pipeline; None draws random tokens.
+    """
     lr = cfg.learning_rate_at(step)
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -281,16 +444,20 @@ def train_step(
         if sharding == "hybrid" and cfg.grad_accum > 1:
             # HSDP: reduce-scatter inside the node every micro-batch, all-reduce across nodes once.
             model.set_requires_all_reduce(last)  # type: ignore[operator]
-        tokens = random_tokens(
-            seed=cfg.seed,
-            step=step,
-            micro=micro,
-            first_sample=topo.rank * cfg.batch_size_per_rank,
-            samples=cfg.batch_size_per_rank,
-            seq_len=cfg.seq_len,
-            vocab=vocab,
-        ).to(device, non_blocking=True)
-        loss = model(input_ids=tokens, labels=tokens).loss / cfg.grad_accum
+        if batches is None:
+            tokens = random_tokens(
+                seed=cfg.seed,
+                step=step,
+                micro=micro,
+                first_sample=topo.rank * cfg.batch_size_per_rank,
+                samples=cfg.batch_size_per_rank,
+                seq_len=cfg.seq_len,
+                vocab=vocab,
+            ).to(device, non_blocking=True)
+            inputs = {"input_ids": tokens, "labels": tokens}
+        else:
+            inputs = {k: v.to(device, non_blocking=True) for k, v in batches[micro].items() if k != "sample_ids"}
+        loss = model(**inputs).loss / cfg.grad_accum
         loss.backward()
         total += loss.detach()
     if cfg.max_grad_norm > 0:

@@ -67,6 +67,10 @@ class StepMetrics:
     tokens: int
     """Tokens processed by all ranks in this step."""
     peak_memory_bytes: int = 0
+    epoch: int = 0
+    samples_seen: int = 0
+    tokens_seen: int = 0
+    samples_digest: str = ""
 
 
 class Backend(Protocol):
@@ -110,6 +114,10 @@ class Metrics:
             mfu=mfu(per_device, self.flops_per_token, self.peak),
             step_seconds=m.step_seconds,
             peak_memory_bytes=m.peak_memory_bytes,
+            epoch=m.epoch,
+            samples_seen=m.samples_seen,
+            tokens_seen=m.tokens_seen,
+            samples_digest=m.samples_digest,
         )
         if self.first_loss is None:
             self.first_loss = m.loss

@@ -144,17 +144,15 @@ def _rebuild_rotary(model: nn.Module, config: Any, device: torch.device) -> None
 
 
 def load_pretrained_weights(model: nn.Module, cfg: TrainConfig, device: torch.device) -> None:
-    """Materialize the sharded model and fill it from ``cfg.model``'s weights, read by rank 0 only."""
-    import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from transformers import AutoModelForCausalLM
+    """Materialize the sharded model and fill it from ``cfg.model``, a local directory (``fsdp_train.weights``).
 
-    model.to_empty(device=device)
-    full: dict[str, Any] = {}
-    if dist.get_rank() == 0:
-        loaded = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32, **cfg.model_overrides)
-        full = loaded.state_dict()
-    set_model_state_dict(
-        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-    )
+    Safetensors go straight into each rank's shards; other weight files are loaded on rank 0 and broadcast.
+    """
+    from fsdp_train import weights
+
+    to_empty_keeping_ties(model, device)
+    if weights.has_safetensors(cfg.model):
+        weights.load_sharded(model, cfg.model)
+    else:
+        weights.load_broadcast(model, cfg.model, dict(cfg.model_overrides))
     _rebuild_rotary(model, model.config, device)

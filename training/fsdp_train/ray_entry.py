@@ -94,7 +94,8 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     import ray.util
 
     from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, RayCheckpoints
-    from fsdp_train.loop import Host, train
+    from fsdp_train.data import prepare_from_ray
+    from fsdp_train.loop import Host, prepare_torchrun, train
     from fsdp_train.parallelize import Topology
 
     cfg = TrainConfig.from_dict(loop_config["train"])
@@ -114,7 +115,9 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     )
     checkpointer: Checkpointer = RayCheckpoints() if cfg.checkpoint_path else NoCheckpoints()
     node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    host = Host(node_ip=node_ip, checkpointer=checkpointer)
+    # With datasets the driver's Ray Data pipeline prepared the rows; without, the ranks read the source.
+    prepare = prepare_from_ray if loop_config.get("ray_data") else prepare_torchrun
+    host = Host(node_ip=node_ip, checkpointer=checkpointer, prepare_data=prepare)
     return train(cfg, topo, host)
 
 
@@ -131,14 +134,20 @@ def one_line(error: BaseException) -> str:
 def run(job: RayJobConfig) -> dict[str, Any]:
     """Fit the TorchTrainer; return rank 0's summary. ``RAY_LOG_ENV`` must be in the environment already."""
     import ray
+    import ray.train
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     if not ray.is_initialized():
         ray.init()
+    datasets = driver_datasets(job.train)
     trainer = TorchTrainer(
         train_fn_per_worker,  # type: ignore[arg-type]  # Train V2 hands rank 0's return value back
-        train_loop_config={"train": job.train.to_dict(), "use_gpu": job.use_gpu},
+        train_loop_config={"train": job.train.to_dict(), "use_gpu": job.use_gpu, "ray_data": bool(datasets)},
+        datasets=datasets or None,
+        # Every worker reads the packed rows whole and takes its samples in the sampler's order
+        # (fsdp_train.data.ray_datasets says why): no split by Ray.
+        dataset_config=ray.train.DataConfig(datasets_to_split=[]),
         scaling_config=ScalingConfig(
             num_workers=job.num_workers,
             use_gpu=job.use_gpu,
@@ -162,6 +171,18 @@ def run(job: RayJobConfig) -> dict[str, Any]:
     return summary if isinstance(summary, dict) else {}
 
 
+def driver_datasets(cfg: TrainConfig) -> dict[str, Any]:
+    """Ray Data's read-tokenize-pack pipeline for a data source (none for random tokens)."""
+    from fsdp_train.config import RANDOM_DATA
+
+    if cfg.data == RANDOM_DATA:
+        return {}
+    from fsdp_train.data import ray_datasets, tokenizer_location
+
+    # The location, not a copy on this (head) node: the tokenizing tasks fetch it where they run.
+    return ray_datasets(cfg, tokenizer_location(cfg, cfg.model if cfg.model_init == "pretrained" else None))
+
+
 def main(argv: list[str] | None = None) -> int:
     # Before Ray is imported: it reads RAY_DEDUP_LOGS once, at import.
     os.environ.update(RAY_LOG_ENV)
@@ -176,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(job)
     except Exception as e:
+        reason = getattr(e, "reason", "")
+        if reason:  # the driver's own failure (the data pipeline runs here): tell the operator why
+            from fsdp_train.events import Failure, emit
+
+            emit(Failure(rank=0, message=f"{type(e).__name__}: {e}", reason=reason))
         print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
         print(f"fsdp_train: training failed: {one_line(e)}", file=sys.stderr, flush=True)
         return 1

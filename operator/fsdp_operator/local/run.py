@@ -132,6 +132,12 @@ class Progress:
                 progress.get("loss"),
                 progress.get("tokensPerSecond"),
             )
+        if "evalLoss" in progress:
+            step = progress.get("evalStep")
+            self.once(f"eval-{step}", f"eval loss {progress['evalLoss']} after step {step}")
+        output = status.get("output") or {}
+        if path := output.get("path"):
+            self.once(f"output-{path}", f"model exported to {path} (step {output.get('step')})")
 
 
 def format_table(table: Obj) -> str:

@@ -43,7 +43,7 @@ def test_known_fields_are_taken() -> None:
         ({"mixed_precision": "fp16"}, "training.mixed_precision must be one of bf16, fp32"),
         ({"model_init": "weights"}, "training.model_init must be one of pretrained, random"),
         ({"lr_schedule": "linear"}, "training.lr_schedule must be one of constant, cosine"),
-        ({"data": "s3://bucket"}, "training.data must be one of random"),
+        ({"data": "ftp://bucket"}, "training.data must be random or a location starting with s3://"),
         ({"seq_len": "2048"}, "training.seq_len must be an integer, got '2048'."),
         ({"steps": True}, "training.steps must be an integer, got True."),
         ({"steps": 2.5}, "training.steps must be an integer, got 2.5."),

@@ -1,0 +1,113 @@
+"""A local Ray cluster of a head and two "nodes" on loopback addresses, started and stopped by process group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+BIN = Path(sys.executable).parent
+
+
+def ray_available() -> bool:
+    return (BIN / "ray").exists()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ray_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FSDP_TRAIN_", "RAY_"))}
+    # The Python that runs Ray's workers is the one on PATH when `ray start` ran.
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def stop_groups(pgids: list[int], grace: float = 10.0) -> None:
+    """SIGTERM each process group, then SIGKILL whatever is left of them after ``grace`` seconds."""
+    alive = list(pgids)
+    for pgid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.5)
+        alive = [pgid for pgid in alive if group_exists(pgid)]
+    for pgid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+def group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for_nodes(address: str, count: int, timeout: float) -> None:
+    probe = "import ray; ray.init(); print(sum(n['Alive'] for n in ray.nodes()))"
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=ray_env(RAY_ADDRESS=address), capture_output=True, text=True
+        )
+        seen = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
+        if seen == str(count):
+            return
+        time.sleep(2)
+    raise AssertionError(f"Ray cluster did not reach {count} nodes: {seen}")
+
+
+@contextlib.contextmanager
+def local_cluster(**worker_env: str) -> Iterator[str]:
+    """A head (no CPUs) and two 2-CPU worker nodes on 127.0.0.2 and 127.0.0.3; yields the address.
+
+    ``worker_env`` goes into the environment of every Ray process, so the training workers see it.
+    """
+    # Short paths: Ray's unix sockets live under the temp dir and must stay below 108 characters.
+    base = Path(tempfile.mkdtemp(prefix="fsdpray-"))
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    common = ["--block", "--disable-usage-stats", "--object-store-memory=80000000"]
+    commands = [
+        ["--head", f"--port={port}", "--num-cpus=0", "--node-ip-address=127.0.0.1", "--include-dashboard=false"],
+        [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.2"],
+        [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.3"],
+    ]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for index, args in enumerate(commands):
+            temp = base / f"n{index}"
+            log = (base / f"start{index}.log").open("wb")
+            procs.append(
+                subprocess.Popen(
+                    [str(BIN / "ray"), "start", *args, *common, f"--temp-dir={temp}"],
+                    env=ray_env(**worker_env),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+            if index == 0:
+                time.sleep(4)  # the head's GCS must be up before workers register
+        wait_for_nodes(address, 3, timeout=90)
+        yield address
+    finally:
+        # Each `ray start` leads its own session: stopping that process group stops exactly the Ray
+        # processes this fixture started (raylet, GCS, agents), and no other Ray on the machine.
+        stop_groups([proc.pid for proc in procs])
+        shutil.rmtree(base, ignore_errors=True)

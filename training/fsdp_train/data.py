@@ -1,0 +1,837 @@
+"""The training data: read the user's documents, tokenize them, pack them into ``seq_len`` sequences,
+and hand every rank its samples in an order that a resumed run reproduces exactly.
+
+One pipeline, two front ends. Under Ray, Ray Data reads the source and tokenizes in ``map_batches``
+(``ray_datasets``); under torchrun the same ``Tokenize`` runs over pyarrow's readers
+(``load_packed``). Both feed the same ``pack_documents``, and the packed sequences reach the loop
+through a ``DataLoader`` whose sampler is torch's ``DistributedSampler`` plus a start offset
+(``ResumableSampler``), so where a run stands is two numbers, epoch and step in epoch, that the
+checkpoint carries (``DataPosition``).
+
+A packed sequence is ``input_ids`` (``seq_len`` token ids) and ``flags``: bit 0 says the token is a
+loss target, bit 1 that a document starts there. Documents are joined with EOS; position ids restart
+at 0 on every document start (``position_ids``). Reading needs no torch; the loader parts import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import io
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import torch
+
+    from fsdp_train.config import TrainConfig
+
+TARGET = 1
+"""Flag bit: the token is a loss target (predicted from the tokens before it)."""
+DOC_START = 2
+"""Flag bit: a document begins at this token (its position id is 0)."""
+IGNORE_INDEX = -100
+
+EXTENSIONS: dict[str, tuple[str, ...]] = {
+    "jsonl": (".jsonl", ".json", ".jsonl.gz", ".json.gz"),
+    "parquet": (".parquet", ".pq"),
+    "text": (".txt", ".text", ".md", ".txt.gz"),
+}
+
+
+class DataUnavailable(RuntimeError):
+    """The data source cannot be read, holds no documents, or too few for one global batch."""
+
+    reason = "DataUnavailable"
+
+
+# --- where the documents are ----------------------------------------------------------------------
+
+
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    """pyarrow's filesystem for a location, and the path inside it.
+
+    ``s3://`` honours ``AWS_ENDPOINT_URL`` (S3-compatible stores, moto in tests); ``hf://datasets/``
+    goes through huggingface_hub's fsspec filesystem; anything else is a local (or mounted) path.
+    """
+    import pyarrow.fs as pafs
+
+    if uri.startswith("hf://"):
+        from huggingface_hub import HfFileSystem
+
+        return pafs.PyFileSystem(pafs.FSSpecHandler(HfFileSystem())), uri.removeprefix("hf://")
+    if uri.startswith("s3://"):
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        fs = pafs.S3FileSystem(endpoint_override=endpoint, region=region) if endpoint else pafs.S3FileSystem()
+        return fs, uri.removeprefix("s3://")
+    if uri.startswith("file://"):
+        return pafs.LocalFileSystem(), uri.removeprefix("file://")
+    if "://" in uri:
+        return pafs.FileSystem.from_uri(uri)  # type: ignore[no-any-return]
+    return pafs.LocalFileSystem(), uri
+
+
+def infer_format(path: str) -> str | None:
+    lower = path.lower()
+    for fmt, endings in EXTENSIONS.items():
+        if lower.endswith(endings):
+            return fmt
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A readable data source: its files (sorted, so every reader sees them in one order) and format."""
+
+    uri: str
+    fs: pafs.FileSystem
+    files: tuple[str, ...]
+    format: str
+    sizes: tuple[int, ...] = ()
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps([self.uri, self.format, self.files, self.sizes]).encode()).hexdigest()[:16]
+
+
+def open_source(uri: str, fmt: str = "") -> Source:
+    """List the files of ``uri`` (a file, a directory or a prefix); ``DataUnavailable`` when there are none."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = filesystem(uri)
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            infos = [info]
+        elif info.type == pafs.FileType.Directory:
+            infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True)) if i.is_file]
+        else:
+            raise DataUnavailable(f"data source {uri} does not exist")
+    except DataUnavailable:
+        raise
+    except Exception as e:  # pyarrow raises OSError, ArrowInvalid, ...: all mean "cannot read it"
+        raise DataUnavailable(f"cannot read data source {uri}: {type(e).__name__}: {e}") from e
+    names = sorted((i for i in infos if not i.base_name.startswith((".", "_"))), key=lambda i: i.path)
+    chosen = fmt or next((f for f in map(infer_format, (i.path for i in names)) if f), None)
+    if chosen is None:
+        known = ", ".join(e for endings in EXTENSIONS.values() for e in endings)
+        raise DataUnavailable(f"data source {uri}: no file with a known extension ({known}); set data.format")
+    if info.type == pafs.FileType.Directory:
+        names = [i for i in names if infer_format(i.path) == chosen] if not fmt else names
+    if not names:
+        raise DataUnavailable(f"data source {uri} holds no {chosen} files")
+    return Source(uri, fs, tuple(i.path for i in names), chosen, tuple(int(i.size or 0) for i in names))
+
+
+def read_tables(source: Source, column: str) -> Iterator[pa.Table]:
+    """The documents of every file, one table per file with the one column ``column``."""
+    import pyarrow as pa
+    import pyarrow.json as pajson
+    import pyarrow.parquet as pq
+
+    for path in source.files:
+        try:
+            if source.format == "parquet":
+                table = pq.read_table(path, filesystem=source.fs, columns=[column])
+            else:
+                compression = "gzip" if path.endswith(".gz") else None
+                with source.fs.open_input_stream(path, compression=compression) as stream:
+                    raw = stream.read()
+                if source.format == "text":
+                    lines = [line for line in raw.decode("utf-8").splitlines() if line.strip()]
+                    table = pa.table({column: pa.array(lines, pa.string())})
+                else:
+                    table = pajson.read_json(io.BytesIO(raw))
+        except Exception as e:
+            raise DataUnavailable(f"cannot read {source.uri} ({path}): {type(e).__name__}: {e}") from e
+        if column not in table.column_names:
+            raise DataUnavailable(
+                f"{path} has no column {column!r} (columns: {', '.join(table.column_names)}); set data.field"
+            )
+        yield table.select([column])
+
+
+# --- tokenizing ---------------------------------------------------------------------------------------
+
+
+@functools.cache
+def load_tokenizer(location: str) -> Any:
+    """The tokenizer at ``location`` (a directory, an ``s3://`` prefix or a hub id), fetched to this node
+    first: Ray Data runs the tokenizing tasks on any node of the cluster."""
+    from transformers import AutoTokenizer
+
+    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, fetch
+
+    tokenizer = AutoTokenizer.from_pretrained(fetch(location, patterns=TOKENIZER_FILE_PATTERNS))
+    if tokenizer.eos_token_id is None:
+        raise ValueError(f"training.tokenizer: the tokenizer in {location} has no EOS token to separate documents.")
+    return tokenizer
+
+
+@dataclass(slots=True)
+class Tokenize:
+    """Documents -> token ids and loss masks; a class so that Ray Data builds the tokenizer once per actor.
+
+    ``kind: text``: every token is a target. ``kind: chat``: the conversation is rendered with the
+    tokenizer's chat template and only the tokens of assistant turns (their content and the template's
+    end-of-turn marker) are targets. Which characters belong to a turn comes from rendering the
+    conversation up to it, so any template whose renderings of prefixes are prefixes works; token
+    offsets then map characters to tokens.
+    """
+
+    tokenizer_location: str
+    column: str
+    kind: str
+    _tokenizer: Any = None
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.tokenizer_location)
+        return self._tokenizer
+
+    def __call__(self, batch: pa.Table | dict[str, Any]) -> dict[str, list[list[int]]]:
+        values = batch[self.column]
+        docs = values.to_pylist() if hasattr(values, "to_pylist") else list(values)
+        if self.kind == "chat":
+            pairs = [self.chat(doc) for doc in docs]
+        else:
+            texts = [doc if isinstance(doc, str) else "" for doc in docs]
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+            pairs = [(list(t), [1] * len(t)) for t in ids]
+        return {"input_ids": [p[0] for p in pairs], "loss_mask": [p[1] for p in pairs]}
+
+    def chat(self, messages: Any) -> tuple[list[int], list[int]]:
+        if hasattr(messages, "tolist"):
+            messages = messages.tolist()
+        if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            raise DataUnavailable(f"data.kind chat: {self.column!r} must be a list of {{role, content}} messages")
+        tok = self.tokenizer
+        render: Callable[..., str] = tok.apply_chat_template
+        text = render(messages, tokenize=False)
+        spans = []
+        for i, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            start = len(render(messages[:i], tokenize=False, add_generation_prompt=True)) if i else 0
+            end = len(render(messages[: i + 1], tokenize=False))
+            spans.append((start, end))
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        mask = [int(any(s <= a and b <= e and b > a for s, e in spans)) for a, b in enc["offset_mapping"]]
+        return list(enc["input_ids"]), mask
+
+
+# --- packing --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Packed:
+    """Packed sequences: ``input_ids`` [N, seq_len] int32 and ``flags`` [N, seq_len] uint8."""
+
+    input_ids: np.ndarray
+    flags: np.ndarray
+    documents: int = 0
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+
+@dataclass(slots=True)
+class _Packer:
+    seq_len: int
+    eos_id: int
+    eos_is_target: bool
+    ids: list[np.ndarray] = field(default_factory=list)
+    flags: list[np.ndarray] = field(default_factory=list)
+    documents: int = 0
+
+    def add(self, ids: Sequence[int], mask: Sequence[int]) -> None:
+        if not len(ids):
+            return
+        n = len(ids) + 1
+        doc_ids = np.empty(n, np.int32)
+        doc_ids[:-1] = ids
+        doc_ids[-1] = self.eos_id
+        doc_flags = np.empty(n, np.uint8)
+        doc_flags[:-1] = np.asarray(mask, np.uint8) & TARGET
+        doc_flags[-1] = TARGET if self.eos_is_target else 0
+        # The first token has no context inside its document: predicting it would learn across documents.
+        doc_flags[0] = DOC_START
+        self.ids.append(doc_ids)
+        self.flags.append(doc_flags)
+        self.documents += 1
+
+    def result(self) -> Packed:
+        if not self.ids:
+            empty = np.zeros((0, self.seq_len), np.int32)
+            return Packed(empty, empty.astype(np.uint8), 0)
+        ids, flags = np.concatenate(self.ids), np.concatenate(self.flags)
+        rows = -(-len(ids) // self.seq_len)
+        pad = rows * self.seq_len - len(ids)
+        # The last sequence is filled with EOS that is no target, so no document is dropped.
+        ids = np.concatenate([ids, np.full(pad, self.eos_id, np.int32)])
+        flags = np.concatenate([flags, np.zeros(pad, np.uint8)])
+        return Packed(ids.reshape(rows, self.seq_len), flags.reshape(rows, self.seq_len), self.documents)
+
+
+def pack_documents(
+    batches: Iterable[dict[str, Any]],
+    *,
+    seq_len: int,
+    eos_id: int,
+    eos_is_target: bool,
+    validation_fraction: float = 0.0,
+    seed: int = 0,
+) -> tuple[Packed, Packed]:
+    """Join tokenized documents (in order) with EOS and cut the stream into ``seq_len`` rows.
+
+    Returns (train, validation): with ``validation_fraction``, each document goes to validation with
+    that probability, drawn from a generator seeded with ``seed`` in document order, so the split does
+    not depend on how the documents were batched.
+    """
+    train = _Packer(seq_len, eos_id, eos_is_target)
+    held_out = _Packer(seq_len, eos_id, eos_is_target)
+    rng = np.random.default_rng(seed)
+    for batch in batches:
+        ids_list, masks = batch["input_ids"], batch["loss_mask"]
+        draws = rng.random(len(ids_list)) if validation_fraction else np.ones(len(ids_list))
+        for ids, mask, draw in zip(ids_list, masks, draws, strict=True):
+            (held_out if draw < validation_fraction else train).add(ids, mask)
+    return train.result(), held_out.result()
+
+
+def position_ids(flags: np.ndarray) -> np.ndarray:
+    """Position ids that restart at 0 on every document start (and at the start of every row)."""
+    length = flags.shape[-1]
+    index = np.broadcast_to(np.arange(length), flags.shape)
+    starts = np.where((flags & DOC_START) != 0, index, 0)
+    return (index - np.maximum.accumulate(starts, axis=-1)).astype(np.int64)
+
+
+def labels(input_ids: np.ndarray, flags: np.ndarray) -> np.ndarray:
+    """Hugging Face labels: the token where it is a target, else -100 (the model shifts them itself)."""
+    return np.where((flags & TARGET) != 0, input_ids, IGNORE_INDEX).astype(np.int64)
+
+
+# --- the whole pipeline under torchrun, cached per node ------------------------------------------------
+
+
+CACHE_DIR_ENV = "FSDP_TRAIN_DATA_CACHE"
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    train: Packed
+    validation: Packed | None
+
+
+def tokenizer_location(cfg: TrainConfig, model_dir: str | None) -> str:
+    return cfg.tokenizer or model_dir or cfg.model
+
+
+def eos_is_target(kind: str) -> bool:
+    # Text: the model learns where documents end. Chat: only assistant turns are targets, and the
+    # template's end-of-turn marker already ends each of them.
+    return kind == "text"
+
+
+def prepare_local(cfg: TrainConfig, tokenizer_dir: str, *, batch_rows: int = 1024) -> Prepared:
+    """Read, tokenize and pack with pyarrow's readers (torchrun, one process per node does it)."""
+    tokenize = Tokenize(tokenizer_dir, cfg.data_field, cfg.data_kind)
+
+    def tokenized(uri: str) -> Iterator[dict[str, Any]]:
+        source = open_source(uri, cfg.data_format)
+        for table in read_tables(source, cfg.data_field):
+            for start in range(0, table.num_rows, batch_rows):
+                yield tokenize(table.slice(start, batch_rows))
+
+    eos = int(tokenize.tokenizer.eos_token_id)
+    common = {"seq_len": cfg.seq_len, "eos_id": eos, "eos_is_target": eos_is_target(cfg.data_kind)}
+    train, held_out = pack_documents(
+        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, **common
+    )
+    if cfg.validation_data:
+        held_out, _ = pack_documents(tokenized(cfg.validation_data), **common)
+    return Prepared(train, held_out if cfg.has_validation else None)
+
+
+def cache_key(cfg: TrainConfig, tokenizer_dir: str) -> str:
+    sources = [open_source(cfg.data, cfg.data_format).fingerprint()]
+    if cfg.validation_data:
+        sources.append(open_source(cfg.validation_data, cfg.data_format).fingerprint())
+    parts = [sources, tokenizer_dir, cfg.data_field, cfg.data_kind, cfg.seq_len, cfg.validation_split]
+    return hashlib.sha256(json.dumps([*parts, cfg.shuffle_seed]).encode()).hexdigest()[:20]
+
+
+def save_prepared(prepared: Prepared, path: Path) -> None:
+    arrays = {"train_ids": prepared.train.input_ids, "train_flags": prepared.train.flags}
+    if prepared.validation is not None:
+        arrays |= {"val_ids": prepared.validation.input_ids, "val_flags": prepared.validation.flags}
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)  # atomic: a reader never sees half a file
+
+
+def describe(prepared: Prepared) -> str:
+    train = prepared.train
+    text = f"{train.documents} documents packed into {len(train)} sequences of {train.seq_len} tokens"
+    if prepared.validation is not None:
+        text += f", {len(prepared.validation)} more for validation"
+    return text
+
+
+def load_prepared(path: Path) -> Prepared:
+    with np.load(path) as z:
+        train = Packed(z["train_ids"], z["train_flags"])
+        validation = Packed(z["val_ids"], z["val_flags"]) if "val_ids" in z else None
+    return Prepared(train, validation)
+
+
+def check_usable(prepared: Prepared, cfg: TrainConfig, world_size: int, vocab_size: int) -> None:
+    """Refuse data that cannot make one global batch, or whose token ids do not fit the model."""
+    global_batch = world_size * cfg.batch_size_per_rank * cfg.grad_accum
+    usable = len(prepared.train) // world_size * world_size
+    if usable < global_batch:
+        raise DataUnavailable(
+            f"data source {cfg.data} packs into {len(prepared.train)} sequences of {cfg.seq_len} tokens, fewer "
+            f"than one global batch ({global_batch} = {world_size} ranks x {cfg.batch_size_per_rank} x "
+            f"{cfg.grad_accum} micro-batches)"
+        )
+    if cfg.has_validation and (prepared.validation is None or len(prepared.validation) == 0):
+        raise DataUnavailable(f"no validation documents: {cfg.validation_data or f'validation_split of {cfg.data}'}")
+    highest = int(prepared.train.input_ids.max(initial=0))
+    if highest >= vocab_size:
+        raise ValueError(
+            f"training.tokenizer: token id {highest} does not fit the model's vocabulary ({vocab_size} entries)"
+        )
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_DIR_ENV) or Path(tempfile.gettempdir()) / "fsdp-train-data")
+
+
+@contextlib.contextmanager
+def on_one_rank_per_node(local_rank: int, what: str) -> Iterator[None]:
+    """Run the body (which acts on local rank 0 only), then let every rank learn whether it failed.
+
+    Every rank reaches the exchange, so no rank waits forever for a failed one; the failed rank re-raises
+    its own error and the others raise one that names it.
+    """
+    import torch.distributed as dist
+
+    error: BaseException | None = None
+    try:
+        yield
+    except Exception as e:
+        error = e
+    texts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(texts, f"{type(error).__name__}: {error}" if error else "")
+    if error is not None:
+        raise error
+    failed = next((t for t in texts if t), "")
+    if failed.startswith(f"{DataUnavailable.__name__}: "):
+        raise DataUnavailable(failed.split(": ", 1)[1])
+    if failed:
+        raise RuntimeError(f"{what} failed on another rank: {failed}")
+
+
+def prepare_on_each_node(cfg: TrainConfig, tokenizer_dir: str, *, rank: int, local_rank: int) -> Prepared:
+    """Read, tokenize and pack on local rank 0 of each node into a cache file every rank then loads.
+
+    The cache is keyed by the source's files and sizes, the tokenizer and the packing settings, so a
+    restarted run (or a second job on the same data) skips the work.
+    """
+    import torch.distributed as dist
+
+    path = ""
+    with on_one_rank_per_node(local_rank, "preparing the data"):
+        if local_rank == 0:
+            cache = default_cache_dir() / f"{cache_key(cfg, tokenizer_dir)}.npz"
+            if not cache.exists():
+                started = time.perf_counter()
+                print(f"fsdp_train: data: reading and tokenizing {cfg.data}", flush=True)
+                prepared = prepare_local(cfg, tokenizer_dir)
+                cache.parent.mkdir(parents=True, exist_ok=True)
+                save_prepared(prepared, cache)
+                print(f"fsdp_train: data: {describe(prepared)} in {time.perf_counter() - started:.1f} s", flush=True)
+            path = str(cache)
+    paths: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(paths, path)
+    return load_prepared(Path(paths[rank - local_rank]))
+
+
+# --- order and resume -------------------------------------------------------------------------------------
+
+
+class PackedDataset:
+    """Map-style dataset over packed rows: (input_ids, labels, position_ids) as torch tensors."""
+
+    def __init__(self, packed: Packed) -> None:
+        self.packed = packed
+
+    def __len__(self) -> int:
+        return len(self.packed)
+
+    def __getitem__(self, index: int) -> int:
+        return index  # the collate function gathers rows in one numpy fancy-index, not row by row
+
+
+@dataclass(slots=True)
+class Collate:
+    packed: Packed
+    document_mask: bool = True
+    """Position ids restart per document (see ``TrainConfig.document_mask``); else 0..seq_len-1 per row."""
+
+    def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        import torch
+
+        rows = np.asarray(indices, dtype=np.int64)
+        ids = self.packed.input_ids[rows]
+        flags = self.packed.flags[rows]
+        positions = position_ids(flags) if self.document_mask else np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+        return {
+            "input_ids": torch.from_numpy(ids.astype(np.int64)),
+            "labels": torch.from_numpy(labels(ids, flags)),
+            "position_ids": torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)),
+            "sample_ids": torch.from_numpy(rows),
+        }
+
+
+class ResumableSampler:
+    """torch's ``DistributedSampler`` (seeded per epoch, ``drop_last``) that starts ``skip`` samples in."""
+
+    def __init__(self, size: int, *, world_size: int, rank: int, seed: int) -> None:
+        from torch.utils.data import DistributedSampler
+
+        self._sampler = DistributedSampler(
+            range(size), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
+        self.skip = 0
+
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        self._sampler.set_epoch(epoch)
+        self.skip = skip
+
+    def __iter__(self) -> Iterator[int]:
+        for i, index in enumerate(self._sampler):
+            if i >= self.skip:
+                yield index
+
+    def __len__(self) -> int:
+        return len(self._sampler) - self.skip
+
+    @property
+    def per_rank(self) -> int:
+        return len(self._sampler)
+
+
+def epoch_order(size: int, *, world_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """Every rank's sample order for one epoch, as each rank's ``ResumableSampler`` yields it."""
+    orders = []
+    for rank in range(world_size):
+        sampler = ResumableSampler(size, world_size=world_size, rank=rank, seed=seed)
+        sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    return orders
+
+
+@dataclass(slots=True)
+class DataPosition:
+    """Where training stands in the data, and which samples this epoch has trained (all ranks together).
+
+    Saved with every checkpoint (``state_dict``/``load_state_dict``: torch.distributed.checkpoint's
+    ``Stateful``). ``record`` asserts that no sample is trained twice in an epoch, ``finish_epoch``
+    that none was skipped, across restarts.
+    """
+
+    size: int
+    global_batch: int
+    epoch: int = 0
+    step_in_epoch: int = 0
+    samples_seen: int = 0
+    trained: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+
+    def __post_init__(self) -> None:
+        if self.trained.size != self.size:
+            self.trained = np.zeros(self.size, bool)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.size // self.global_batch if self.global_batch else 0
+
+    def record(self, sample_ids: Sequence[int]) -> None:
+        ids = np.asarray(sample_ids, np.int64)
+        again = ids[self.trained[ids]]
+        if again.size or np.unique(ids).size != ids.size:
+            raise AssertionError(f"epoch {self.epoch}: samples {again[:8].tolist()} trained twice")
+        self.trained[ids] = True
+        self.samples_seen += int(ids.size)
+
+    def finish_step(self) -> bool:
+        """Count a finished step; True when it ended the epoch (the caller then starts the next)."""
+        self.step_in_epoch += 1
+        if self.step_in_epoch < self.steps_per_epoch:
+            return False
+        expected = self.steps_per_epoch * self.global_batch
+        if int(self.trained.sum()) != expected:
+            raise AssertionError(f"epoch {self.epoch} trained {int(self.trained.sum())} samples, expected {expected}")
+        self.epoch += 1
+        self.step_in_epoch = 0
+        self.trained[:] = False
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        import torch
+
+        return {
+            "size": self.size,
+            "global_batch": self.global_batch,
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "samples_seen": self.samples_seen,
+            "trained": torch.from_numpy(self.trained.astype(np.uint8)),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if (state["size"], state["global_batch"]) != (self.size, self.global_batch):
+            raise ValueError(
+                f"the checkpoint's data position is for {state['size']} sequences in global batches of "
+                f"{state['global_batch']}; this run has {self.size} in batches of {self.global_batch} "
+                "(resume with the same data, seqLen, ranks and batch size)"
+            )
+        self.epoch = int(state["epoch"])
+        self.step_in_epoch = int(state["step_in_epoch"])
+        self.samples_seen = int(state["samples_seen"])
+        self.trained = np.asarray(state["trained"].numpy(), bool).copy()
+
+
+def samples_digest(sample_ids: Sequence[int]) -> str:
+    """A short fingerprint of a step's samples, in order: equal digests, equal data."""
+    return hashlib.sha256(np.asarray(sample_ids, np.int64).tobytes()).hexdigest()[:12]
+
+
+# --- what the loop consumes ------------------------------------------------------------------------------
+
+
+class TrainFeed:
+    """The packed training sequences as this rank's micro-batches, step after step, epoch after epoch.
+
+    A ``DataLoader`` over the rank's ``ResumableSampler``; ``DataPosition`` (in the checkpoint) says
+    where to start. Each step also yields every rank's sample ids (all ranks compute the same epoch
+    order), so the position can assert that the whole job trains each sample once per epoch.
+    """
+
+    def __init__(
+        self,
+        packed: Packed,
+        *,
+        rank: int,
+        world_size: int,
+        batch_size: int,
+        grad_accum: int,
+        seed: int,
+        pin_memory: bool = False,
+        document_mask: bool = True,
+    ) -> None:
+        self.packed = packed
+        self.document_mask = document_mask
+        self.rank, self.world_size = rank, world_size
+        self.batch_size, self.grad_accum, self.seed = batch_size, grad_accum, seed
+        self.pin_memory = pin_memory
+        self.position = DataPosition(len(packed), world_size * batch_size * grad_accum)
+        self.sampler = ResumableSampler(len(packed), world_size=world_size, rank=rank, seed=seed)
+        self._iterator: Iterator[dict[str, torch.Tensor]] | None = None
+        self._orders: list[list[int]] = []
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.position.steps_per_epoch
+
+    @property
+    def seq_len(self) -> int:
+        return self.packed.seq_len
+
+    def _start_epoch(self) -> None:
+        from torch.utils.data import DataLoader
+
+        per_rank_step = self.batch_size * self.grad_accum
+        self.sampler.set_epoch(self.position.epoch, skip=self.position.step_in_epoch * per_rank_step)
+        loader = DataLoader(
+            PackedDataset(self.packed),  # type: ignore[arg-type]
+            batch_size=self.batch_size,
+            sampler=self.sampler,  # type: ignore[arg-type]
+            collate_fn=Collate(self.packed, self.document_mask),
+            drop_last=True,
+            pin_memory=self.pin_memory,
+        )
+        self._iterator = iter(loader)
+        self._orders = epoch_order(
+            len(self.packed), world_size=self.world_size, seed=self.seed, epoch=self.position.epoch
+        )
+
+    def next_step(self) -> tuple[list[dict[str, torch.Tensor]], list[int]]:
+        """This rank's micro-batches for the next step, and the global sample ids of the step."""
+        if self._iterator is None:
+            self._start_epoch()
+        assert self._iterator is not None
+        micro = [next(self._iterator) for _ in range(self.grad_accum)]
+        per_rank_step = self.batch_size * self.grad_accum
+        first = self.position.step_in_epoch * per_rank_step
+        step_ids = [i for order in self._orders for i in order[first : first + per_rank_step]]
+        mine = [int(i) for batch in micro for i in batch["sample_ids"]]
+        if mine != self._orders[self.rank][first : first + per_rank_step]:
+            raise AssertionError(f"rank {self.rank}: the loader's samples {mine[:4]}... are not the epoch order's")
+        self.position.record(step_ids)
+        return micro, step_ids
+
+    def finish_step(self) -> None:
+        if self.position.finish_step():
+            self._iterator = None  # the next step starts the next epoch, reshuffled
+
+    def total_steps(self, steps: int, epochs: int) -> int:
+        return min(steps, epochs * self.steps_per_epoch) if epochs else steps
+
+
+def eval_batches(
+    packed: Packed, *, rank: int, world_size: int, batch_size: int, document_mask: bool = True
+) -> Iterator[dict[str, torch.Tensor]]:
+    """This rank's share of the validation rows (every ``world_size``-th), in batches.
+
+    Every rank yields the same number of batches (FSDP's forward is collective): a rank with fewer
+    rows gets rows with no targets, which count for nothing in the loss.
+    """
+    import torch
+
+    rows = list(range(rank, len(packed), world_size))
+    per_rank = -(-len(packed) // world_size)
+    collate = Collate(packed, document_mask)
+    padded = rows + [-1] * (per_rank - len(rows))
+    for start in range(0, per_rank, batch_size):
+        chunk = padded[start : start + batch_size]
+        batch = collate([max(i, 0) for i in chunk])
+        dummy = torch.tensor([i < 0 for i in chunk])
+        batch["labels"][dummy] = IGNORE_INDEX
+        yield batch
+
+
+# --- under Ray: Ray Data reads and tokenizes, every worker gets the packed rows -------------------------
+
+
+def _ray_read(source: Source, column: str) -> Any:
+    import ray.data
+
+    paths = list(source.files)
+    if source.format == "parquet":
+        return ray.data.read_parquet(paths, filesystem=source.fs, columns=[column])
+    if source.format == "text":
+        return ray.data.read_text(paths, filesystem=source.fs).rename_columns({"text": column})
+    return ray.data.read_json(paths, filesystem=source.fs)  # pyarrow reads newline-delimited JSON
+
+
+def _documents(batch: pa.Table) -> dict[str, list[np.ndarray]]:
+    """A tokenized Arrow batch as numpy arrays per document (no per-token Python objects)."""
+    out: dict[str, list[np.ndarray]] = {}
+    for name in ("input_ids", "loss_mask"):
+        column = batch.column(name).combine_chunks()
+        values = column.values.to_numpy(zero_copy_only=False)
+        offsets = column.offsets.to_numpy()
+        out[name] = [values[offsets[i] : offsets[i + 1]] for i in range(len(column))]
+    return out
+
+
+def ray_datasets(cfg: TrainConfig, tokenizer: str) -> dict[str, Any]:
+    """Ray Data pipelines for the Ray entrypoint (run in the job's driver, before training starts).
+
+    Ray Data reads the files (pyarrow's filesystems) and tokenizes in ``map_batches`` across the
+    cluster; the tokenized documents stream back in file order (``preserve_order``) into
+    ``pack_documents``, and the packed rows become the ``train`` (and ``validation``) datasets that
+    every worker reads whole with ``ray.train.get_dataset_shard``: Ray's streaming split would hand
+    rows to ranks in an order decided at run time, and a resumed run could not know which samples it
+    had trained; here the order is ``ResumableSampler``'s, the same as under torchrun.
+    """
+    import pyarrow as pa
+    import ray.data
+    from ray.data.extensions import ArrowTensorArray
+
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True
+    context.enable_progress_bars = False
+    tokenize = Tokenize(tokenizer, cfg.data_field, cfg.data_kind)
+    eos = int(tokenize.tokenizer.eos_token_id)
+    tokenize._tokenizer = None  # each task loads its own (where it runs), not a pickled copy of this one
+
+    def tokenized(uri: str) -> Iterator[dict[str, Any]]:
+        source = open_source(uri, cfg.data_format)
+        try:
+            ds = _ray_read(source, cfg.data_field).map_batches(tokenize, batch_format="pyarrow", batch_size=1024)
+            for batch in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+                yield _documents(batch)
+        except DataUnavailable:
+            raise
+        except Exception as e:  # Ray wraps reader errors (a missing column, a bad line) in its own types
+            raise DataUnavailable(f"cannot read {uri}: {one_line_error(e)}") from e
+
+    common = {"seq_len": cfg.seq_len, "eos_id": eos, "eos_is_target": eos_is_target(cfg.data_kind)}
+    train, held_out = pack_documents(
+        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, **common
+    )
+    if cfg.validation_data:
+        held_out, _ = pack_documents(tokenized(cfg.validation_data), **common)
+
+    def dataset(packed: Packed) -> Any:
+        table = pa.table(
+            {
+                "input_ids": ArrowTensorArray.from_numpy(packed.input_ids),
+                "flags": ArrowTensorArray.from_numpy(packed.flags),
+            }
+        )
+        return ray.data.from_arrow(table)
+
+    datasets = {"train": dataset(train)}
+    if cfg.has_validation:
+        datasets["validation"] = dataset(held_out)
+    return datasets
+
+
+def prepare_from_ray(cfg: TrainConfig, *_: Any) -> Prepared:
+    """The packed rows of ``ray_datasets``, read whole by this worker through ``get_dataset_shard``."""
+    import ray.train
+
+    def collect(name: str) -> Packed:
+        ids, flags = [], []
+        for batch in ray.train.get_dataset_shard(name).iter_batches(batch_format="numpy", batch_size=4096):
+            ids.append(batch["input_ids"])
+            flags.append(batch["flags"])
+        if not ids:
+            return Packed(np.zeros((0, cfg.seq_len), np.int32), np.zeros((0, cfg.seq_len), np.uint8))
+        return Packed(np.concatenate(ids).astype(np.int32), np.concatenate(flags).astype(np.uint8))
+
+    return Prepared(collect("train"), collect("validation") if cfg.has_validation else None)
+
+
+def one_line_error(error: BaseException) -> str:
+    """The last ``SomeError: message`` line of an error's text (Ray's wrapped errors span many lines)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in reversed(lines):
+        head = line.split(":", 1)[0]
+        if head.endswith(("Error", "Exception")) and " " not in head:
+            return line
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"

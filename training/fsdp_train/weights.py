@@ -1,0 +1,246 @@
+"""Hugging Face model directories in and out: fetch one to the node, load it into the sharded model,
+and write the trained model back as a directory that ``AutoModelForCausalLM.from_pretrained`` loads.
+
+Loading reads the safetensors straight into each rank's shards with torch.distributed.checkpoint's
+``HuggingFaceStorageReader``: every rank reads only the slices it owns, and no rank ever holds the
+full model. Directories without safetensors fall back to a full load on rank 0 and a broadcast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+MODEL_CACHE_ENV = "FSDP_TRAIN_MODEL_CACHE"
+HF_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+TOKENIZER_FILE_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+
+
+def is_remote(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(MODEL_CACHE_ENV) or Path(tempfile.gettempdir()) / "fsdp-train-models")
+
+
+def fetch(location: str, *, patterns: list[str] | None = None) -> str:
+    """A local directory holding ``location``: itself when local, else a node-local copy.
+
+    ``s3://`` (and other pyarrow URIs) are copied with pyarrow's filesystems; a Hugging Face id goes
+    through ``huggingface_hub.snapshot_download`` (the hub's own cache and resumable downloads).
+    Call it on one process per node, then make the others wait (``fetch_on_each_node``).
+    """
+    if location.startswith("file://"):
+        location = location.removeprefix("file://")
+    if not is_remote(location):
+        if Path(location).is_dir() or location.startswith(("/", ".")):
+            return location
+        from huggingface_hub import snapshot_download
+
+        return str(snapshot_download(location, allow_patterns=patterns or HF_FILE_PATTERNS))
+    import pyarrow.fs as pafs
+
+    from fsdp_train.data import filesystem
+
+    wanted = patterns or HF_FILE_PATTERNS
+    target = cache_root() / hashlib.sha256(json.dumps([location, wanted]).encode()).hexdigest()[:16]
+    done = target / ".complete"
+    if done.exists():
+        return str(target)
+    fs, path = filesystem(location)
+    root = path.rstrip("/")
+    files = [
+        info.path
+        for info in fs.get_file_info(pafs.FileSelector(root, recursive=False))
+        if info.is_file and any(fnmatch.fnmatch(info.base_name, pattern) for pattern in wanted)
+    ]
+    if not files:
+        raise FileNotFoundError(f"{location} holds no Hugging Face model files ({', '.join(wanted)})")
+    cache_root().mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="fetch-", dir=cache_root()))
+    local = pafs.LocalFileSystem()
+    for file in files:
+        pafs.copy_files(
+            file, str(staging / file.rsplit("/", 1)[-1]), source_filesystem=fs, destination_filesystem=local
+        )
+    (staging / ".complete").touch()
+    try:
+        staging.rename(target)
+    except OSError:  # another process on this node fetched it first: keep theirs
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+def fetch_on_each_node(location: str, *, local_rank: int, patterns: list[str] | None = None) -> str:
+    """``fetch`` on local rank 0 of every node while the other ranks wait; every rank gets the path."""
+    if not dist.is_initialized():
+        return fetch(location, patterns=patterns)
+    from fsdp_train.data import on_one_rank_per_node
+
+    path = ""
+    with on_one_rank_per_node(local_rank, f"fetching {location}"):
+        if local_rank == 0:
+            path = fetch(location, patterns=patterns)
+    if local_rank != 0:
+        path = fetch(location, patterns=patterns)  # now a cache hit (or a local path)
+    return path
+
+
+def has_safetensors(directory: str) -> bool:
+    return any(Path(directory).glob("*.safetensors"))
+
+
+def tied_names(model: nn.Module) -> set[str]:
+    """Parameter names that share their tensor with an earlier one (a tied lm_head)."""
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        else:
+            seen[id(param)] = name
+    return tied
+
+
+def load_sharded(model: nn.Module, directory: str) -> float:
+    """Fill the (FSDP-sharded, materialized) model from a directory of safetensors; return seconds taken.
+
+    Tied parameters are left out of the request: their owner's tensor is the same storage, so the
+    tie survives (and a checkpoint without ``lm_head.weight``, as Hugging Face saves tied models, loads).
+    """
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint import load as dcp_load
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        set_model_state_dict,
+    )
+
+    from fsdp_train.model import canonical_name
+
+    started = time.perf_counter()
+    state = get_model_state_dict(model)
+    for name in {canonical_name(n) for n in tied_names(model)}:
+        state.pop(name, None)
+    # DCP raises for a requested name the files lack, so strict=False only lets the tied names through.
+    dcp_load(state, storage_reader=HuggingFaceStorageReader(directory))
+    set_model_state_dict(model, state, options=StateDictOptions(strict=False))
+    return time.perf_counter() - started
+
+
+def load_broadcast(model: nn.Module, directory: str, overrides: dict[str, Any]) -> None:
+    """Full load on rank 0 and a broadcast into the shards: for weights that are not safetensors."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    full: dict[str, Any] = {}
+    if dist.get_rank() == 0:
+        loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **overrides)
+        full = loaded.state_dict()
+    set_model_state_dict(
+        model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    )
+
+
+def export(
+    model: nn.Module,
+    config: Any,
+    destination: str,
+    *,
+    tokenizer_dir: str | None,
+    generation_source: str | None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> str:
+    """Write the trained model as a Hugging Face directory at ``destination`` (a path or an ``s3://`` URI).
+
+    Collective: every rank takes part in gathering the full state dict, which lands on rank 0's CPU
+    (one parameter at a time on the way); rank 0 writes ``config.json``, ``generation_config.json``,
+    safetensors shards (Hugging Face's own ``save_pretrained``), and the tokenizer files, then uploads
+    when the destination is remote. Returns ``destination``.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        staging = Path(tempfile.mkdtemp(prefix="fsdp-export-"))
+        try:
+            _write_hf_dir(full, config, staging, tokenizer_dir, generation_source, dtype)
+            _publish(staging, destination)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    dist.barrier()
+    return destination
+
+
+def _write_hf_dir(
+    full: dict[str, torch.Tensor],
+    config: Any,
+    directory: Path,
+    tokenizer_dir: str | None,
+    generation_source: str | None,
+    dtype: torch.dtype,
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    config = type(config).from_dict(config.to_dict())
+    config.use_cache = True  # the training run turned the KV cache off; inference wants it
+    config.dtype = dtype
+    with torch.device("meta"):
+        hf_model = AutoModelForCausalLM.from_config(config, dtype=dtype)  # type: ignore[no-untyped-call]
+    hf_model.load_state_dict({k: v.to(dtype) for k, v in full.items()}, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        hf_model.tie_weights()
+    missing = [n for n, p in hf_model.named_parameters() if p.is_meta]
+    if missing:
+        raise RuntimeError(f"export: no trained values for {missing[:4]}")
+    for name, buffer in hf_model.named_buffers():
+        if buffer.is_meta:  # non-persistent buffers (rotary frequencies) are rebuilt by from_pretrained
+            _set_buffer(hf_model, name, torch.zeros(buffer.shape, dtype=buffer.dtype))
+    if generation_source:
+        # A source without one keeps the generation config derived from the model config.
+        with contextlib.suppress(OSError):
+            hf_model.generation_config = GenerationConfig.from_pretrained(generation_source)
+    hf_model.save_pretrained(directory, max_shard_size="5GB")
+    if tokenizer_dir:
+        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)
+
+
+def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner, _, leaf = name.rpartition(".")
+    module = model.get_submodule(owner) if owner else model
+    module.register_buffer(leaf, value, persistent=False)
+
+
+def _publish(staging: Path, destination: str) -> None:
+    import pyarrow.fs as pafs
+
+    from fsdp_train.data import filesystem
+
+    if not is_remote(destination):
+        target = Path(destination.removeprefix("file://"))
+        target.mkdir(parents=True, exist_ok=True)
+        for item in staging.iterdir():
+            shutil.copy2(item, target / item.name)
+        return
+    fs, path = filesystem(destination)
+    pafs.copy_files(str(staging), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+
+def describe(directory: Path) -> dict[str, Any]:
+    """The files of an exported directory (for logs and tests)."""
+    return {p.name: p.stat().st_size for p in sorted(directory.iterdir())} | {
+        "config": json.loads((directory / "config.json").read_text())
+    }
