@@ -6,6 +6,7 @@ import contextlib
 import logging
 import os
 import socket
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,11 +76,16 @@ class S3:
 
 
 @contextlib.contextmanager
-def moto_s3(bucket: str = "data") -> Iterator[S3]:
-    """moto's ``ThreadedMotoServer`` on 127.0.0.1 with one bucket; the environment points at it meanwhile."""
+def moto_s3(bucket: str = "") -> Iterator[S3]:
+    """moto's ``ThreadedMotoServer`` on 127.0.0.1 with one bucket; the environment points at it meanwhile.
+
+    The bucket gets a name of its own unless one is given: moto keeps its state in the process, so the
+    objects of an earlier server would still be there under the same bucket name.
+    """
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    bucket = bucket or f"data-{uuid.uuid4().hex[:8]}"
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

@@ -149,10 +149,10 @@ def test_s3_through_moto_reads_the_same_documents(tmp_path: Path, tokenizer_dir:
     with moto_s3() as s3:
         uri = s3.upload(local, "corpus/train.parquet")
         source = data.open_source(uri.rsplit("/", 1)[0])
-        assert (source.format, source.files) == ("parquet", ("data/corpus/train.parquet",))
+        assert (source.format, source.files) == ("parquet", (f"{s3.bucket}/corpus/train.parquet",))
         from_s3 = prepared(TrainConfig(data=f"s3://{s3.bucket}/corpus", seq_len=32), tokenizer_dir)
-        with pytest.raises(data.DataUnavailable, match="s3://data/missing does not exist"):
-            data.open_source("s3://data/missing")
+        with pytest.raises(data.DataUnavailable, match=f"s3://{s3.bucket}/missing does not exist"):
+            data.open_source(f"s3://{s3.bucket}/missing")
     from_disk = prepared(TrainConfig(data=str(local), seq_len=32), tokenizer_dir)
     assert np.array_equal(from_s3.train.input_ids, from_disk.train.input_ids)
 
