@@ -441,3 +441,12 @@ def test_a_line_the_operator_cannot_read_is_skipped_not_raised(line: str) -> Non
     good = Step(rank=0, step=7, total_steps=40, loss=3.0, tokens_per_second=10.0, tokens_per_second_per_device=5.0)
     status = one_pass([line, *wire([good])])
     assert status["progress"]["step"] == 7 and "rankFailures" not in status
+
+
+def test_only_rank_zeros_summary_is_the_result() -> None:
+    summaries = [
+        Summary(rank=0, steps=40, final_loss=2.0, first_loss=3.0, tokens_per_second=10.0),
+        Summary(rank=1, steps=40, final_loss=9.0, first_loss=9.5, tokens_per_second=1.0),
+    ]
+    status = one_pass(wire(summaries))
+    assert (status["result"]["finalLoss"], status["result"]["tokensPerSecond"]) == (2.0, 10)
