@@ -30,7 +30,7 @@ from fsdp_operator.handlers import build_registry
 from fsdp_operator.kube import USER_AGENT, AioKube
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.faults import FaultInjector
-from fsdp_operator.rayjobs import RayJobInfo, RayJobs, RayNodes
+from fsdp_operator.rayjobs import LOG_CHUNK, RayJobInfo, RayJobs, RayNodes
 from fsdp_operator.render import Submission
 from integration.test_operator import FAST, WATCHED, Script, World, manifest, scenario
 from support.kopf_runner import eventually, operator_settings
@@ -106,8 +106,8 @@ class Operator:
         self.runtime: Runtime | None = None
         self.fenced = False
 
-    def _ray(self, address: str) -> RayJobs:
-        return _FencedRay(self, self.w.ray.client(address))
+    def _ray(self, address: str, token: str = "") -> RayJobs:
+        return _FencedRay(self, self.w.ray.client(address, token))
 
     async def start(self) -> None:
         w = self.w
@@ -195,9 +195,9 @@ class _FencedRay:
         self._check()
         return await self.inner.info(submission_id)
 
-    async def logs(self, submission_id: str, offset: int) -> str:
+    async def logs(self, submission_id: str, offset: int, limit: int = LOG_CHUNK, *, final: bool = False) -> str:
         self._check()
-        return await self.inner.logs(submission_id, offset)
+        return await self.inner.logs(submission_id, offset, limit, final=final)
 
     async def stop(self, submission_id: str) -> bool:
         self._check()
