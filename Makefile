@@ -23,8 +23,10 @@ typecheck: setup
 	$(BIN)/mypy operator/fsdp_operator
 
 # The default run leaves out the end-to-end cases marked `slow` (each e2e suite keeps a representative case
-# in it); `make test-all` runs every test. Both print line and branch coverage of the two packages.
-PYTEST_MARKS ?= not slow
+# in it) and the full `faults` and `load` suites (their samples stay in); `make test-all` adds the slow cases
+# (`pytest -m faults` / `pytest -m load` run those suites). Both print line and branch coverage.
+# An explicit -m replaces pyproject's addopts -m, so the default marks are spelled out here in full.
+PYTEST_MARKS ?= not slow and not faults and not load
 COVERAGE := --cov --cov-report=term
 
 test: setup lint typecheck
