@@ -47,7 +47,7 @@ MUTANTS ?=
 
 mutation: setup
 	rm -rf $(MUTATION_DIR) && mkdir -p $(MUTATION_DIR)
-	cp -r operator/fsdp_operator training/fsdp_train tests examples crds charts pyproject.toml $(MUTATION_DIR)/
+	cp -r operator/fsdp_operator training/fsdp_train tests examples crds charts docs pyproject.toml $(MUTATION_DIR)/
 	cd $(MUTATION_DIR) && PATH=$(CURDIR)/$(BIN):$$PATH nice -n 15 mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS) > mutmut.log
 	$(BIN)/python tests/support/mutation_scores.py $(MUTATION_DIR)/mutants
 

@@ -112,7 +112,7 @@ class Step(Event):
     """Packed sequences trained on so far, all ranks and epochs (a resumed run counts the earlier ones)."""
     tokens_seen: int = 0
     samples_digest: str = ""
-    """A fingerprint of this step's sample ids in order (``fsdp_train.data.samples_digest``)."""
+    """A fingerprint of this step's sample ids in order (``fsdp_train.packing.samples_digest``)."""
 
 
 @dataclass(kw_only=True, slots=True)

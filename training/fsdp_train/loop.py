@@ -22,13 +22,11 @@ from fsdp_train import report
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import (
-    Packed,
     Prepared,
     TrainFeed,
     check_usable,
     eval_batches,
     prepare_on_each_node,
-    samples_digest,
     tokenizer_location,
 )
 from fsdp_train.events import Checkpoint, Evaluation, Export, Failure, Probe, Summary, as_dict, emit
@@ -41,6 +39,7 @@ from fsdp_train.model import (
     init_weights,
     load_pretrained_weights,
 )
+from fsdp_train.packing import Packed, samples_digest
 from fsdp_train.parallelize import Topology, build_mesh, parallelize, resolve_sharding
 from fsdp_train.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
 from fsdp_train.startup import StartupClock, configure_compile_cache

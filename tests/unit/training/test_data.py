@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fsdp_train import data
+from fsdp_train import data, packing
 from fsdp_train.config import TrainConfig
 from support.tiny_hf import EOS, IM_END, conversations, documents, train_tokenizer, write_jsonl, write_parquet
 
@@ -30,7 +30,7 @@ def batch(*docs: tuple[list[int], list[int]]) -> dict[str, Any]:
 
 
 def test_documents_are_joined_with_eos_and_cut_into_rows_with_restarting_positions() -> None:
-    train, held_out = data.pack_documents(
+    train, held_out = packing.pack_documents(
         [batch(([11, 12, 13], [1, 1, 1]), ([21, 22], [1, 1])), batch(([31, 32, 33, 34], [1, 1, 1, 1]))],
         seq_len=4,
         eos_id=0,
@@ -39,9 +39,9 @@ def test_documents_are_joined_with_eos_and_cut_into_rows_with_restarting_positio
     assert len(held_out) == 0 and train.documents == 3
     # 11 12 13 EOS | 21 22 EOS 31 | 32 33 34 EOS  (12 tokens: three full rows, no padding)
     assert train.input_ids.tolist() == [[11, 12, 13, 0], [21, 22, 0, 31], [32, 33, 34, 0]]
-    assert data.position_ids(train.flags).tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 2, 3]]
+    assert packing.position_ids(train.flags).tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [0, 1, 2, 3]]
     # A document's first token is nobody's target (its context is another document); EOS is.
-    assert data.labels(train.input_ids, train.flags).tolist() == [
+    assert packing.labels(train.input_ids, train.flags).tolist() == [
         [-100, 12, 13, 0],
         [-100, 22, 0, -100],
         [32, 33, 34, 0],
@@ -49,15 +49,17 @@ def test_documents_are_joined_with_eos_and_cut_into_rows_with_restarting_positio
 
 
 def test_the_last_row_is_padded_with_eos_that_is_no_target() -> None:
-    train, _ = data.pack_documents([batch(([5, 6, 7], [1, 1, 1]))], seq_len=3, eos_id=9, eos_is_target=False)
+    train, _ = packing.pack_documents([batch(([5, 6, 7], [1, 1, 1]))], seq_len=3, eos_id=9, eos_is_target=False)
     assert train.input_ids.tolist() == [[5, 6, 7], [9, 9, 9]]
-    assert data.labels(train.input_ids, train.flags).tolist() == [[-100, 6, 7], [-100, -100, -100]]
+    assert packing.labels(train.input_ids, train.flags).tolist() == [[-100, 6, 7], [-100, -100, -100]]
 
 
 def test_the_validation_split_is_by_document_and_does_not_depend_on_batching() -> None:
     docs = [([i, i + 1], [1, 1]) for i in range(10, 400, 2)]
-    one = data.pack_documents([batch(*docs)], seq_len=8, eos_id=0, eos_is_target=True, validation_fraction=0.2, seed=3)
-    many = data.pack_documents(
+    one = packing.pack_documents(
+        [batch(*docs)], seq_len=8, eos_id=0, eos_is_target=True, validation_fraction=0.2, seed=3
+    )
+    many = packing.pack_documents(
         [batch(*docs[i : i + 7]) for i in range(0, len(docs), 7)],
         seq_len=8,
         eos_id=0,
@@ -190,10 +192,10 @@ def test_chat_loss_is_on_assistant_tokens_only_token_by_token(tokenizer_dir: Pat
         "<|im_start|>assistant\n<|im_start|>user\nthe lazy dog<|im_end|>\n<|im_start|>assistant\n"
     )
     # Packed, the chat's EOS separator is no target either.
-    train, _ = data.pack_documents(
+    train, _ = packing.pack_documents(
         [batch((ids, mask))], seq_len=len(ids) + 1, eos_id=tok.eos_token_id, eos_is_target=False
     )
-    targets = data.labels(train.input_ids, train.flags)[0]
+    targets = packing.labels(train.input_ids, train.flags)[0]
     assert [int(t != -100) for t in targets] == [0, *mask[1:], 0]
     assert tok.convert_ids_to_tokens(int(train.input_ids[0, -1])) == EOS
 
@@ -203,7 +205,7 @@ def test_chat_rows_from_jsonl_are_read_as_message_lists(tmp_path: Path, tokenize
     cfg = TrainConfig(data=str(tmp_path / "chat.jsonl"), data_field="messages", data_kind="chat", seq_len=32)
     packed = prepared(cfg, tokenizer_dir).train
     assert packed.documents == 12
-    assert 0 < int((packed.flags & data.TARGET).astype(bool).sum()) < packed.input_ids.size // 2
+    assert 0 < int((packed.flags & packing.TARGET).astype(bool).sum()) < packed.input_ids.size // 2
 
 
 def test_chat_rows_that_are_not_message_lists_are_data_unavailable(tmp_path: Path, tokenizer_dir: Path) -> None:
@@ -217,7 +219,7 @@ def test_chat_rows_that_are_not_message_lists_are_data_unavailable(tmp_path: Pat
 
 
 def feeds(size: int, world: int, batch_size: int = 2, accum: int = 1) -> list[data.TrainFeed]:
-    packed = data.Packed(np.arange(size * 4, dtype=np.int32).reshape(size, 4), np.ones((size, 4), np.uint8))
+    packed = packing.Packed(np.arange(size * 4, dtype=np.int32).reshape(size, 4), np.ones((size, 4), np.uint8))
     return [
         data.TrainFeed(packed, rank=r, world_size=world, batch_size=batch_size, grad_accum=accum, seed=5)
         for r in range(world)
@@ -264,27 +266,27 @@ def test_a_restored_position_continues_with_the_same_samples() -> None:
 
 
 def test_training_a_sample_twice_in_an_epoch_is_caught() -> None:
-    position = data.DataPosition(size=10, global_batch=2)
+    position = packing.DataPosition(size=10, global_batch=2)
     position.record([3, 4])
     with pytest.raises(AssertionError, match=r"samples \[4\] trained twice"):
         position.record([4, 5])
 
 
 def test_an_epoch_that_skipped_samples_is_caught() -> None:
-    position = data.DataPosition(size=10, global_batch=4, step_in_epoch=1)  # as if step 1 had been lost
+    position = packing.DataPosition(size=10, global_batch=4, step_in_epoch=1)  # as if step 1 had been lost
     position.record([0, 1, 2, 3])
     with pytest.raises(AssertionError, match="epoch 0 trained 4 samples, expected 8"):
         position.finish_step()
 
 
 def test_a_position_saved_for_other_data_or_batch_sizes_is_refused() -> None:
-    saved = data.DataPosition(size=10, global_batch=4).state_dict()
+    saved = packing.DataPosition(size=10, global_batch=4).state_dict()
     with pytest.raises(ValueError, match="for 10 sequences in global batches of 4; this run has 10 in batches of 2"):
-        data.DataPosition(size=10, global_batch=2).load_state_dict(saved)
+        packing.DataPosition(size=10, global_batch=2).load_state_dict(saved)
 
 
 def test_eval_batches_give_every_rank_the_same_count_and_each_row_once() -> None:
-    packed = data.Packed(np.arange(7 * 4, dtype=np.int32).reshape(7, 4), np.full((7, 4), data.TARGET, np.uint8))
+    packed = packing.Packed(np.arange(7 * 4, dtype=np.int32).reshape(7, 4), np.full((7, 4), packing.TARGET, np.uint8))
     per_rank = [list(data.eval_batches(packed, rank=r, world_size=3, batch_size=2)) for r in range(3)]
     assert [len(b) for b in per_rank] == [2, 2, 2]
     real = sorted(
@@ -298,13 +300,13 @@ def test_eval_batches_give_every_rank_the_same_count_and_each_row_once() -> None
 
 
 def test_samples_digest_depends_on_order() -> None:
-    assert data.samples_digest([1, 2]) != data.samples_digest([2, 1])
-    assert data.samples_digest([1, 2]) == data.samples_digest([1, 2])
-    assert json.dumps(data.samples_digest([7]))  # a plain string
+    assert packing.samples_digest([1, 2]) != packing.samples_digest([2, 1])
+    assert packing.samples_digest([1, 2]) == packing.samples_digest([1, 2])
+    assert json.dumps(packing.samples_digest([7]))  # a plain string
 
 
 def test_without_the_document_mask_positions_run_through_the_row() -> None:
-    train, _ = data.pack_documents(
+    train, _ = packing.pack_documents(
         [batch(([11, 12], [1, 1]), ([21, 22], [1, 1]), ([31], [1]))], seq_len=4, eos_id=0, eos_is_target=True
     )
     masked = data.Collate(train)([0, 1])  # 11 12 EOS 21 | 22 EOS 31 EOS
