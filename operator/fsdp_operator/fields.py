@@ -142,8 +142,6 @@ def _default_value(d: Declared) -> Any:
 
 # --- showing values in messages -------------------------------------------------------------------
 
-# Everything between `scheme://` and the last `@`: user info, however it is spelled, never shows.
-_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)\S*@")
 _CREDENTIAL_NAME = re.compile(r"(?i)secret|token|passw|credential|private|auth|api_?key|access_?key|session|cookie")
 SHOW_LIMIT = 40
 
@@ -169,7 +167,7 @@ def show(value: Any, *, secret: bool = False) -> str:
     if secret:
         return "(value hidden)"
     if isinstance(value, str):
-        text = _USERINFO.sub(r"\1***@", value)
+        text = hide_userinfo(value)
         clipped = repr(text[:SHOW_LIMIT])
         return clipped + ("..." if len(text) > SHOW_LIMIT else "")
     if isinstance(value, bool) or value is None:
@@ -179,6 +177,27 @@ def show(value: Any, *, secret: bool = False) -> str:
     if isinstance(value, float):
         return repr(value)
     return f"a value of type {type_name(value)}"
+
+
+def hide_userinfo(text: str) -> str:
+    """`text` with what may be URI user info hidden: everything before the last ``@``, back to the last
+    ``://`` (or the first ``:``) before it, however the URI is spelled (``s3:/\\u:p@b``, white space in it).
+
+    String searches only, so linear in the length (a regular expression scanning for ``scheme://`` at every
+    position of a long string is quadratic).
+    """
+    at = text.rfind("@")
+    if at < 0:
+        return text
+    head = text[:at]
+    separator = head.rfind("://")
+    if separator >= 0:
+        start = separator + 3
+    elif (colon := head.find(":")) >= 0:
+        start = colon + 1
+    else:
+        return text  # `ray@sha256:...`, `pkg @ url`: no URI, or no user info in it
+    return f"{text[:start]}***{text[at:]}"
 
 
 def show_key(key: Any) -> str:

@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from packaging.requirements import InvalidRequirement, Requirement
 
@@ -145,7 +145,7 @@ def parse_quantity(value: int | str) -> Decimal:
     if match is None:
         raise ValueError(_NOT_A_QUANTITY)
     number, suffix = Decimal(match.group(1)), match.group(2) or ""
-    if suffix[:1] in ("e", "E") and len(suffix) > 1:
+    if suffix not in _SCALE:  # a decimal exponent (`1e3`); `E` and `Ei` are suffixes
         power = int(suffix[1:])
         if abs(power) > 40:  # far outside what any resource can be; keeps the arithmetic exact and small
             raise ValueError("is out of range")
@@ -203,7 +203,13 @@ _BUCKET = {
     "s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
     "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
 }
-_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+# Control characters and white space, Unicode's included (NEL, no-break and zero-width spaces, line separators).
+_CONTROL = re.compile(r"[\x00-\x20\x7f-\xa0\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u3000\ufeff]")
+
+
+def _dot_dot(path: str) -> bool:
+    """Whether a path has a `..` segment, percent-encoded (`%2e%2e`) or separated by backslashes included."""
+    return any(unquote(segment) == ".." for segment in path.replace("\\", "/").split("/"))
 
 
 def _storage_uri(value: str) -> str | None:
@@ -237,7 +243,7 @@ def _storage_uri(value: str) -> str | None:
             if not _BUCKET[parts.scheme].fullmatch(parts.netloc):
                 return "has a bucket name that is not valid (3-63 lowercase letters, digits, '.' or '-')"
             path = parts.path
-    if ".." in path.split("/"):
+    if _dot_dot(path):
         return "must not contain '..' segments"
     return None
 
@@ -252,7 +258,7 @@ def _data_source(value: str) -> str | None:
     if value == "random":
         return None
     if value.startswith("hf://"):
-        if not _HF_DATASET.fullmatch(value) or ".." in value.split("/"):
+        if not _HF_DATASET.fullmatch(value) or _dot_dot(value):
             return "must be hf://datasets/OWNER/NAME (optionally followed by a path inside the data set)"
         return None
     if not value:
@@ -267,6 +273,9 @@ DATA_SOURCE = Grammar("data source", _data_source, 1024)
 # --- pip requirements ---------------------------------------------------------------------------------
 
 
+PIP_URL_SCHEMES = ("https", "git+https")
+
+
 def _pip_requirement(value: str) -> str | None:
     if re.search(r"[\x00-\x1f\x7f]", value):
         return "must be one requirement specifier on one line"
@@ -278,11 +287,17 @@ def _pip_requirement(value: str) -> str | None:
         return "is not a requirement specifier (PEP 508, e.g. 'pandas>=2.2')"
     if requirement.url is not None:
         try:
-            netloc = urlsplit(requirement.url).netloc
+            parts = urlsplit(requirement.url)
         except ValueError:
             return "has a URL that is not well-formed"
-        if "@" in netloc:
+        if "@" in parts.netloc:
             return "must not carry credentials in its URL"
+        if parts.scheme not in PIP_URL_SCHEMES or not parts.netloc:
+            # file:// installs whatever lies on the node; http:// and the rest can be tampered with on the way.
+            return f"must have an {' or '.join(s + '://' for s in PIP_URL_SCHEMES)} URL (a direct reference)"
+    if "${" in value:
+        # pip expands ${VAR} in a requirements file (Ray writes one): the pod's environment would leak into a URL.
+        return "must not refer to environment variables (${...})"
     return None
 
 
@@ -297,7 +312,19 @@ def _model_name(value: str) -> str | None:
         return "must not be empty"
     if _CONTROL.search(value):
         return "must not contain white space or control characters"
-    if ".." in value.split("/"):
+    if "://" in value and not value.startswith("hf://"):  # hf:// gets the training function's own message
+        return _storage_uri(value)
+    if _dot_dot(value):
+        return "must not contain '..' segments"
+    return None
+
+
+def _absolute_path(value: str) -> str | None:
+    if not value.startswith("/"):
+        return "must be an absolute path"
+    if _CONTROL.search(value):
+        return "must not contain white space or control characters"
+    if _dot_dot(value):
         return "must not contain '..' segments"
     return None
 
@@ -359,6 +386,7 @@ CAPACITY_RESERVATION_ID = Grammar(
 )
 
 MODEL_NAME = Grammar("Hugging Face model id or path", _model_name, 256)
+ABSOLUTE_PATH = Grammar("absolute path", _absolute_path, 1024)
 RAY_VERSION = Grammar("Ray version", _ray_version, 64)
 INTERFACE_NAMES = Grammar("interface names", _interface_names, 256)
 CONFIG_KEY = Grammar("config key", _config_key, 64)

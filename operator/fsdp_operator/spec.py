@@ -27,6 +27,7 @@ Adding a field
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -94,11 +95,14 @@ OPERATOR_ENV: dict[str, str] = {
     "NCCL_IB_DISABLE": "use spec.network.transport",
     "NCCL_SOCKET_IFNAME": "use spec.network.socketIfname",
     "FI_*": "use spec.network.transport (the operator selects the libfabric provider)",
-    "RAY_DEDUP_LOGS": "the operator needs every rank's log lines unmerged",
+    "RAY_DEDUP_LOGS*": "the operator needs every rank's log lines unmerged",
+    "RAY_LOG_TO_*": "the operator reads every rank's log lines from the job's log",
+    "RAY_LOGGING_*": "the operator reads every rank's log lines in Ray's plain format",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "the operator needs every rank's log lines printed once",
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "the operator sets it so that progress reports are not delayed",
     "PYTHONUNBUFFERED": "the operator needs the ranks' events unbuffered",
     "LD_PRELOAD": "it would replace the libraries NCCL and the transport check rely on",
+    "LD_AUDIT": "it would replace the libraries NCCL and the transport check rely on",
     "RAY_AUTH_*": "the operator sets Ray's token authentication (the chart's rayTokenAuth), the token per job",
     "POD_NAME": "the operator sets it from the downward API for the placement report",
     "NODE_NAME": "the operator sets it from the downward API for the placement report",
@@ -106,7 +110,12 @@ OPERATOR_ENV: dict[str, str] = {
 
 
 def operator_owned(name: str) -> str | None:
-    """Why `name` is the operator's to set (and what to use instead), or None when the user may set it."""
+    """Why `name` is the operator's to set (and what to use instead), or None when the user may set it.
+
+    Compared in upper case and without surrounding white space: `nccl_debug` is not NCCL's variable, but a
+    spec that spells it so means it, and refusing it costs nothing.
+    """
+    name = name.strip().upper()
     for pattern, why in OPERATOR_ENV.items():
         if name == pattern or (pattern.endswith("*") and name.startswith(pattern[:-1])):
             return why
@@ -328,6 +337,13 @@ class Workers:
             w["ranks_per_worker"] = gpus
         elif gpus > 0 and w["ranks_per_worker"] != gpus:
             problems.append(f"{path}.ranksPerWorker: must equal gpusPerWorker ({gpus}): one rank per GPU")
+        ranks = w["ranks_per_worker"]
+        if ranks and math.ceil(parse_quantity(w["cpu"])) < ranks:
+            # Each rank asks Ray for one CPU, and KubeRay gives the Ray node ceil(cpu) of them: fewer never start.
+            problems.append(
+                f"{path}.cpu: {w['cpu']} CPUs for {ranks} ranks per worker; each rank needs one CPU "
+                "(Ray Train would wait for them forever)"
+            )
         for label in INSTANCE_TYPE_LABELS:
             chosen = w["node_selector"].get(label)
             if instance_type and chosen is not None and chosen != instance_type:
@@ -587,6 +603,7 @@ class Training:
         "Absolute path of a directory every run of the job can reach (a shared volume) for the compile caches "
         "(Inductor, Triton): a restart or a second run reuses the compiled kernels. Empty: each process compiles.",
         default="",
+        grammar=formats.or_empty(formats.ABSOLUTE_PATH),
         train="compile_cache_dir",
     )
     seed: int = declare("Random seed for weights and data.", default=0, minimum=0, maximum=2**32 - 1, train="seed")
@@ -704,7 +721,9 @@ class Spec:
         if t["sharding"] == "hybrid" and w["replicas"] < 2:
             problems.append(f"{path}.training.sharding: hybrid needs at least 2 workers (it replicates across nodes)")
         known = catalog.instance_type(w["instance_type"])
-        if t["precision"] == "fp8" and known is not None and not known.gpu.supports_fp8:
+        if t["precision"] == "fp8" and w["gpus_per_worker"] == 0:
+            problems.append(f"{path}.training.precision: fp8 needs GPUs; gpusPerWorker is 0 (use bf16 or auto)")
+        elif t["precision"] == "fp8" and known is not None and not known.gpu.supports_fp8:
             problems.append(
                 f"{path}.training.precision: fp8 needs fp8 tensor cores; {known.name}'s {known.gpu.name} has none "
                 "(use bf16 or auto)"
@@ -752,6 +771,18 @@ def _fits_instance(known: catalog.InstanceType, w: dict[str, Any], path: str, pr
 
 
 @dataclass(frozen=True, slots=True)
+class OwnerReference:
+    """An owner of the job, as the API server checks it (metav1.OwnerReference)."""
+
+    api_version: str = declare("API version of the owner.", default="", required=True, max_length=317)
+    kind: str = declare("Kind of the owner.", default="", required=True, max_length=253)
+    name: str = declare("Name of the owner.", default="", required=True, max_length=253)
+    uid: str = declare("UID of the owner.", default="", required=True, max_length=128)
+    controller: bool | None = declare("The owner is the managing controller.")
+    block_owner_deletion: bool | None = declare("The owner cannot be deleted before this object.")
+
+
+@dataclass(frozen=True, slots=True)
 class ObjectMeta:
     """The metadata of an FSDPTrainingJob: what the operator reads is checked; the API server's own fields pass."""
 
@@ -775,8 +806,8 @@ class ObjectMeta:
     deletion_timestamp: str | None = declare("Set by the API server.", max_length=64)
     deletion_grace_period_seconds: int | None = declare("Set by the API server.", minimum=0, maximum=INT64_MAX)
     finalizers: list[str] = declare("Finalizers.", factory=list, grammar=formats.QUALIFIED_NAME, max_items=64)
-    owner_references: list[Any] = declare("Owners.", factory=list, max_items=64)
-    managed_fields: list[Any] = declare("Set by the API server.", factory=list)
+    owner_references: list[dict[str, Any]] = declare("Owners.", factory=list, shape=OwnerReference, max_items=64)
+    managed_fields: list[dict[str, Any]] = declare("Set by the API server.", factory=list, max_items=1024)
 
     @staticmethod
     def _rules(m: dict[str, Any], path: str, problems: Problems) -> None:

@@ -670,7 +670,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress.update(epoch=event.epoch, samplesSeen=event.samples_seen, tokensSeen=event.tokens_seen)
             progress.update(evaluation)
         elif isinstance(event, Evaluation):
-            if event.step >= int(progress.get("evalStep", 0)):
+            if event.step >= _int(progress.get("evalStep")):
                 progress.update(evalLoss=_round(event.loss), evalStep=event.step)
         elif isinstance(event, Export):
             output = {"path": event.path, "step": event.step, "seconds": _round(event.seconds, 2)}
@@ -828,7 +828,8 @@ def status_budget(ranks: int) -> int:
 
 
 def _size(value: Any) -> int:
-    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    # errors="replace": a lone surrogate (only a stored status can hold one now) counts as the byte it becomes.
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode(errors="replace"))
 
 
 def _cut(text: Any, limit: int) -> Any:

@@ -97,6 +97,14 @@ def event_lines() -> Iterator[tuple[str, str]]:
     yield "control bytes", "\x00" * 1000 + f"{PREFIX} " + json.dumps(_step())
     yield "control bytes", f"{PREFIX} " + json.dumps(_step()) + "\x1b[0m\r"
     yield "control bytes", f"{RAY}{PREFIX} " + json.dumps(_step()).replace("{", "{\x00", 1)
+    # JSON escapes no UTF-8 encoder takes (a lone surrogate), and NUL in a key: the status writer failed on them.
+    for text in ("\ud800", "a\udfffb", "\udc00\ud800", "ok\ud83d"):
+        yield "lone surrogates", _event(_placement(hostname=text, pod=text, device=text, node_ip=text))
+        yield "lone surrogates", _event(_transport(evidence=text, plugin=text, provider=text))
+        yield "lone surrogates", _event({"v": 1, "kind": "failure", "rank": 3, "message": text, "reason": text})
+        yield "lone surrogates", _event({"v": 1, "kind": "checkpoint", "rank": 0, "step": 1, "path": "/c/" + text})
+        yield "lone surrogates", _event({"v": 1, "kind": "export", "rank": 0, "step": 1, "path": "/o/" + text})
+    yield "lone surrogates", f"{RAY}{PREFIX} " + '{"v":1,"kind":"failure","rank":3,"message":"m","\\u0000\\ud800":1}'
     line = Placement(rank=1, world_size=WORLD_SIZE, local_rank=1, local_world_size=4, node_rank=0, node_ip="10.0.0.7",
                      hostname="h", pod="p", device="cpu").to_line()  # fmt: skip
     for _ in range(50):

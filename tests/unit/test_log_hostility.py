@@ -46,7 +46,7 @@ def test_the_corpus_covers_every_class_docs_reliability_counts() -> None:
     assert classes == {
         "malformed JSON", "unknown or wrong kind", "wrong types", "missing fields", "huge or negative rank",
         "huge numbers", "rank beyond world size", "huge strings", "control bytes", "duplicated events",
-        "catastrophic-backtracking NCCL lines",
+        "catastrophic-backtracking NCCL lines", "lone surrogates",
     }  # fmt: skip
     assert len(corpus()) >= 200
 
@@ -107,6 +107,29 @@ def test_folding_the_whole_corpus_gives_a_status_the_crd_accepts() -> None:
     # Ranks 8, 9, 4095 and 2^20-1 (placement and transport each), local rank 1000.
     assert folded.rejected == 9 and status["skippedEvents"] == 9
     assert len(json.dumps(status)) < status_budget(3)
+
+
+def test_lone_surrogates_never_reach_a_status() -> None:
+    """A `\\ud800` escape decoded into a str no UTF-8 encoder takes: sizing the status raised UnicodeEncodeError."""
+    lines = [line for k, line in event_lines() if k == "lone surrogates"]
+    events = parse_log(lines).events
+    assert len(events) == len(lines)
+    for event in events:
+        for name in event.__slots__:
+            value = getattr(event, name)
+            assert not isinstance(value, str) or not any(0xD800 <= ord(c) <= 0xDFFF for c in value), value
+    status = within_budget(fold_events(job(), JobStatus(), events, now=NOW).status.to_dict())
+    json.dumps(status, ensure_ascii=False).encode()
+    jsonschema.validate(status, STATUS_SCHEMA)
+
+
+def test_a_stored_status_of_the_wrong_types_folds() -> None:
+    """A status is writable by whoever may write the status subresource: its values are not trusted either."""
+    stored = JobStatus(progress={"evalStep": "x", "step": [1]}, ranks=[{"rank": "0"}])
+    evaluation = parse_event('FSDP_EVENT {"v":1,"kind":"evaluation","rank":0,"step":2,"loss":1.5}')
+    assert isinstance(evaluation, Event)
+    folded = fold_events(job(), stored, [evaluation], now=NOW)
+    assert folded.status.progress["evalStep"] == 2
 
 
 def test_duplicated_events_fold_to_one_entry_each() -> None:

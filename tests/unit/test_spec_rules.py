@@ -437,5 +437,5 @@ def test_compile_cache_dir_reaches_the_training_function_and_must_be_absolute() 
     job = parse_job(manifest({"training": {"compileCacheDir": "/mnt/shared/compile-cache"}}))
     assert train_config(job.spec).compile_cache_dir == "/mnt/shared/compile-cache"
     assert problems({"training": {"compileCacheDir": "cache"}}) == [
-        "spec.training.compileCacheDir: must be an absolute path, got 'cache'."
+        "spec.training.compileCacheDir: 'cache' must be an absolute path"
     ]

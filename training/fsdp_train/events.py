@@ -221,7 +221,8 @@ TRUNCATED = "…"
 # ANSI escape sequences (CSI and OSC), then any C0/C1 control character and DEL: a status string must not
 # move a terminal's cursor when `kubectl get -o yaml` prints it. Both patterns are linear (no nesting).
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# Lone surrogates too (JSON's `\ud800`): no UTF-8 encoder takes them, so a status holding one could not be written.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def clean_text(value: str, limit: int = MAX_TEXT) -> str:

@@ -42,6 +42,7 @@ else unknown.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
@@ -300,8 +301,8 @@ def classify_by_rank(text: str) -> dict[str, NcclVerdict]:
     none or two processes claim the same rank; lines without any prefix go under :data:`NO_PREFIX`.
     """
     verdicts = {key: process.verdict("" if key == NO_PREFIX else key) for key, process in _processes(text).items()}
-    ranks = [v.rank for v in verdicts.values() if v.rank is not None]
-    return {str(v.rank) if v.rank is not None and ranks.count(v.rank) == 1 else key: v for key, v in verdicts.items()}
+    claims = Counter(v.rank for v in verdicts.values() if v.rank is not None)  # linear: thousands of processes
+    return {str(v.rank) if v.rank is not None and claims[v.rank] == 1 else key: v for key, v in verdicts.items()}
 
 
 def combine(verdicts: Iterable[NcclVerdict]) -> NcclVerdict:
