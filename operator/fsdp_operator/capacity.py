@@ -545,7 +545,13 @@ def check(
             # A bounded wait keeps the main thread responsive to Ctrl-C.
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             for future in done:
-                region = future.result()
+                try:
+                    region = future.result()
+                except NoCredentials:
+                    raise
+                except Exception as e:  # anything check_region did not turn into a sentence: still the region's row
+                    name = futures[future]
+                    region = Region(name, error=describe_error(e, "check", name))
                 results[region.name] = region
                 on_done(region)
     except BaseException:

@@ -635,3 +635,18 @@ def test_quota_numbers_are_printed_whole() -> None:
 def test_a_count_below_one_is_bad_input(count: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["capacity", "--count", count, "--regions", "us-east-1"]) == 2
     assert capsys.readouterr().err == f"error: --count must be at least 1, got {count}\n"
+
+
+def test_an_unexpected_error_in_one_region_is_that_regions_row(aws: None) -> None:
+    regions = Regions(["us-east-1", "us-west-2"])
+    _quota(regions, "us-east-1", 192)
+    _spot(regions.ec2["us-east-1"], "us-east-1", {"use1-az1": 4})
+
+    def factory(service: str, region: str) -> Any:
+        if service == "service-quotas" and region == "us-west-2":
+            raise RuntimeError("no client for you")
+        return regions(service, region)
+
+    plan = capacity.check(factory, ["us-east-1", "us-west-2"], Request(G6, 2, 48))
+    assert plan.regions[1] == capacity.Region("us-west-2", error="check: RuntimeError: no client for you")
+    assert capacity.rank(plan)[0].usable
