@@ -66,6 +66,11 @@ class Request:
         return self.count * self.vcpus_per_instance
 
 
+def number(value: float) -> str:
+    """A vCPU count as a user types it: 1536, never 1.536e+03 (`:g` keeps only six digits)."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
 @dataclass(frozen=True, slots=True)
 class QuotaIncrease:
     """The exact `aws service-quotas request-service-quota-increase` call that would make room."""
@@ -78,7 +83,7 @@ class QuotaIncrease:
     def command(self) -> str:
         return (
             f"aws service-quotas request-service-quota-increase --region {self.region} --service-code ec2 "
-            f"--quota-code {self.quota_code} --desired-value {self.desired_value:g}"
+            f"--quota-code {self.quota_code} --desired-value {number(self.desired_value)}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -316,35 +321,78 @@ def _spot_scores(ec2: Client, request: Request, region: str) -> dict[str, int]:
         kwargs["NextToken"] = token
 
 
+_GONE_STATES = {"cancelled", "expired", "failed"}
+
+
+def _is_gone(ec2: Client, reservation_id: str) -> bool:
+    """Whether EC2 says the reservation no longer holds capacity (a cancel that went through unanswered)."""
+    try:
+        answer = ec2.describe_capacity_reservations(CapacityReservationIds=[reservation_id])
+    except Exception as e:
+        return _client_error_code(e) == "InvalidCapacityReservationId.NotFound"
+    states = {r.get("State") for r in answer.get("CapacityReservations", [])}
+    return not states or states <= _GONE_STATES
+
+
 def _cancel(ec2: Client, reservation_id: str, region: str) -> str:
-    """Cancel a reservation; '' when done, else what the user must do. Survives a Ctrl-C during the call."""
+    """Cancel a reservation; '' when done, else what the user must do.
+
+    Survives a Ctrl-C during the call: the cancel is tried again, and the KeyboardInterrupt is raised once
+    the reservation is gone (or the attempts are spent, after the message has been logged)."""
     last = ""
-    for _ in range(3):
+    interrupted = False
+    for attempt in range(3):
         try:
+            if attempt and _is_gone(ec2, reservation_id):  # an earlier, unanswered cancel went through
+                last = ""
+                break
             ec2.cancel_capacity_reservation(CapacityReservationId=reservation_id)
-            return ""
+            last = ""
+            break
         except KeyboardInterrupt:
-            last = "interrupted"
-            continue  # the reservation must go: try again, the interrupt is re-raised by the caller
+            interrupted, last = True, "interrupted"
         except Exception as e:
             if _client_error_code(e) == "InvalidCapacityReservationId.NotFound":
-                return ""
+                last = ""
+                break
             last = describe_error(e, "cancel", region)
-    return (
+    problem = (
         f"reservation {reservation_id} may still be active ({last}): cancel it with "
         f"`aws ec2 cancel-capacity-reservation --region {region} --capacity-reservation-id {reservation_id}`"
+        if last
+        else ""
+    )
+    if interrupted:
+        if problem:
+            log.warning(problem)  # the interrupt travels on: say it before, so it is never lost
+        raise KeyboardInterrupt
+    return problem
+
+
+def _find_command(token: str, region: str) -> str:
+    return (
+        f"`aws ec2 describe-capacity-reservations --region {region} "
+        f"--filters Name=tag:{PROBE_TAG},Values={token}` and cancel what it lists"
     )
 
 
 def _cancel_tagged(ec2: Client, token: str, instance_type: str, zone: str, region: str) -> str:
-    """After an interrupted or failed create: find the reservation it may have made, by its tag, and cancel it."""
-    answer = ec2.describe_capacity_reservations(
-        Filters=[
-            {"Name": "instance-type", "Values": [instance_type]},
-            {"Name": "availability-zone", "Values": [zone]},
-            {"Name": "state", "Values": ["active", "pending", "assessing", "scheduled"]},
-        ]
-    )
+    """After an interrupted or failed create: find the reservation it may have made, by its tag, and cancel it.
+
+    '' when none is left; else what the user must do. Never raises (but a KeyboardInterrupt during a cancel)."""
+    try:
+        answer = ec2.describe_capacity_reservations(
+            Filters=[
+                {"Name": "instance-type", "Values": [instance_type]},
+                {"Name": "availability-zone", "Values": [zone]},
+                {"Name": "state", "Values": ["active", "pending", "assessing", "scheduled"]},
+            ]
+        )
+    except Exception as e:
+        return (
+            f"a reservation in {zone} may have been made ({describe_error(e, 'looking it up', region)}): "
+            f"find it with {_find_command(token, region)}"
+        )
     problems = []
     for reservation in answer.get("CapacityReservations", []):
         tags = {t.get("Key"): t.get("Value") for t in reservation.get("Tags", [])}
@@ -390,19 +438,33 @@ def probe_zone(ec2: Client, request: Request, zone: str, region: str) -> Probe:
         code = _client_error_code(e)
         message = str(e.response.get("Error", {}).get("Message", "")).strip()
         outcome = _PROBE_REFUSALS.get(code)
-        if outcome is None:
-            return Probe("error", describe_error(e, "probe", region))
-        return Probe(outcome, f"{code}: {message}" if message else code)
-    except BaseException:
+        if outcome is not None:
+            return Probe(outcome, f"{code}: {message}" if message else code)
+        error = describe_error(e, "probe", region)
+        if int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) < 500:
+            return Probe("error", error)  # refused (denied, throttled past the retries): nothing was made
+        # A server error: EC2 may have made it before failing to answer.
+        return _after_failed_create(ec2, token, request, zone, region, error)
+    except KeyboardInterrupt:
         leftover = _cancel_tagged(ec2, token, request.instance_type, zone, region)
         if leftover:
             # Said before the exception travels on, so the message is never lost with it.
             log.warning(leftover)
         raise
+    except Exception as e:
+        # A lost connection or timeout after the request was sent, an answer without an id: it may exist.
+        return _after_failed_create(ec2, token, request, zone, region, describe_error(e, "probe", region))
     problem = _cancel(ec2, reservation_id, region)
     if problem:
         return Probe("reserved", problem, leftover_reservation=reservation_id)
     return Probe("reserved", f"{request.count} reserved and released ({reservation_id})")
+
+
+def _after_failed_create(ec2: Client, token: str, request: Request, zone: str, region: str, error: str) -> Probe:
+    leftover = _cancel_tagged(ec2, token, request.instance_type, zone, region)
+    if leftover:
+        return Probe("error", f"{error}; {leftover}", leftover_reservation=f"tag {PROBE_TAG}={token}")
+    return Probe("error", error)
 
 
 def check_region(
@@ -483,7 +545,13 @@ def check(
             # A bounded wait keeps the main thread responsive to Ctrl-C.
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             for future in done:
-                region = future.result()
+                try:
+                    region = future.result()
+                except NoCredentials:
+                    raise
+                except Exception as e:  # anything check_region did not turn into a sentence: still the region's row
+                    name = futures[future]
+                    region = Region(name, error=describe_error(e, "check", name))
                 results[region.name] = region
                 on_done(region)
     except BaseException:
@@ -536,7 +604,7 @@ def _why(zone: Zone, quota: Quota | None, request: Request) -> str:
     elif quota.free is not None:
         enough = quota.enough_for(request.vcpus)
         relation = ">=" if enough else "<"
-        parts.append(f"quota: {quota.free:g} vCPUs free {relation} {request.vcpus} needed")
+        parts.append(f"quota: {number(quota.free)} vCPUs free {relation} {request.vcpus} needed")
     if zone.spot_score is not None:
         parts.append(f"Spot placement score {zone.spot_score}/10")
     else:

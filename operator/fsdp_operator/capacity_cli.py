@@ -42,6 +42,31 @@ def _regions(clients: Boto3Clients, factory: ClientFactory, wanted: Sequence[str
     return list(dict.fromkeys(wanted)), disabled
 
 
+def _request(
+    clients: Boto3Clients,
+    factory: ClientFactory,
+    names: list[str],
+    disabled: set[str],
+    instance_type: str,
+    count: int,
+) -> capacity.Request:
+    """The request, its vCPUs per instance from the catalog or EC2: asked of the home region when it is checked,
+    else of the checked regions in turn (one that is not enabled, or that errs, does not decide it)."""
+    home = clients.home_region()
+    live = [r for r in names if r not in disabled]
+    candidates = list(dict.fromkeys([home] if home in live or not live else live))
+    error: Exception | None = None
+    for region in candidates:
+        try:
+            return capacity.request_for(factory("ec2", region), instance_type, count)
+        except (NoCredentials, UnknownInstanceType):
+            raise
+        except Exception as e:
+            error = error or e
+    assert error is not None
+    raise error
+
+
 def run(
     instance_type: str,
     count: int,
@@ -65,9 +90,7 @@ def run(
     try:
         clients.require_credentials()
         names, disabled = _regions(clients, factory, regions)
-        home = clients.home_region()
-        home = home if home in names or not names else names[0]
-        request = capacity.request_for(factory("ec2", home), instance_type, count)
+        request = _request(clients, factory, names, disabled, instance_type, count)
         plan = _check(factory, names, disabled, request, probe, output, err)
     except NoCredentials as e:
         detail = str(e)
@@ -160,7 +183,7 @@ def print_table(plan: Plan, out: IO[str]) -> None:
             r.region,
             r.zone.name,
             "yes" if r.zone.offered else "no",
-            "-" if free is None else f"{free:g}",
+            "-" if free is None else capacity.number(free),
             _cell(r.zone.spot_score),
             r.zone.probe.outcome if r.zone.probe else "-",
             r.why,

@@ -120,7 +120,11 @@ def test_every_admin_value_lands_where_it_should(helm: Path) -> None:
         "priorityClassName": "system-cluster-critical",
         "podSecurityContext": {"fsGroup": 2000},
         "securityContext": {"readOnlyRootFilesystem": False},
-        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}],
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"},
+                     {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+        "nodeSelector": {"role": "system"},
+        "networkPolicy": {"extraEgress": [{"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}], "ports": [{"port": 443}]}]},
         "logLevel": "DEBUG",
         "logFormat": "text",
         "image": {"repository": "overridden-by-set", "tag": "1.2.3", "pullPolicy": "Always"},
@@ -145,7 +149,16 @@ def test_every_admin_value_lands_where_it_should(helm: Path) -> None:
     c = container(docs)
     assert c["securityContext"]["readOnlyRootFilesystem"] is False
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert c["env"] == [{"name": "HTTPS_PROXY", "value": "http://proxy:3128"}]
+    # One env list: the extra variables come after the operator's own, which they must not replace (a second
+    # `env:` key would be a duplicate key, dropped by some parsers and refused by others).
+    names = [e["name"] for e in c["env"]]
+    assert names == [
+        "FSDP_OPERATOR_NAMESPACE", "FSDP_OPERATOR_POD_LABELS", "FSDP_JOB_NETWORK_POLICY", "FSDP_RAY_TOKEN_AUTH",
+        "HTTPS_PROXY", "POD_IP",
+    ]  # fmt: skip
+    assert c["env"][-2:] == values["extraEnv"]
+    assert pod["tolerations"] == values["tolerations"] and pod["nodeSelector"] == {"role": "system"}
+    assert one(docs, "NetworkPolicy")["spec"]["egress"][-1] == values["networkPolicy"]["extraEgress"][0]
     assert "--log-level=DEBUG" in c["args"] and "--log-format=text" in c["args"]
     assert (c["image"], c["imagePullPolicy"]) == ("registry.example.com/fsdp-operator:1.2.3", "Always")
     monitor = one(docs, "ServiceMonitor")
@@ -230,6 +243,18 @@ def test_values_schema_rejects_bad_values(helm: Path) -> None:
         ("logFormat=xml", "logFormat"),
         ("watchNamespaces={Not_A_Namespace}", "watchNamespaces"),
         ("serviceAccount.annotation=x", "annotation"),
+        ("extraEnv[0].name=A,extraEnv[0].valeu=x", "valeu"),
+        ("extraEnv[0].name=A,extraEnv[0].valueFrom.secretKeyRef.name=s,extraEnv[0].value=x", "extraEnv"),
+        ("tolerations[0].key=k,tolerations[0].efect=NoSchedule", "efect"),
+        ("imagePullSecrets[0].nmae=regcred", "imagePullSecrets"),
+        ("networkPolicy.extraEgres[0].ports[0].port=443", "extraEgres"),
+        ("logFormatt=json", "logFormatt"),
     ):
         proc = helm_run(helm, "template", "demo", str(CHART), *IMAGE, "--set", setting)
         assert proc.returncode != 0 and field in proc.stderr, (setting, proc.stderr)
+
+
+def test_watch_namespaces_without_the_namespaced_mode_is_refused(helm: Path) -> None:
+    """A list of namespaces with watchAllNamespaces still true would silently grant (and watch) every namespace."""
+    proc = helm_run(helm, "template", "demo", str(CHART), *IMAGE, "--set", "watchNamespaces={team-a}")
+    assert proc.returncode != 0 and "set watchAllNamespaces=false" in proc.stderr, proc.stderr

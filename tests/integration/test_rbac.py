@@ -180,6 +180,63 @@ def test_the_emulator_refuses_what_rbac_does_not_allow() -> None:
         api.stop()
 
 
+def test_the_emulator_matches_rbacs_rules_for_wildcards_subresources_and_names() -> None:
+    """Where a rule's reach differs from what it seems: `*` covers subresources, `pods/*` is no wildcard, a
+    name in resourceNames admits a list or watch by `metadata.name`, a Role never reaches cluster-scoped
+    resources, and a ClusterRole bound by a RoleBinding grants only in that namespace."""
+
+    def rbac(kind: str, name: str, namespace: str | None, **body: Any) -> dict[str, Any]:
+        meta = {"name": name, **({"namespace": namespace} if namespace else {})}
+        return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta, **body}
+
+    subject = [{"kind": "ServiceAccount", "name": "demo-fsdp-operator", "namespace": "ml"}]
+
+    def ref(kind: str, name: str) -> dict[str, str]:
+        return {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name}
+
+    docs = [
+        rbac("Role", "all-pods", "team", rules=[{"apiGroups": [""], "resources": ["*"], "verbs": ["patch"]}]),
+        rbac("Role", "slash-star", "ml", rules=[
+            {"apiGroups": [""], "resources": ["secrets/*"], "verbs": ["patch"]},
+            {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"], "resourceNames": ["one"]},
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},  # cluster-scoped: a Role cannot grant it
+        ]),
+        rbac("ClusterRole", "reader", None, rules=[{"apiGroups": [""], "resources": ["services"], "verbs": ["list"]}]),
+        rbac("RoleBinding", "all-pods", "team", roleRef=ref("Role", "all-pods"), subjects=subject),
+        rbac("RoleBinding", "slash-star", "ml", roleRef=ref("Role", "slash-star"), subjects=subject),
+        rbac("RoleBinding", "reader", "ml", roleRef=ref("ClusterRole", "reader"), subjects=subject),
+    ]  # fmt: skip
+    api, _ = secured_server(docs, ("team",))
+    try:
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        for path, body in (
+            ("/api/v1/namespaces/team/pods", {"metadata": {"name": "p"}, "spec": {"containers": []}}),
+            ("/api/v1/namespaces/ml/secrets", {"metadata": {"name": "s"}}),
+        ):
+            assert requests.post(api.url + path, json=body, headers=admin, timeout=5).status_code == 201
+        user = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        patch = {"json": {"status": {}}, "headers": {**user, "Content-Type": "application/merge-patch+json"}}
+
+        def code(method: str, path: str, **kw: Any) -> int:
+            kw.setdefault("headers", user)
+            return requests.request(method, api.url + path, timeout=5, **kw).status_code
+
+        assert code("PATCH", "/api/v1/namespaces/team/pods/p/status", **patch) == 200  # `*` covers subresources
+        assert code("PATCH", "/api/v1/namespaces/team/pods/p", **patch) == 200
+        assert code("PATCH", "/api/v1/namespaces/ml/secrets/s", **patch) == 403  # `secrets/*` is not `secrets`
+        configmaps = "/api/v1/namespaces/ml/configmaps"
+        assert code("GET", configmaps) == 403
+        assert code("GET", configmaps, params={"fieldSelector": "metadata.name=one"}) == 200
+        assert code("GET", configmaps, params={"fieldSelector": "metadata.name=two"}) == 403
+        assert code("GET", configmaps, params={"fieldSelector": "metadata.name!=one"}) == 403
+        assert code("GET", "/api/v1/nodes") == 403  # a Role names nodes in vain
+        assert code("GET", "/api/v1/namespaces/ml/services") == 200  # a ClusterRole through a RoleBinding ...
+        assert code("GET", "/api/v1/namespaces/default/services") == 403  # ... in the binding's namespace only
+        assert code("GET", "/api/v1/services") == 403
+    finally:
+        api.stop()
+
+
 @pytest.mark.parametrize(
     ("watch_all", "replicas", "watched"),
     [(True, 1, ()), (False, 1, ()), (True, 2, ()), (False, 2, ()), (False, 1, ("team-a", "team-b"))],

@@ -329,8 +329,13 @@ def test_probe_cancels_what_an_interrupted_create_made(aws: None, interruption: 
     ec2.stub.add_response(
         "create_capacity_reservation", _created("cr-ours", "eu-north-1b"), _create_params("eu-north-1b")
     )
-    with pytest.raises(interruption):
-        capacity.probe_zone(ec2, REQUEST, "eu-north-1b", "eu-north-1")
+    if interruption is KeyboardInterrupt:
+        with pytest.raises(KeyboardInterrupt):
+            capacity.probe_zone(ec2, REQUEST, "eu-north-1b", "eu-north-1")
+    else:  # an error, not an interrupt: a row in the table, after the cleanup
+        probe = capacity.probe_zone(ec2, REQUEST, "eu-north-1b", "eu-north-1")
+        assert (probe.outcome, probe.leftover_reservation) == ("error", "")
+        assert probe.message == "probe: ConnectionResetError: "
     ec2.stub.assert_no_pending_responses()
 
 
@@ -460,3 +465,188 @@ def test_the_command_line_with_boto3s_own_clients(
     # moto 5.2.5 has neither Spot placement scores nor EC2's Service Quotas: both become notes, not tracebacks.
     assert regions["us-east-1"]["notes"][0].startswith("Spot placement score: ")
     assert regions["us-east-1"]["quota"]["error"].startswith("quota L-DB2E81BA: ")
+
+
+# --- edge cases -----------------------------------------------------------------------------------------------
+
+
+class _InterruptFirstCancel:
+    """Ctrl-C during the first cancel: before the request left (`sent=False`) or after EC2 took it."""
+
+    def __init__(self, ec2: Ec2Split, *, sent: bool) -> None:
+        self.ec2, self.sent, self.calls = ec2, sent, 0
+
+    def __call__(self, **kwargs: Any) -> Any:
+        self.calls += 1
+        if self.calls == 1:
+            if self.sent:
+                self.ec2.stubbed.cancel_capacity_reservation(**kwargs)
+            raise KeyboardInterrupt
+        return self.ec2.stubbed.cancel_capacity_reservation(**kwargs)
+
+
+@pytest.mark.parametrize("sent", [False, True], ids=["before-the-cancel-left", "after-ec2-took-it"])
+def test_ctrl_c_during_the_cancel_still_cancels_then_stops(aws: None, sent: bool) -> None:
+    ec2 = Ec2Split("eu-north-1")
+    ec2.stub.add_response("create_capacity_reservation", _created("cr-7", "eu-north-1a"), _create_params("eu-north-1a"))
+    if sent:
+        _expect_cancel(ec2, "cr-7")
+    # The retry first asks whether the interrupted cancel went through.
+    state = "cancelled" if sent else "active"
+    ec2.stub.add_response(
+        "describe_capacity_reservations",
+        {"CapacityReservations": [{"CapacityReservationId": "cr-7", "State": state}]},
+        {"CapacityReservationIds": ["cr-7"]},
+    )
+    if not sent:
+        _expect_cancel(ec2, "cr-7")
+    cancel = _InterruptFirstCancel(ec2, sent=sent)
+    ec2.cancel_capacity_reservation = cancel  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):  # the user's Ctrl-C is not swallowed ...
+        capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1")
+    ec2.stub.assert_no_pending_responses()  # ... and the reservation is gone first
+    assert cancel.calls == (1 if sent else 2)
+
+
+def test_a_failed_create_whose_lookup_fails_says_how_to_find_the_reservation(aws: None) -> None:
+    ec2 = Ec2Split("eu-north-1")
+
+    def broken(**_: Any) -> None:
+        ec2.stub.add_client_error("describe_capacity_reservations", "UnauthorizedOperation", "denied", 403)
+        raise ConnectionResetError("connection lost")
+
+    ec2.stubbed.meta.events.register("after-call.ec2.CreateCapacityReservation", broken)
+    ec2.stub.add_response("create_capacity_reservation", _created("cr-x", "eu-north-1c"), _create_params("eu-north-1c"))
+    probe = capacity.probe_zone(ec2, REQUEST, "eu-north-1c", "eu-north-1")
+    ec2.stub.assert_no_pending_responses()
+    assert probe.outcome == "error" and probe.leftover_reservation.startswith(f"tag {capacity.PROBE_TAG}=")
+    assert "probe: ConnectionResetError: connection lost" in probe.message
+    assert "looking it up: access denied (UnauthorizedOperation)" in probe.message
+    assert f"aws ec2 describe-capacity-reservations --region eu-north-1 --filters Name=tag:{capacity.PROBE_TAG}," in (
+        probe.message
+    )
+    plan = capacity.Plan(REQUEST, (capacity.Region("eu-north-1", (capacity.Zone("eu-north-1c", probe=probe),)),), True)
+    assert capacity.leftovers(plan) == [probe.message]  # printed as a warning by the command
+
+
+def test_a_server_error_on_create_is_looked_up_a_refusal_is_not(aws: None) -> None:
+    ec2 = Ec2Split("eu-north-1", max_attempts=1)
+    ec2.stub.add_client_error("create_capacity_reservation", "UnauthorizedOperation", "denied", 403)
+    ec2.stub.add_client_error("create_capacity_reservation", "InternalError", "oops", 500)
+    ec2.stub.add_response("describe_capacity_reservations", {"CapacityReservations": []})
+    denied = capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1")
+    assert denied == capacity.Probe(
+        "error", "probe: access denied (UnauthorizedOperation); the credentials need permission for it"
+    )
+    assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1") == capacity.Probe(
+        "error", "probe: InternalError: oops"
+    )
+    ec2.stub.assert_no_pending_responses()
+
+
+def test_every_region_failing_is_a_finding_with_each_reason(aws: None) -> None:
+    regions = Regions(["us-east-1", "us-west-2"])
+    for region in ("us-east-1", "us-west-2"):
+        fail_first(regions.ec2[region], "DescribeInstanceTypeOfferings", "UnauthorizedOperation", 403)
+    code, out, err = _run(regions, "--regions=us-east-1,us-west-2,ap-east-1")
+    assert (code, err) == (1, "")
+    assert "Traceback" not in out
+    assert "us-east-1: not checked: instance type offerings: access denied (UnauthorizedOperation)" in out
+    assert "us-west-2: not checked: instance type offerings: access denied (UnauthorizedOperation)" in out
+    assert "ap-east-1: not checked: ap-east-1 is an opt-in region not enabled for this account" in out
+    assert out.splitlines()[-1] == "no zone can take 2x g6.12xlarge now"
+
+
+def test_the_vcpus_of_an_uncatalogued_type_come_from_a_region_that_answers(aws: None) -> None:
+    """The home region (us-east-1) is not asked for; the first listed one is opt-in and not enabled."""
+    regions = Regions(["us-east-1", "ap-east-1", "us-west-2"])
+    sent = fail_first(regions.ec2["ap-east-1"], "DescribeInstanceTypes", "OptInRequired", 401)
+    regions.quota_stubs["us-west-2"].add_response(
+        "get_service_quota", quota_answer(G_AND_VT, 200), {"ServiceCode": "ec2", "QuotaCode": G_AND_VT}
+    )
+    out, err = io.StringIO(), io.StringIO()
+    code = capacity_cli.run(
+        "g4dn.xlarge", 3, regions=["ap-east-1", "us-west-2"], output="json", clients=PinnedClients(),
+        factory=regions, stdout=out, stderr=err,
+    )  # fmt: skip
+    assert (code, err.getvalue(), sent()) == (0, "", 0), err.getvalue()
+    plan = json.loads(out.getvalue())
+    assert plan["vcpusNeeded"] == 12  # 3x 4 vCPUs, from DescribeInstanceTypes in us-west-2
+    # us-west-2's two g6.12xlarge use 96 of the 200 (its p4d.24xlarge counts against the P quota).
+    assert {r["region"]: r["quota"] and r["quota"]["free"] for r in plan["regions"]} == {
+        "ap-east-1": None,
+        "us-west-2": 104,
+    }
+
+
+def test_quota_usage_counts_on_demand_g_and_vt_only_on_every_page() -> None:
+    """describe_instances asked for pending and running only; spot, P, standard types and other pages handled."""
+    from botocore.stub import Stubber
+
+    ec2 = client("ec2", "us-east-1")
+    stub = Stubber(ec2)
+    states = [{"Name": "instance-state-name", "Values": ["pending", "running"]}]
+
+    def page(types: list[tuple[str, str | None]], token: str | None) -> dict[str, Any]:
+        instances = [{"InstanceType": t, **({"InstanceLifecycle": life} if life else {})} for t, life in types]
+        return {"Reservations": [{"Instances": instances}], **({"NextToken": token} if token else {})}
+
+    stub.add_response(
+        "describe_instances",
+        page([("g4dn.xlarge", None), ("g5.2xlarge", None), ("p4d.24xlarge", None), ("g5.xlarge", "spot")], "t1"),
+        {"Filters": states},
+    )
+    stub.add_response(
+        "describe_instances",
+        page([("g5g.xlarge", None), ("gr6.4xlarge", None), ("vt1.3xlarge", None), ("m5.large", None)], "t2"),
+        {"Filters": states, "NextToken": "t1"},
+    )
+    stub.add_response("describe_instances", page([("g6e.xlarge", None), ("g6.xlarge", None)], None),
+                      {"Filters": states, "NextToken": "t2"})  # fmt: skip
+    # Types the catalog does not know: their default vCPUs from EC2, in one call.
+    uncatalogued = {"g4dn.xlarge": 4, "g5g.xlarge": 4, "gr6.4xlarge": 16, "vt1.3xlarge": 12}
+    stub.add_response(
+        "describe_instance_types",
+        {"InstanceTypes": [{"InstanceType": t, "VCpuInfo": {"DefaultVCpus": v}} for t, v in uncatalogued.items()]},
+        {"InstanceTypes": sorted(uncatalogued)},
+    )
+    with stub:
+        used = capacity._used_vcpus(ec2, capacity.catalog.G_AND_VT)
+    stub.assert_no_pending_responses()
+    # g4dn.xlarge 4 + g5.2xlarge 8 + g5g.xlarge 4 + gr6.4xlarge 16 + vt1.3xlarge 12 + g6e.xlarge 4 + g6.xlarge 4
+    assert used == 52
+
+
+def test_quota_numbers_are_printed_whole() -> None:
+    increase = capacity.QuotaIncrease("us-east-1", G_AND_VT, 1234560.0)
+    assert increase.command.endswith("--desired-value 1234560")
+    zone = capacity.Zone("us-east-1a", offered=True)
+    quota = capacity.Quota(G_AND_VT, "G and VT", value=0.0, used=0)  # offered, but a quota of zero
+    plan = capacity.Plan(Request(G6, 2, 48), (capacity.Region("us-east-1", (zone,), quota),), False)
+    (ranked,) = capacity.rank(plan)
+    assert not ranked.usable and ranked.why.startswith("quota: 0 vCPUs free < 96 needed")
+    assert [q.command for q in capacity.increases(plan)] == [
+        "aws service-quotas request-service-quota-increase --region us-east-1 --service-code ec2 "
+        "--quota-code L-DB2E81BA --desired-value 96"
+    ]
+
+
+@pytest.mark.parametrize("count", ["0", "-2"])
+def test_a_count_below_one_is_bad_input(count: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["capacity", "--count", count, "--regions", "us-east-1"]) == 2
+    assert capsys.readouterr().err == f"error: --count must be at least 1, got {count}\n"
+
+
+def test_an_unexpected_error_in_one_region_is_that_regions_row(aws: None) -> None:
+    regions = Regions(["us-east-1", "us-west-2"])
+    _quota(regions, "us-east-1", 192)
+    _spot(regions.ec2["us-east-1"], "us-east-1", {"use1-az1": 4})
+
+    def factory(service: str, region: str) -> Any:
+        if service == "service-quotas" and region == "us-west-2":
+            raise RuntimeError("no client for you")
+        return regions(service, region)
+
+    plan = capacity.check(factory, ["us-east-1", "us-west-2"], Request(G6, 2, 48))
+    assert plan.regions[1] == capacity.Region("us-west-2", error="check: RuntimeError: no client for you")
+    assert capacity.rank(plan)[0].usable

@@ -25,3 +25,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{- define "fsdp-operator.peering" -}}{{ if gt (int .Values.replicas) 1 }}{{ include "fsdp-operator.fullname" . }}{{ end }}{{- end -}}
+
+{{/* Values that contradict each other: refused, rather than silently granting more than was asked for. */}}
+{{- define "fsdp-operator.validate" -}}
+{{- if and .Values.watchAllNamespaces .Values.watchNamespaces }}
+{{- fail "watchNamespaces is set but watchAllNamespaces is true (the operator would watch every namespace): set watchAllNamespaces=false to watch only the listed ones" }}
+{{- end }}
+{{- end -}}

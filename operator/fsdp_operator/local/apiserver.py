@@ -273,7 +273,10 @@ class ApiServer:
         method = request.method
         if self.access is not None:
             verb = rbac.verb_of(method, name is not None, query.get("watch") in ("true", "1"))
-            attributes = rbac.Attributes(verb, rtype.group, rtype.plural, subresource, namespace or "", name or "")
+            named = name or (
+                rbac.name_from_field_selector(query.get("fieldSelector", "")) if verb in ("list", "watch") else ""
+            )
+            attributes = rbac.Attributes(verb, rtype.group, rtype.plural, subresource, namespace or "", named)
             self.access.authorize(self.store, request[_USER], attributes)
         if name is None:
             if method == "GET" and query.get("watch") in ("true", "1"):

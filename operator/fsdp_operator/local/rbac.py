@@ -7,9 +7,10 @@ Every authorized resource request is recorded (`Access.calls`), so tests can lis
 really called. Tokens can be replaced (`rotate`) or given an expiry, to test credential refresh.
 
 Rules are evaluated as Kubernetes' RBAC authorizer does: verbs, apiGroups, resources (with
-`resource/subresource`, `*` and `*/subresource`), resourceNames (they never match a list, a watch or
-a create without a name), a Role or a ClusterRole bound by a RoleBinding grants only in the binding's
-namespace, a ClusterRoleBinding grants everywhere and on cluster-scoped resources. Subjects: User,
+`resource/subresource`, `*/subresource`, and `*`, which covers subresources too), resourceNames (they
+never match a create, nor a list or a watch unless its fieldSelector is `metadata.name=NAME`), a Role
+or a ClusterRole bound by a RoleBinding grants only in the binding's namespace (and never a
+cluster-scoped resource), a ClusterRoleBinding grants everywhere and on cluster-scoped resources. Subjects: User,
 Group, ServiceAccount (with the groups `system:serviceaccounts` and `system:serviceaccounts:<ns>`
 every service account has, and `system:authenticated`).
 
@@ -187,12 +188,14 @@ def _rule_matches(rule: Mapping[str, Any], attrs: Attributes) -> bool:
     groups = rule.get("apiGroups") or []
     if "*" not in groups and attrs.group not in groups:
         return False
-    resources = rule.get("resources") or []
+    # As Kubernetes' RuleAllows: `*` is every resource and every subresource, `pods/status` one subresource,
+    # `*/status` that subresource of every resource; `pods` alone grants no subresource, and there is no
+    # `pods/*` (it matches only a subresource literally named `*`).
+    resources = set(rule.get("resources") or [])
+    wanted = {"*", f"{attrs.resource}/{attrs.subresource}" if attrs.subresource else attrs.resource}
     if attrs.subresource:
-        wanted = {f"{attrs.resource}/{attrs.subresource}", f"*/{attrs.subresource}", f"{attrs.resource}/*"}
-        if not wanted & set(resources):
-            return False
-    elif "*" not in resources and attrs.resource not in resources:
+        wanted.add(f"*/{attrs.subresource}")
+    if not wanted & resources:
         return False
     names = rule.get("resourceNames") or []
     return not names or (bool(attrs.name) and attrs.name in names)
@@ -234,6 +237,16 @@ def allowed(store: Store, user: User, attrs: Attributes) -> bool:
         if any(_rule_matches(r, attrs) for r in _role_rules(store, binding.get("roleRef") or {}, namespace)):
             return True
     return False
+
+
+def name_from_field_selector(field_selector: str) -> str:
+    """The name a list or watch asks for with `fieldSelector=metadata.name=NAME`: the real server authorizes
+    such a request against `resourceNames` as if it named that object (RequestInfo's name); '' otherwise."""
+    for term in field_selector.split(","):
+        key, sep, value = term.partition("==") if "==" in term else term.partition("=")
+        if sep and key.strip() == "metadata.name" and not key.endswith("!"):
+            return value.strip()
+    return ""
 
 
 def verb_of(method: str, has_name: bool, watch: bool) -> str:
