@@ -307,3 +307,33 @@ def test_cluster_view_reads_every_field() -> None:
 def test_dashboard_address(status: dict[str, Any], namespace: str | None, url: str) -> None:
     meta = {"name": CLUSTER} | ({"namespace": namespace} if namespace else {})
     assert dashboard_url({"metadata": meta, "status": status}) == url
+
+
+# --- a pass that raised -------------------------------------------------------------------------------
+
+
+def test_a_failed_pass_sets_reconcile_error_posts_one_warning_and_moves_the_log_offset() -> None:
+    from fsdp_operator.reconcile import pass_failed
+
+    before = at(Phase.RUNNING, log_offset=100, skipped_events=2)
+    d = pass_failed(before, Observed(now=NOW, log_offset=250, skipped_lines=3), "boom\x00 in pass")
+    assert (d.status.log_offset, d.status.skipped_events) == (250, 5)
+    assert (d.status.phase, d.status.reason, d.status.submission_id) == (Phase.RUNNING, Reason.JOB_RUNNING, SID1)
+    assert d.status.conditions == [
+        {"type": "ReconcileError", "status": "True", "reason": "PassFailed", "message": "boom in pass",
+         "lastTransitionTime": "2026-11-29T12:00:00Z", "observedGeneration": 1},
+    ]  # fmt: skip
+    assert d.actions == (PostEvent("Warning", "ReconcileError", "boom in pass"),)
+    # The same error again: no second event; another error: one more.
+    again = pass_failed(d.status, Observed(now=NOW + timedelta(seconds=5)), "boom\x00 in pass")
+    assert again.actions == () and again.status.log_offset == 250 and again.status.skipped_events == 5
+    other = pass_failed(d.status, Observed(now=NOW + timedelta(seconds=5)), "other")
+    assert other.actions == (PostEvent("Warning", "ReconcileError", "other"),)
+    assert other.status.conditions[0]["lastTransitionTime"] == "2026-11-29T12:00:00Z"  # still True: no flip
+
+
+def test_a_failed_pass_that_read_no_log_keeps_the_offset() -> None:
+    from fsdp_operator.reconcile import pass_failed
+
+    d = pass_failed(at(Phase.RUNNING, log_offset=100, skipped_events=2), Observed(now=NOW, skipped_lines=9), "x")
+    assert (d.status.log_offset, d.status.skipped_events) == (100, 2)

@@ -259,3 +259,24 @@ def test_fold_counts_worker_group_restarts_once_each() -> None:
     # The same lines read again (an operator restart re-reads from its last written offset): no new count.
     reread = fold_events(job(), JobStatus.from_dict(again.to_dict()), [placed(0, t0 + 30.4)], now=NOW).status
     assert reread.worker_restarts == 1 and reread.to_dict()["workerRestarts"] == 1
+
+
+def test_without_rank_detail_keeps_the_verdict_and_drops_what_each_rank_reported() -> None:
+    from dataclasses import replace
+
+    from fsdp_operator.status import without_rank_detail
+
+    full = replace(
+        JobStatus(phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, progress={"step": 3}, conditions=[{"type": "X"}]),
+        ranks=[{"rank": 0}],
+        probes=[{"group": "allRanks"}],
+        rank_failures=[{"rank": 1}],
+        transport={"requested": "efa", "summary": "efa", "fallbackRanks": [], "evidence": "e", "perRank": [{}], "x": 1},
+    )
+    kept = without_rank_detail(full)
+    assert (kept.ranks, kept.probes, kept.rank_failures) == ([], [], [])
+    assert kept.transport == {"requested": "efa", "summary": "efa", "fallbackRanks": [], "evidence": "e"}
+    assert (kept.phase, kept.reason, kept.progress, kept.conditions) == (
+        Phase.RUNNING, Reason.JOB_RUNNING, {"step": 3}, [{"type": "X"}],
+    )  # fmt: skip
+    assert full.ranks == [{"rank": 0}]  # the original is left as it was

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,19 @@ def test_command_line_rejects_bad_config(capsys: pytest.CaptureFixture[str]) -> 
         parse_args(["--config-json", '{"seq_len": 0}'])
     assert info.value.code == 2
     assert "training.seq_len must be greater than 0." in capsys.readouterr().err
+
+
+def test_the_learning_rate_warms_up_linearly_then_follows_its_schedule() -> None:
+    cosine = TrainConfig(steps=10, warmup_steps=2, learning_rate=1.0, lr_schedule="cosine")
+    # Warm-up: step/warmup; then cosine from the peak at step 2 to 0 at step 10 (8 decay steps).
+    assert [cosine.learning_rate_at(s) for s in (1, 2)] == [0.5, 1.0]
+    assert cosine.learning_rate_at(3) == pytest.approx(0.5 * (1 + math.cos(math.pi / 8)))
+    assert cosine.learning_rate_at(6) == pytest.approx(0.5)
+    assert cosine.learning_rate_at(10) == pytest.approx(0.0)
+    assert cosine.learning_rate_at(11) == pytest.approx(0.0)  # past the end it stays at 0
+    no_warmup = TrainConfig(steps=4, learning_rate=2.0, lr_schedule="cosine")
+    assert [no_warmup.learning_rate_at(s) for s in (1, 2, 4)] == pytest.approx([2.0 * 0.5 * (1 + math.cos(math.pi / 4)), 1.0, 0.0])
+    constant = TrainConfig(steps=10, learning_rate=0.1, lr_schedule="constant")
+    assert {constant.learning_rate_at(s) for s in range(1, 11)} == {0.1}
+    warm_constant = TrainConfig(steps=10, warmup_steps=4, learning_rate=0.4, lr_schedule="constant")
+    assert [warm_constant.learning_rate_at(s) for s in (1, 4, 5, 10)] == pytest.approx([0.1, 0.4, 0.4, 0.4])

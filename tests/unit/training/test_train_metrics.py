@@ -64,15 +64,6 @@ def test_metrics_summary_leaves_out_the_first_step() -> None:
     assert metrics.mean_tokens_per_second == 1000.0
 
 
-def test_lr_schedule() -> None:
-    cfg = TrainConfig(steps=10, warmup_steps=2, learning_rate=1.0, lr_schedule="cosine")
-    assert [cfg.learning_rate_at(s) for s in (1, 2)] == [0.5, 1.0]
-    assert cfg.learning_rate_at(6) == pytest.approx(0.5)
-    assert cfg.learning_rate_at(10) == pytest.approx(0.0)
-    constant = TrainConfig(steps=10, learning_rate=0.1, lr_schedule="constant")
-    assert {constant.learning_rate_at(s) for s in range(1, 11)} == {0.1}
-
-
 def test_bus_bandwidth_formula() -> None:
     from fsdp_train.metrics import bus_bandwidth_gbps
 
