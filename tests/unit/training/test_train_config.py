@@ -92,7 +92,8 @@ def test_the_learning_rate_warms_up_linearly_then_follows_its_schedule() -> None
     assert cosine.learning_rate_at(10) == pytest.approx(0.0)
     assert cosine.learning_rate_at(11) == pytest.approx(0.0)  # past the end it stays at 0
     no_warmup = TrainConfig(steps=4, learning_rate=2.0, lr_schedule="cosine")
-    assert [no_warmup.learning_rate_at(s) for s in (1, 2, 4)] == pytest.approx([2.0 * 0.5 * (1 + math.cos(math.pi / 4)), 1.0, 0.0])
+    expected = [2.0 * 0.5 * (1 + math.cos(math.pi / 4)), 1.0, 0.0]
+    assert [no_warmup.learning_rate_at(s) for s in (1, 2, 4)] == pytest.approx(expected)
     constant = TrainConfig(steps=10, learning_rate=0.1, lr_schedule="constant")
     assert {constant.learning_rate_at(s) for s in range(1, 11)} == {0.1}
     warm_constant = TrainConfig(steps=10, warmup_steps=4, learning_rate=0.4, lr_schedule="constant")

@@ -6,7 +6,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fsdp_train.config import TrainConfig
 from fsdp_train.metrics import Metrics, StepMetrics, count_params, flops_per_token, mfu, peak_flops
 
 QWEN = SimpleNamespace(
