@@ -7,6 +7,7 @@ shows up as a failing line, not as a test that follows the code.
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -26,7 +27,7 @@ from fsdp_operator.reconcile import (
     dashboard_url,
     reconcile,
 )
-from fsdp_operator.status import JobStatus, Phase, Reason
+from fsdp_operator.status import JobStatus, Phase, Reason, get_condition
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 UID = "0b8a2b5e-1111-2222-3333-444455556666"
@@ -337,3 +338,186 @@ def test_a_failed_pass_that_read_no_log_keeps_the_offset() -> None:
 
     d = pass_failed(at(Phase.RUNNING, log_offset=100, skipped_events=2), Observed(now=NOW, skipped_lines=9), "x")
     assert (d.status.log_offset, d.status.skipped_events) == (100, 2)
+
+
+# --- suspend and resume, written out ---------------------------------------------------------------------
+
+
+def suspended_manifest(suspend: bool = True) -> dict[str, Any]:
+    return manifest(generation=3, runPolicy={"suspend": suspend})
+
+
+SUSPENDED_MESSAGE = "suspended: Ray job stopped and RayCluster deleted; set runPolicy.suspend: false to resume"
+
+
+def test_suspending_a_running_job_in_full() -> None:
+    submitted = {"type": "JobSubmitted", "status": "True", "reason": "Submitted", "message": "m",
+                 "lastTransitionTime": "2026-11-29T11:00:00Z", "observedGeneration": 1}  # fmt: skip
+    d = run(suspended_manifest(), at(Phase.RUNNING, conditions=[submitted]), cluster=cluster())
+    s = d.status
+    assert (s.phase, s.reason, s.message, s.provisioning_since) == (
+        Phase.SUSPENDED, Reason.SUSPENDED, SUSPENDED_MESSAGE, None,
+    )  # fmt: skip
+    conditions = {c["type"]: c for c in s.conditions}
+    assert conditions["WorkersReady"] == {
+        "type": "WorkersReady", "status": "False", "reason": "Suspended", "message": "RayCluster deleted",
+        "lastTransitionTime": "2026-11-29T12:00:00Z", "observedGeneration": 3,
+    }  # fmt: skip
+    assert conditions["JobSubmitted"] == {
+        "type": "JobSubmitted", "status": "False", "reason": "Suspended", "message": "Ray job stopped",
+        "lastTransitionTime": "2026-11-29T12:00:00Z", "observedGeneration": 3,
+    }  # fmt: skip
+    assert without_events(d.actions) == [StopJob(SID1), DeleteRayCluster("ml", CLUSTER)]
+
+
+def test_suspending_before_anything_was_submitted_leaves_job_submitted_alone() -> None:
+    d = run(suspended_manifest(), at(Phase.PROVISIONING), cluster=cluster(ready_workers=0))
+    assert "JobSubmitted" not in {c["type"] for c in d.status.conditions}
+    assert without_events(d.actions) == [DeleteRayCluster("ml", CLUSTER)]
+    # Pending with no cluster yet: nothing to stop or delete.
+    pending = run(suspended_manifest(), at(Phase.PENDING), cluster=None)
+    assert pending.status.phase == Phase.SUSPENDED and without_events(pending.actions) == []
+    # Pending, but a cluster of ours exists already: deleted.
+    assert without_events(run(suspended_manifest(), at(Phase.PENDING), cluster=cluster()).actions) == [
+        DeleteRayCluster("ml", CLUSTER)
+    ]
+
+
+def test_suspending_never_touches_a_cluster_that_is_not_the_jobs() -> None:
+    d = run(suspended_manifest(), at(Phase.RUNNING), cluster=cluster(owner_uid="someone-else"))
+    assert d.status.phase == Phase.SUSPENDED and without_events(d.actions) == []
+    lingering = run(suspended_manifest(), at(Phase.SUSPENDED, reason=Reason.SUSPENDED),
+                    cluster=cluster(owner_uid="someone-else"))  # fmt: skip
+    assert lingering.actions == ()
+
+
+def test_a_suspended_job_deletes_its_cluster_again_unless_it_is_already_going() -> None:
+    suspended = at(Phase.SUSPENDED, reason=Reason.SUSPENDED)
+    assert run(suspended_manifest(), suspended, cluster=cluster()).actions == (DeleteRayCluster("ml", CLUSTER),)
+    assert run(suspended_manifest(), suspended, cluster=cluster(deleting=True)).actions == ()
+
+
+def test_resuming_starts_attempt_two_from_scratch_in_full() -> None:
+    suspended = at(
+        Phase.SUSPENDED, reason=Reason.SUSPENDED, workers="2/2", placement={"availabilityZone": "us-east-2a"},
+        progress={"step": 40},
+    )  # fmt: skip
+    d = run(suspended_manifest(suspend=False), suspended, cluster=None)
+    s = d.status
+    assert (s.phase, s.reason, s.message) == (Phase.PENDING, Reason.RESUMED, "resumed as attempt 2")
+    assert (s.attempts, s.submission_id, s.start_time) == (2, SID2, NOW)
+    assert (s.workers, s.placement, s.progress) == ("", {}, {})
+    assert without_events(d.actions) == []
+
+
+# --- ReconcileError turns False after a pass that went through ----------------------------------------------
+
+
+def test_a_pass_that_goes_through_clears_reconcile_error() -> None:
+    failed = {"type": "ReconcileError", "status": "True", "reason": "PassFailed", "message": "boom",
+              "lastTransitionTime": "2026-11-29T11:00:00Z", "observedGeneration": 1}  # fmt: skip
+    d = run(manifest(), at(Phase.RUNNING, conditions=[failed]), cluster=cluster())
+    assert get_condition(d.status.conditions, "ReconcileError") == {
+        "type": "ReconcileError", "status": "False", "reason": "PassSucceeded",
+        "message": "the last pass over the job succeeded", "lastTransitionTime": "2026-11-29T12:00:00Z",
+        "observedGeneration": 1,
+    }  # fmt: skip
+    # Already False, or never set: left as it is.
+    cleared = d.status.conditions
+    again = run(manifest(), at(Phase.RUNNING, conditions=cleared), cluster=cluster())
+    assert get_condition(again.status.conditions, "ReconcileError") == get_condition(cleared, "ReconcileError")
+    assert get_condition(run(manifest(), at(Phase.RUNNING), cluster=cluster()).status.conditions,
+                         "ReconcileError") is None  # fmt: skip
+
+
+# --- following the Ray job: each outcome's words and the next pass ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ray", "phase", "reason", "message"),
+    [
+        (RayJobInfo(SID1, "SUCCEEDED"), Phase.SUCCEEDED, Reason.COMPLETED, "training finished after 7 steps"),
+        (RayJobInfo(SID1, "FAILED"), Phase.FAILED, Reason.RAY_JOB_FAILED, "Ray: job failed"),
+        (RayJobInfo(SID1, "FAILED", "exit 3"), Phase.FAILED, Reason.RAY_JOB_FAILED, "Ray: exit 3"),
+        (RayJobInfo(SID1, "STOPPED"), Phase.FAILED, Reason.RAY_JOB_STOPPED,
+         "the Ray job was stopped outside the operator: no message"),
+        (RayJobInfo(SID1, "STOPPED", "by alice"), Phase.FAILED, Reason.RAY_JOB_STOPPED,
+         "the Ray job was stopped outside the operator: by alice"),
+        (RayJobInfo(SID1, "PENDING"), Phase.RUNNING, Reason.JOB_RUNNING,
+         "Ray is preparing the job (runtime environment)"),
+        (RayJobInfo(SID1, "RUNNING"), Phase.RUNNING, Reason.JOB_RUNNING, "training is running"),
+    ],
+)  # fmt: skip
+def test_each_ray_outcome_in_words(ray: RayJobInfo, phase: Phase, reason: Reason, message: str) -> None:
+    d = run(manifest(), at(Phase.RUNNING, progress={"step": 7}), cluster=cluster(), ray_job=ray)
+    assert (d.status.phase, d.status.reason, d.status.message, d.status.ray_job_status) == (
+        phase, reason, message, ray.status,
+    )  # fmt: skip
+    # A job that ran to its end stops nothing; the Ray job is already over.
+    assert StopJob(SID1) not in d.actions
+
+
+def test_a_success_without_steps_says_so() -> None:
+    d = run(manifest(), at(Phase.RUNNING), cluster=cluster(), ray_job=RayJobInfo(SID1, "SUCCEEDED"))
+    assert d.status.message == "Ray job succeeded"
+    with_result = at(Phase.RUNNING, progress={"step": 7}, result={"steps": 9})
+    assert run(manifest(), with_result, cluster=cluster(), ray_job=RayJobInfo(SID1, "SUCCEEDED")).status.message == (
+        "training finished after 9 steps"
+    )
+
+
+def test_the_rest_of_the_log_is_read_before_a_finished_job_is_judged() -> None:
+    d = run(manifest(), at(Phase.RUNNING), cluster=cluster(), ray_job=RayJobInfo(SID1, "SUCCEEDED"), log_pending=True)
+    assert (d.status.phase, d.status.message, d.requeue_after) == (
+        Phase.RUNNING, "Ray job ended; reading the rest of its log", 0.0,
+    )  # fmt: skip
+    assert without_events(d.actions) == []
+    # A running job with more log waiting: the next pass comes at once; without, at the usual interval.
+    busy = run(manifest(), at(Phase.RUNNING), cluster=cluster(), ray_job=RayJobInfo(SID1, "RUNNING"), log_pending=True)
+    assert busy.requeue_after == 0.0
+    calm = run(manifest(), at(Phase.RUNNING), cluster=cluster(), ray_job=RayJobInfo(SID1, "RUNNING"))
+    assert calm.requeue_after is None
+
+
+def test_skipped_log_lines_add_up_and_the_offset_moves() -> None:
+    d = run(manifest(), at(Phase.RUNNING, log_offset=10, skipped_events=4), cluster=cluster(),
+            ray_job=RayJobInfo(SID1, "RUNNING"), log_offset=99, skipped_lines=3)  # fmt: skip
+    assert (d.status.log_offset, d.status.skipped_events) == (99, 7)
+    unread = run(manifest(), at(Phase.RUNNING, log_offset=10, skipped_events=4), cluster=cluster(),
+                 ray_job=RayJobInfo(SID1, "RUNNING"), skipped_lines=3)  # fmt: skip
+    assert (unread.status.log_offset, unread.status.skipped_events) == (10, 4)
+
+
+@pytest.mark.parametrize(("lost", "what"), [(None, "was deleted"), (cluster(deleting=True), "is being deleted")])
+def test_a_cluster_lost_under_a_running_job_fails_the_attempt_and_stops_its_ray_job(
+    lost: ClusterView | None, what: str
+) -> None:
+    d = run(manifest(), at(Phase.RUNNING), cluster=lost, ray_job=RayJobInfo(SID1, "RUNNING"))
+    assert (d.status.phase, d.status.reason, d.status.message) == (
+        Phase.FAILED, Reason.CLUSTER_LOST, f"RayCluster {CLUSTER} {what} while the job was Running",
+    )  # fmt: skip
+    assert StopJob(SID1) in d.actions
+
+
+def test_a_submission_resent_under_its_recorded_id() -> None:
+    d = run(manifest(), at(Phase.SUBMITTING, ray_job_status="PENDING"), cluster=cluster(), ray_job=None)
+    assert (d.status.phase, d.status.reason, d.status.message, d.status.ray_job_status) == (
+        Phase.SUBMITTING, Reason.WORKERS_READY, f"submitting {SID1}", "",
+    )  # fmt: skip
+    (submit,) = without_events(d.actions)
+    assert submit.submission.submission_id == SID1
+    # The training package the operator was given travels with it.
+    assert "/opt/fsdp_train" in json.dumps([submit.submission.entrypoint, submit.submission.runtime_env])
+
+
+def test_transition_events_name_the_new_phase_only_when_it_changes() -> None:
+    moved = run(manifest(), at(Phase.SUBMITTING), cluster=cluster(), ray_job=RayJobInfo(SID1, "RUNNING"))
+    events = [a for a in moved.actions if isinstance(a, PostEvent)]
+    assert PostEvent("Normal", "JobRunning", "Running: training is running") in events
+    same = run(manifest(), at(Phase.RUNNING, reason=Reason.WORKERS_READY, message="m"), cluster=cluster(),
+               ray_job=RayJobInfo(SID1, "RUNNING"))  # fmt: skip
+    assert PostEvent("Normal", "JobRunning", "training is running") in same.actions
+    # Back from a Warning reason in the same phase (Ray answering again): no event.
+    recovered = run(manifest(), at(Phase.RUNNING, reason=Reason.RAY_UNREACHABLE, message="m"), cluster=cluster(),
+                    ray_job=RayJobInfo(SID1, "RUNNING"))  # fmt: skip
+    assert [a for a in recovered.actions if isinstance(a, PostEvent)] == []

@@ -54,3 +54,80 @@ def test_head_and_worker_placement_and_tolerations_reach_the_pods() -> None:
         workers={"nodeSelector": {"pool": "gpu"}, "tolerations": [{"key": "team", "operator": "Exists"}]},
     )
     check("raycluster-placement.yaml", manifest)
+
+
+# --- the objects that close a job's Ray ports, written out ---------------------------------------------------
+
+OWNER = {"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "name": "tiny-cpu", "uid": UID,
+         "controller": True, "blockOwnerDeletion": True}  # fmt: skip
+LABELS = {"app.kubernetes.io/managed-by": "fsdp-operator", "app.kubernetes.io/name": "fsdp-training",
+          "fsdp.dev/job": "tiny-cpu"}  # fmt: skip
+
+
+def tiny_job() -> object:
+    manifest = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    manifest["metadata"].update(uid=UID, namespace="ml", generation=1)
+    return parse_job(manifest)
+
+
+def test_the_auth_secret_is_owned_labelled_and_carries_no_token() -> None:
+    assert render.auth_secret(tiny_job()) == {  # type: ignore[arg-type]
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "tiny-cpu-ray-auth", "namespace": "ml", "labels": LABELS, "ownerReferences": [OWNER]},
+        "type": "Opaque",
+    }
+
+
+@pytest.mark.parametrize(
+    ("security", "operator_peer"),
+    [
+        (
+            render.Security(operator_namespace="fsdp-system", operator_pod_labels={"app": "op", "tier": "ctl"}),
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "fsdp-system"}},
+             "podSelector": {"matchLabels": {"app": "op", "tier": "ctl"}}},
+        ),
+        (
+            render.Security(),  # namespace unknown: the operator's pods by their labels, in any namespace
+            {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "fsdp-operator"}}},
+        ),
+    ],
+)  # fmt: skip
+def test_the_network_policy_admits_only_the_jobs_pods_and_the_operator_on_rays_ports(
+    security: render.Security, operator_peer: dict[str, object]
+) -> None:
+    assert render.network_policy(tiny_job(), security) == {  # type: ignore[arg-type]
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "tiny-cpu-ray-ports", "namespace": "ml", "labels": LABELS, "ownerReferences": [OWNER]},
+        "spec": {
+            "podSelector": {"matchLabels": {"ray.io/cluster": "tiny-cpu-ray"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"ray.io/cluster": "tiny-cpu-ray"}}}]},
+                {
+                    "from": [operator_peer],
+                    "ports": [{"protocol": "TCP", "port": 6379}, {"protocol": "TCP", "port": 8265},
+                              {"protocol": "TCP", "port": 10001}],
+                },
+            ],
+        },
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("job_name", "cluster", "secret"),
+    [
+        ("tiny-cpu", "tiny-cpu-ray", "tiny-cpu-ray-auth"),
+        # Longer than 38 - len("-ray"): cut, with sha256(name)[:8] (from sha256sum) so long names stay apart.
+        ("a-very-long-training-job-name-for-qwen-2", "a-very-long-training-job-name-03589f41", None),
+        ("a-very-long-training-job-name-for-qwen-3", "a-very-long-training-job-name-3afa6aba", None),
+        # A DNS-1035 label starts with a letter: a leading digit gets one.
+        ("7b-run", "j7b-run-8df8174f", None),
+    ],
+)
+def test_cluster_names_are_fixed_dns_labels(job_name: str, cluster: str, secret: str | None) -> None:
+    assert render.raycluster_name(job_name) == cluster
+    assert len(cluster) <= 38 and cluster[0].isalpha() and not cluster.endswith("-")
+    if secret:
+        assert render.auth_secret_name(job_name) == secret
