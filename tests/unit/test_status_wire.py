@@ -30,8 +30,10 @@ STORED: dict[str, Any] = {
     "startTime": "2026-11-29T12:00:00Z",
     "endTime": "2026-11-29T13:00:00Z",
     "provisioningSince": "2026-11-29T12:01:00Z",
+    "rayUnreachableSince": "2026-11-29T12:02:00Z",
     "rayJobStatus": "RUNNING",
     "logOffset": 4096,
+    "skippedEvents": 3,
     "dashboardURL": "http://10.96.0.2:8265",
     "placement": {"availabilityZone": "us-east-1b"},
     "conditions": [CONDITION],
@@ -42,7 +44,11 @@ STORED: dict[str, Any] = {
     "probes": [{"scope": "all", "ranks": 8}],
     "result": {"steps": 40},
     "checkpoint": {"step": 5, "path": "s3://b/step_00000005"},
+    "output": {"storage": "s3://b/model"},
+    "timings": {"toFirstStepSeconds": 12.5},
     "rankFailures": [{"rank": 3, "message": "boom"}],
+    "workerRestarts": 2,
+    "workerGroupStartTime": "2026-11-29T12:03:00Z",
 }
 
 
@@ -65,6 +71,10 @@ def test_every_stored_key_is_read_into_its_field() -> None:
     assert s.interconnect == {"floorGBps": 5.0} and s.probes == [{"scope": "all", "ranks": 8}]
     assert s.result == {"steps": 40} and s.checkpoint == {"step": 5, "path": "s3://b/step_00000005"}
     assert s.rank_failures == [{"rank": 3, "message": "boom"}]
+    assert s.ray_unreachable_since == datetime(2026, 11, 29, 12, 2, 0, tzinfo=UTC)
+    assert s.worker_group_start == datetime(2026, 11, 29, 12, 3, 0, tzinfo=UTC)
+    assert (s.skipped_events, s.worker_restarts) == (3, 2)
+    assert s.output == {"storage": "s3://b/model"} and s.timings == {"toFirstStepSeconds": 12.5}
 
 
 def test_every_field_is_written_under_its_key() -> None:
@@ -108,6 +118,8 @@ def test_a_new_attempt_keeps_only_what_outlives_it() -> None:
     assert [c["type"] for c in s.conditions] == kept_types
     assert (s.ray_job_status, s.log_offset, s.ranks, s.progress, s.transport) == ("", 0, [], {}, {})
     assert (s.interconnect, s.probes, s.result, s.checkpoint, s.rank_failures) == ({}, [], {}, {}, [])
+    assert (s.skipped_events, s.worker_restarts, s.output) == (0, 0, {})
+    assert (s.ray_unreachable_since, s.worker_group_start) == (None, None)
     # What identifies the job and the attempt stays.
     assert (s.phase, s.submission_id, s.attempts, s.failed_attempts) == (Phase.RUNNING, "qwen-5d41402a-2", 2, 1)
     assert s.placement == {"availabilityZone": "us-east-1b"} and s.dashboard_url == "http://10.96.0.2:8265"
