@@ -21,7 +21,7 @@ from fsdp_train.events import Event, Failure, Placement, Step, Summary, parse_li
 from support.ray_cluster import free_port, local_cluster, ray_available, ray_env
 from support.tiny_hf import documents, save_tiny_model, write_jsonl
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = pytest.mark.e2e
 
 KILL_RANK, KILL_STEP, CHECKPOINT_EVERY, STEPS = 1, 5, 3, 8
 POLL = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}  # what the operator submits with
@@ -113,6 +113,7 @@ def test_a_killed_worker_resumes_mid_epoch_with_the_uninterrupted_sample_sequenc
     assert {e.epoch for e in resumed.values()} == {0, 1}  # the resumed run crossed an epoch boundary
 
 
+@pytest.mark.slow  # the causes are unit-tested in test_data.py, the torchrun path in test_data_torchrun
 def test_an_unreadable_source_fails_in_the_driver_with_data_unavailable(
     cluster: str, assets: Path, tmp_path: Path
 ) -> None:

@@ -69,6 +69,7 @@ def events_of(output: str) -> list[Event]:
     return [e for e in map(parse_line, output.splitlines()) if e is not None]
 
 
+@pytest.mark.slow  # restart and resume under Ray: test_data_ray's killed worker; placement: run-local's tiny job
 def test_ray_entry_restarts_and_resumes_from_checkpoint(cluster: str, tmp_path: Path) -> None:
     job = {
         "train": {**TRAIN, "checkpoint_path": str(tmp_path / "ckpt"), "checkpoint_interval": 5},
