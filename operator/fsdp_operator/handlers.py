@@ -6,7 +6,9 @@
 - the delete handler stops the Ray job and deletes the RayCluster before kopf removes the finalizer.
 
 Raw event handlers are used for waking instead of create/update handlers: they need no diff-base
-annotation writes on the job, and the loop re-reads the whole spec on each pass anyway.
+annotation writes on the job, and the loop re-reads the whole spec on each pass anyway. They are async:
+kopf runs a sync handler in its thread pool (a hop per watch event), and `asyncio.Event.set` must be
+called from the loop's own thread.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegi
         await JobLoop(runtime, namespace or "default", name, logger).run(stopped)
 
     @kopf.on.event(schema.GROUP, schema.VERSION, schema.PLURAL, registry=registry)
-    def fsdptrainingjob_event(*, namespace: str | None, name: str, **_: Any) -> None:
+    async def fsdptrainingjob_event(*, namespace: str | None, name: str, **_: Any) -> None:
         runtime.wake(namespace, name)
 
     @kopf.on.delete(schema.GROUP, schema.VERSION, schema.PLURAL, registry=registry)
@@ -92,11 +94,11 @@ def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegi
         await finalize(runtime, body, logger)
 
     @kopf.on.event(RAYCLUSTER_GROUP, RAYCLUSTER_VERSION, RAYCLUSTER_PLURAL, labels=MANAGED, registry=registry)
-    def raycluster_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    async def raycluster_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         runtime.wake(namespace, labels.get(render.LABEL_JOB))
 
     @kopf.on.event("v1", "pods", labels=MANAGED, registry=registry)
-    def pod_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    async def pod_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
         runtime.wake(namespace, labels.get(render.LABEL_JOB))
 
     return registry

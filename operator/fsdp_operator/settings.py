@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import fsdp_train
 import kopf
@@ -79,13 +80,27 @@ def _flag(value: str | None, *, default: bool) -> bool:
     raise ValueError(f"expected true or false, got {value!r}")
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """A diff base that is never stored or read: every change looks new to kopf, which has no handler for it."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     """Everything the operator changes in kopf's settings (called from the startup handler)."""
     settings.persistence.finalizer = config.finalizer
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=config.annotation_prefix)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=config.annotation_prefix, key="last-handled-configuration"
-    )
+    # No create/update/resume handlers read a diff (the job loop re-reads the spec each pass), so the
+    # last-handled-configuration annotation kopf would write on each job is not kept: one PATCH per job, and
+    # the watch event it causes, fewer (the delete handler needs no diff base).
+    settings.persistence.diffbase_storage = NoDiffBase()
     # Watches that hang silently behind proxies and load balancers never recover by themselves; a
     # server-side timeout makes the API server end them, and kopf reconnects (kopf issue #585).
     settings.watching.server_timeout = 300
