@@ -1,0 +1,100 @@
+"""The declared fields' generic rules, message by message: numbers, maps and lists at and past their bounds.
+
+Each field is declared once (`spec.py`) and checked by `fields.py`; these cases pin the shared checks on a
+field of each kind, with the messages written out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fsdp_operator import schema
+from fsdp_operator.spec import SpecError, parse_job
+
+
+def problems(spec: dict[str, Any]) -> list[str]:
+    manifest = {"apiVersion": schema.API_VERSION, "kind": schema.KIND, "metadata": {"name": "job"}, "spec": spec}
+    try:
+        parse_job(manifest)
+    except SpecError as e:
+        return e.problems
+    return []
+
+
+def lr(value: Any) -> list[str]:
+    return problems({"training": {"learningRate": value}})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("fast", ["spec.training.learningRate: expected number, got string 'fast'"]),
+        (True, ["spec.training.learningRate: expected number, got boolean true"]),
+        (None, []),  # null: the field is unset (the API server prunes nulls), its default applies
+        ([1], ["spec.training.learningRate: expected number, got array"]),
+        (float("inf"), ["spec.training.learningRate: must be a finite number, got inf"]),
+        (float("nan"), ["spec.training.learningRate: must be a finite number, got nan"]),
+        (0, ["spec.training.learningRate: must be greater than 0, got 0"]),
+        (1.5, ["spec.training.learningRate: must be at most 1, got 1.5"]),
+        (2, ["spec.training.learningRate: must be at most 1, got 2"]),
+        (10**400, ["spec.training.learningRate: must be at most 1, got a 1329-bit integer"]),
+        (1, []),
+        (1e-9, []),
+    ],
+)
+def test_a_number_field(value: Any, expected: list[str]) -> None:
+    assert lr(value) == expected
+
+
+def test_a_huge_integer_is_refused_before_it_becomes_a_float() -> None:
+    # 2**1000 still fits a float and is refused by the bound; 2**1024 does not fit one at all.
+    assert lr(2**1000) == ["spec.training.learningRate: must be at most 1, got a 1001-bit integer"]
+    assert lr(2**1024) == ["spec.training.learningRate: must be at most 1, got a 1025-bit integer"]
+    assert lr(2**999) == ["spec.training.learningRate: must be at most 1, got a 1000-bit integer"]
+
+
+def overrides(value: Any) -> list[str]:
+    return problems({"model": {"overrides": value}})
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ([1], ["spec.model.overrides: expected object, got array"]),
+        ("x", ["spec.model.overrides: expected object, got string 'x'"]),
+        ({1: 2}, ["spec.model.overrides: keys must be strings, got integer 1"]),
+        ({"a" * 65: 1}, ["spec.model.overrides: a key is longer than 64 characters"]),
+        ({"a" * 64: 1}, []),
+        ({"layers": True}, ["spec.model.overrides.layers: expected integer or string, got boolean true"]),
+        ({"layers": 1.5}, ["spec.model.overrides.layers: expected integer or string, got number 1.5"]),
+        ({"layers": [2]}, ["spec.model.overrides.layers: expected integer or string, got array"]),
+        ({"layers": 2**31}, ["spec.model.overrides.layers: must be at most 2147483647, got 2147483648"]),
+        ({"layers": -(2**31) - 1}, ["spec.model.overrides.layers: must be at least -2147483648, got -2147483649"]),
+        ({"layers": 2**31 - 1, "act": "silu"}, []),
+        ({f"k{i}": i for i in range(64)}, []),
+        ({f"k{i}": i for i in range(65)}, ["spec.model.overrides: more than 64 entries (65)"]),
+    ],
+)
+def test_a_map_of_integers_or_strings(value: Any, expected: list[str]) -> None:
+    assert overrides(value) == expected
+
+
+def test_every_bad_key_and_value_of_a_map_is_reported_and_the_good_ones_stay_quiet() -> None:
+    assert overrides({1: 2, "ok": 3, "bad": True, 2: "x"}) == [
+        "spec.model.overrides: keys must be strings, got integer 1",
+        "spec.model.overrides.bad: expected integer or string, got boolean true",
+        "spec.model.overrides: keys must be strings, got integer 2",
+    ]
+
+
+def test_a_string_value_in_a_map_is_bounded() -> None:
+    long = problems({"model": {"overrides": {"name": "x" * 5000}}})
+    assert len(long) == 1 and long[0].startswith("spec.model.overrides.name: longer than ")
+
+
+def test_a_list_field_at_and_past_its_item_bound() -> None:
+    env = [{"name": f"V{i}", "value": "x"} for i in range(129)]
+    assert problems({"network": {"env": env[:128]}}) == []
+    assert problems({"network": {"env": env}}) == ["spec.network.env: more than 128 items (129)"]
+    assert problems({"network": {"env": {"name": "V"}}}) == ["spec.network.env: expected array, got object"]
