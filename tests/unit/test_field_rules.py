@@ -98,3 +98,75 @@ def test_a_list_field_at_and_past_its_item_bound() -> None:
     assert problems({"network": {"env": env[:128]}}) == []
     assert problems({"network": {"env": env}}) == ["spec.network.env: more than 128 items (129)"]
     assert problems({"network": {"env": {"name": "V"}}}) == ["spec.network.env: expected array, got object"]
+
+
+# --- rules of particular shapes ----------------------------------------------------------------------------
+
+
+def tolerations(*items: dict[str, Any]) -> list[str]:
+    return problems({"workers": {"tolerations": list(items)}})
+
+
+def test_toleration_rules_as_kubernetes_has_them() -> None:
+    path = "spec.workers.tolerations[0]"
+    # No operator means Equal: with no key that would tolerate nothing sensible, so it is refused.
+    assert tolerations({"value": "x"}) == [
+        f"{path}.operator: must be Exists when key is empty (that tolerates every taint)"
+    ]
+    assert tolerations({"operator": "Exists"}) == []
+    assert tolerations({"key": "k", "value": "v"}) == []
+    assert tolerations({"key": "k", "operator": "Exists", "value": "v"}) == [
+        f"{path}.value: must be empty when operator is Exists"
+    ]
+    assert tolerations({"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}) == []
+    assert tolerations({"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 30}) == [
+        f"{path}.effect: must be NoExecute when tolerationSeconds is set"
+    ]
+    assert tolerations({"key": "k", "operator": "Exists", "tolerationSeconds": 30}) == [
+        f"{path}.effect: must be NoExecute when tolerationSeconds is set"
+    ]
+
+
+def test_operator_owned_prefixes_cover_their_family_only() -> None:
+    from fsdp_operator.spec import operator_owned
+
+    for name in ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "NCCL_DEBUG_SUBSYS", "RAY_AUTH_TOKEN", " fi_provider "):
+        assert operator_owned(name), name
+    for name in ("FIX", "FILE", "NCCL_ALGO", "RAY_ADDRESS_X", "LD_LIBRARY_PATH", "MY_FI_PROVIDER"):
+        assert operator_owned(name) is None, name
+
+
+def test_not_a_job_says_what_it_got() -> None:
+    from fsdp_operator.spec import NotAJobError
+
+    with pytest.raises(NotAJobError) as missing:
+        parse_job({"metadata": {"name": "x"}})
+    assert str(missing.value) == (
+        "expected apiVersion: fsdp.dev/v1alpha1 and kind: FSDPTrainingJob, "
+        "got apiVersion: (missing) and kind: (missing)"
+    )
+    with pytest.raises(NotAJobError) as pod:
+        parse_job({"apiVersion": "v1", "kind": "Pod"})
+    assert str(pod.value).endswith("got apiVersion: v1 and kind: Pod")
+
+
+def test_a_spec_error_reads_one_problem_per_line() -> None:
+    assert str(SpecError(["a: x", "b: y"])) == "a: x\nb: y"
+
+
+def test_a_one_gpu_worker_asks_ray_for_its_gpu_and_the_entrypoint_is_canonical_json() -> None:
+    import json
+    import shlex
+
+    from fsdp_operator import render
+
+    workers = {"replicas": 2, "instanceType": "g6.xlarge", "gpusPerWorker": 1, "efaPerWorker": 0, "cpu": "3",
+               "memory": "12Gi"}  # fmt: skip
+    manifest = {"apiVersion": schema.API_VERSION, "kind": schema.KIND, "metadata": {"name": "one", "uid": "u"},
+                "spec": {"workers": workers, "network": {"transport": "socket"}}}  # fmt: skip
+    sub = render.submission(parse_job(manifest), "one-1", "/pkg")
+    assert sub.config["scaling"] == {"num_workers": 2, "use_gpu": True, "resources_per_worker": {"CPU": 1, "GPU": 1}}
+    argv = shlex.split(sub.entrypoint)
+    assert argv[:4] == ["python", "-m", "fsdp_train.ray_entry", "--config-json"] and len(argv) == 5
+    # The same job always gives the same text: compact and key-sorted.
+    assert argv[4] == json.dumps(json.loads(argv[4]), separators=(",", ":"), sort_keys=True)
