@@ -484,7 +484,8 @@ class Data:
         train="validation_data",
     )
     eval_every_steps: int = declare(
-        "Evaluate on the validation data every N steps, and after the last; 0: after the last step only.",
+        "Evaluate on the validation data (validationSplit or validationSource, one of which it needs) every N "
+        "steps, and after the last; 0: after the last step only.",
         default=0,
         minimum=0,
         maximum=MAX_STEPS,

@@ -170,3 +170,13 @@ def test_a_one_gpu_worker_asks_ray_for_its_gpu_and_the_entrypoint_is_canonical_j
     assert argv[:4] == ["python", "-m", "fsdp_train.ray_entry", "--config-json"] and len(argv) == 5
     # The same job always gives the same text: compact and key-sorted.
     assert argv[4] == json.dumps(json.loads(argv[4]), separators=(",", ":"), sort_keys=True)
+
+
+def test_evaluation_without_validation_data_is_refused_with_the_field_named() -> None:
+    data = {"source": "s3://bucket/corpus", "evalEverySteps": 10}
+    assert problems({"data": data}) == [
+        "spec.data.evalEverySteps: needs spec.data.validationSplit or spec.data.validationSource: there is nothing "
+        "to evaluate."
+    ]
+    assert problems({"data": {**data, "validationSplit": 0.1}}) == []
+    assert problems({"data": {**data, "validationSource": "s3://bucket/held-out"}}) == []

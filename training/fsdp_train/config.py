@@ -195,6 +195,11 @@ class TrainConfig:
             raise ConfigError("validation_split", f"and {p}.validation_data exclude each other: set one.")
         if self.data == RANDOM_DATA and (self.validation_split or self.validation_data):
             raise ConfigError("validation_split", "needs a data source other than random.")
+        if self.eval_every_steps and not self.has_validation:
+            # Accepted, it would silently evaluate nothing: the user asked for an eval loss they never get.
+            raise ConfigError(
+                "eval_every_steps", f"needs {p}.validation_split or {p}.validation_data: there is nothing to evaluate."
+            )
         if self.export_every_checkpoint and not self.output_path:
             raise ConfigError("export_every_checkpoint", f"needs {p}.output_path.")
         if not self.data_field:

@@ -98,3 +98,10 @@ def test_the_learning_rate_warms_up_linearly_then_follows_its_schedule() -> None
     assert {constant.learning_rate_at(s) for s in range(1, 11)} == {0.1}
     warm_constant = TrainConfig(steps=10, warmup_steps=4, learning_rate=0.4, lr_schedule="constant")
     assert [warm_constant.learning_rate_at(s) for s in (1, 4, 5, 10)] == pytest.approx([0.1, 0.4, 0.4, 0.4])
+
+
+def test_evaluating_needs_validation_data() -> None:
+    with pytest.raises(ValueError, match=r"eval_every_steps needs training.validation_split or training.validation_data"):
+        TrainConfig(data="s3://bucket/corpus", eval_every_steps=10)
+    assert TrainConfig(data="s3://bucket/corpus", eval_every_steps=10, validation_split=0.1).has_validation
+    assert TrainConfig(data="s3://bucket/corpus", eval_every_steps=10, validation_data="s3://bucket/v").has_validation
