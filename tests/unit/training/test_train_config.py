@@ -101,7 +101,8 @@ def test_the_learning_rate_warms_up_linearly_then_follows_its_schedule() -> None
 
 
 def test_evaluating_needs_validation_data() -> None:
-    with pytest.raises(ValueError, match=r"eval_every_steps needs training.validation_split or training.validation_data"):
+    message = r"eval_every_steps needs training.validation_split or training.validation_data"
+    with pytest.raises(ValueError, match=message):
         TrainConfig(data="s3://bucket/corpus", eval_every_steps=10)
     assert TrainConfig(data="s3://bucket/corpus", eval_every_steps=10, validation_split=0.1).has_validation
     assert TrainConfig(data="s3://bucket/corpus", eval_every_steps=10, validation_data="s3://bucket/v").has_validation
