@@ -42,3 +42,28 @@ def test_libfabric_plugin_names() -> None:
         assert _is_libfabric(name), name
     for name in ("Socket", "IB", "ofi2", ""):
         assert not _is_libfabric(name), name
+
+
+def test_the_job_summary_of_rank_transports() -> None:
+    from fsdp_operator.transport import _summary
+
+    assert _summary({}, complete=False) == "pending"
+    # A fallback shows at once, before every rank reported; two different ones are "mixed".
+    assert _summary({"socket": [1]}, complete=False) == "socket"
+    assert _summary({"socket": [1], "efa": [0]}, complete=False) == "mixed"
+    assert _summary({"socket": [1], "ib": [2]}, complete=True) == "mixed"
+    assert _summary({"efa": [0]}, complete=False) == "pending"
+    assert _summary({"efa": [0, 1]}, complete=True) == "efa"
+    assert _summary({"none": [0, 1]}, complete=True) == "none"
+    assert _summary({"none": [0], "efa": [1]}, complete=True) == "efa"
+    assert _summary({"unknown": [0], "efa": [1]}, complete=True) == "unknown"
+
+
+def test_clean_text_cuts_past_its_limit_only() -> None:
+    from fsdp_train.events import clean_text
+
+    assert clean_text("a" * 10, 10) == "a" * 10
+    cut = clean_text("a" * 11, 10)
+    assert len(cut) == 10 and cut.endswith("…")
+    # Escape sequences and control characters go before the length is judged.
+    assert clean_text("\x1b[31m" + "b" * 10 + "\x00", 10) == "b" * 10
