@@ -180,3 +180,8 @@ def test_evaluation_without_validation_data_is_refused_with_the_field_named() ->
     ]
     assert problems({"data": {**data, "validationSplit": 0.1}}) == []
     assert problems({"data": {**data, "validationSource": "s3://bucket/held-out"}}) == []
+
+
+def test_a_null_inside_a_map_or_a_list_is_named_as_null() -> None:
+    assert overrides({"layers": None}) == ["spec.model.overrides.layers: expected integer or string, got null"]
+    assert problems({"runtimeEnv": {"pip": [None]}}) == ["spec.runtimeEnv.pip[0]: expected string, got null"]
