@@ -6,6 +6,7 @@ import copy
 from typing import Any
 
 import jsonschema
+import jsonschema.protocols
 
 from fsdp_operator.local.resources import Obj
 
@@ -68,13 +69,31 @@ def _to_json_schema(schema: Any) -> Any:
     return result
 
 
-def validate(obj: Obj, schema: Obj) -> list[tuple[str, str]]:
-    """Schema violations as (field path, message); empty when the object is valid."""
+_VALIDATORS: dict[int, tuple[Obj, jsonschema.protocols.Validator]] = {}
+"""Validators by the id of the schema they were built from (kept alive with it, so the id is not reused)."""
+_MAX_VALIDATORS = 256
+
+
+def _validator(schema: Obj) -> jsonschema.protocols.Validator:
+    """The validator of a stored schema, built once: converting the schema on every request cost more than
+    validating (a schema is replaced, never changed in place, when its CRD is updated)."""
+    cached = _VALIDATORS.get(id(schema))
+    if cached is not None and cached[0] is schema:
+        return cached[1]
     json_schema = _to_json_schema(schema)
     # metadata is validated by the server itself, not by the CRD's schema.
     json_schema.get("properties", {}).pop("metadata", None)
     # OpenAPI v3.0 schemas are JSON Schema draft 4 (boolean exclusiveMinimum), plus the conversions above.
     validator = jsonschema.Draft4Validator(json_schema)
+    if len(_VALIDATORS) >= _MAX_VALIDATORS:
+        _VALIDATORS.clear()
+    _VALIDATORS[id(schema)] = (schema, validator)
+    return validator
+
+
+def validate(obj: Obj, schema: Obj) -> list[tuple[str, str]]:
+    """Schema violations as (field path, message); empty when the object is valid."""
+    validator = _validator(schema)
     errors = []
     for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
         path = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in error.absolute_path).replace(".[", "[")
