@@ -78,7 +78,9 @@ def api_plan(seed: int, rate: float) -> FaultPlan:
                      slow_seconds=0.3, retry_after=1)  # fmt: skip
 
 
-def _api_faults_converge(api: ThreadedApiServer, jobs: int = 3, steps: int = 5) -> None:
+def _api_faults_converge(
+    api: ThreadedApiServer, jobs: int = 3, steps: int = 5, optional: frozenset[str] = frozenset()
+) -> None:
     injector = api.server.faults
     assert injector is not None
     names = [f"job{i}" for i in range(jobs)]
@@ -102,13 +104,15 @@ def _api_faults_converge(api: ThreadedApiServer, jobs: int = 3, steps: int = 5) 
     # The faults really happened: every kind at least once (the counts are in docs/reliability.md).
     print(f"\nAPI FAULTS seed {injector.plan.seed} rate {injector.plan.rate}: {dict(injector.injected)} in "
           f"{injector.eligible} operator requests, {jobs} jobs converged")  # fmt: skip
-    missing = set(REQUEST_FAULTS + WATCH_FAULTS) - set(injector.injected)
+    missing = set(REQUEST_FAULTS + WATCH_FAULTS) - set(injector.injected) - optional
     assert not missing, f"never injected: {missing} ({dict(injector.injected)} of {injector.eligible} requests)"
 
 
 @pytest.mark.parametrize("faulty_api", [api_plan(seed=1, rate=0.2)], indirect=True)
 def test_api_faults_converge_without_duplicates(faulty_api: ThreadedApiServer) -> None:
-    _api_faults_converge(faulty_api)
+    # The sample's few writes (three jobs) do not always draw a fault, so a 409 is not required here; the
+    # many-seeds suite (`-m faults`) requires every kind in every run.
+    _api_faults_converge(faulty_api, optional=frozenset({"conflict"}))
 
 
 @pytest.mark.faults
