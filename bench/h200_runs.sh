@@ -8,6 +8,9 @@
 #   bench/h200_runs.sh round2-fp8 OUTDIR   # 1 GPU: fp8 recipes against bf16, Qwen2.5-1.5B and a 7B-shaped model
 #   TEXT=FILE bench/h200_runs.sh round2-final OUTDIR  # 1 GPU: the round-two tables of docs/performance.md
 #   TEXT=FILE bench/h200_runs.sh round2-verify OUTDIR # 1 GPU: fp8 loss on text (1.5B), precision auto end to end
+#   bench/h200_runs.sh round3-probe OUTDIR  # 1 GPU: where a start goes (import times, cProfile cold and warm), bf16 levers
+#   BASE=DIR bench/h200_runs.sh round3-verify OUTDIR  # 1 GPU: starts of BASE's training package against this one's,
+#                                                     # each cold then warm; the bf16 levers that won, twice each
 #
 # Needs torch and transformers (no Ray, no install: the package is put on PYTHONPATH). Every run has
 # its own time limit, so one hang costs one row. Logs go to OUTDIR/logs; the tables to stdout.
@@ -58,6 +61,40 @@ first_steps() {  # the training function twice with one compile cache: cold, the
         echo "(exit $?, $((SECONDS - start)) s)" >>"$out/logs/ttfs-$run.log"
         grep -h '"kind":"timings"' "$out/logs/ttfs-$run.log" | sed 's/^.*FSDP_EVENT //'
         tail -n 1 "$out/logs/ttfs-$run.log"
+    done
+    rm -rf "$cache"
+}
+
+starts() {  # starts NAME PACKAGE_DIR RUNS: the training function RUNS times with one compile cache, empty before the first
+    local name=$1 package=$2 runs=$3 cache="$out/compile-cache-$1" cfg
+    rm -rf "$cache"
+    cfg='{"seq_len":2048,"batch_size_per_rank":8,"steps":3,"lr_schedule":"constant","compile":true,"reshard_after_forward":false,"probe_size_bytes":0,"compile_cache_dir":"'$cache'"}'
+    for run in $(seq 1 "$runs"); do
+        local start=$SECONDS log="$out/logs/start-$name-$run.log"
+        echo "\$ PYTHONPATH=$package torchrun --nproc-per-node 1 -m fsdp_train --config-json '$cfg'   # $name, run $run" >"$log"
+        PYTHONPATH="$package" timeout 200 "$py" -m torch.distributed.run --standalone --nproc-per-node 1 -m fsdp_train \
+            --config-json "$cfg" >>"$log" 2>&1
+        echo "# start $name run $run: exit $?, $((SECONDS - start)) s wall, $(du -sm "$cache" | cut -f1) MB cache"
+        grep -h '"kind":"timings"' "$log" | sed 's/^.*FSDP_EVENT //'
+    done
+    rm -rf "$cache"
+}
+
+startup_profile() {  # the training function as one process under cProfile and -X importtime: cold, then warm cache
+    local cache="$out/compile-cache-profile" cfg overrides=${OVERRIDES:-"{}"}
+    rm -rf "$cache"
+    cfg='{"seq_len":2048,"batch_size_per_rank":8,"steps":2,"lr_schedule":"constant","compile":true,"reshard_after_forward":false,"probe_size_bytes":0,"compile_cache_dir":"'$cache'"}'
+    cfg=$("$py" -c 'import json,sys; c=json.loads(sys.argv[1]); o=json.loads(sys.argv[2]); print(json.dumps({**c, "model_overrides": o} if o else c))' "$cfg" "$overrides")
+    for run in cold warm; do
+        local start=$SECONDS
+        RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 timeout 120 \
+            "$py" -X importtime -m cProfile -o "$out/logs/startup-$run.prof" -m fsdp_train --config-json "$cfg" \
+            >"$out/logs/startup-$run.log" 2>"$out/logs/importtime-$run.txt"
+        echo "# startup-$run: exit $?, $((SECONDS - start)) s"
+        grep -h '"kind":"timings"' "$out/logs/startup-$run.log" "$out/logs/importtime-$run.txt" | sed 's/^.*FSDP_EVENT //'
+        "$py" -c 'import pstats, sys; pstats.Stats(sys.argv[1]).sort_stats("cumulative").print_stats(45)' \
+            "$out/logs/startup-$run.prof" | grep -E '^ +[0-9]' | awk '$4 > 0.25' | cut -c1-160
+        grep -h '^import time:' "$out/logs/importtime-$run.txt" | sort -t'|' -k2 -n -r | head -n 22 | cut -c1-120
     done
     rm -rf "$cache"
 }
@@ -117,6 +154,19 @@ round2-final)  # one GPU: fp8 against bf16 (both models, seed recipe first), fp8
     OVERRIDES=$QWEN7B_8L bench r3-7b-text 1 200 --seq-len 2048 --batch 2 --warmup 0 --steps 300 \
         --recipes ours-final,ours-fp8 --text "$TEXT" --lr 3e-4 --lr-warmup 30
     first_steps
+    ;;
+round3-probe)  # one GPU: where the start goes (cold and warm cache), then each round-three bf16 lever alone and together
+    startup_profile
+    bench r3-levers 1 360 --seq-len 2048 --batch 8 --warmup 3 --steps 8 \
+        --recipes ours-final,ours-rbf16,ours-clip,ours-gateup,ours-cdt,ours-levers,ours-levers@b16
+    ;;
+round3-verify)  # one GPU: time to first step, the training package before (BASE) and now, side by side; bf16 levers
+    "$py" -c 'import sys, torch, os; print("dont_write_bytecode", sys.flags.dont_write_bytecode, "PYTHONDONTWRITEBYTECODE", os.environ.get("PYTHONDONTWRITEBYTECODE"), "torch pycache beside sources", os.path.isdir(os.path.join(os.path.dirname(torch.__file__), "__pycache__")), "writable", os.access(os.path.dirname(torch.__file__), os.W_OK))'
+    starts before "${BASE:?BASE: the training package to compare with}/training" 2
+    starts now "$PWD/training" 3
+    starts before-again "$BASE/training" 1
+    bench r3-verify 1 330 --seq-len 2048 --batch 8 --warmup 3 --steps 8 \
+        --recipes ours-final,ours-cdt,ours-rbf16,ours-final,ours-cdt,ours-rbf16
     ;;
 round2-verify)  # one GPU: fp8's loss on text for Qwen2.5-1.5B; the training function with precision auto vs bf16
     bench r4-1.5b-text 1 150 --seq-len 2048 --batch 2 --warmup 0 --steps 300 \

@@ -25,6 +25,7 @@ torch and transformers only (no Ray).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import json
@@ -32,6 +33,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -75,7 +77,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ours-fp8-rw": {**FP8, "x_float8": Float8Choice("rowwise", ("mlp.", "self_attn."))},
     "ours-fp8-rw-mlp": {**FP8, "x_float8": Float8Choice("rowwise", ("mlp.",))},
     "ours-fp8-ag": {**FP8, "x_float8": Float8Choice("tensorwise", ("mlp.", "self_attn."), True)},
+    # round three, each on top of ours-final (``levers``): bf16 gradient reduction, gradient clipping on the
+    # local shards, the MLP's gate and up projections as one matmul, Inductor's coordinate-descent tuning
+    "ours-rbf16": {**FINAL, "x_reduce_bf16": True},
+    "ours-clip": {**FINAL, "x_local_clip": True},
+    "ours-gateup": {**FINAL, "x_gate_up": True},
+    "ours-cdt": {**FINAL, "x_coordinate_descent": True},
+    "ours-levers": {
+        **FINAL,
+        "x_reduce_bf16": True,
+        "x_local_clip": True,
+        "x_gate_up": True,
+        "x_coordinate_descent": True,
+    },
 }
+MODEL_LEVERS = ("kernels", "attention", "gate_up")
+"""``x_`` keys that ``meta_model_with`` takes; the others are patched in by ``levers`` for one recipe."""
 RECIPES = ("seed", *VARIANTS)
 
 
@@ -141,9 +158,15 @@ class TextWindows:
 # Levers measured and not kept (docs/performance.md): they live here, not in the training function.
 
 
-def meta_model_with(config: Any, *, kernels: str = "none", attention: str = "sdpa") -> torch.nn.Module:
-    """``build_meta_model``, then Liger's kernels (``kernels="liger"``) or cuDNN attention (``attention="cudnn"``)."""
+def meta_model_with(
+    config: Any, *, kernels: str = "none", attention: str = "sdpa", gate_up: bool = False
+) -> torch.nn.Module:
+    """``build_meta_model``, then Liger's kernels (``kernels="liger"``), cuDNN attention (``attention="cudnn"``)
+    or the MLP's gate and up projections fused into one matmul (``gate_up``)."""
     model = build_meta_model(config)
+    if gate_up:
+        for block in model.model.layers:  # type: ignore[union-attr]
+            block.mlp = GateUpMLP(block.mlp)
     if kernels == "liger":
         from liger_kernel.transformers import apply_liger_kernel_to_qwen2
 
@@ -156,6 +179,65 @@ def meta_model_with(config: Any, *, kernels: str = "none", attention: str = "sdp
         AttentionInterface.register("bench_cudnn", cudnn_attention_forward)
         model.config._attn_implementation = "bench_cudnn"
     return model
+
+
+class GateUpMLP(torch.nn.Module):
+    """Qwen2's SwiGLU MLP with ``gate_proj`` and ``up_proj`` as one ``[2F, D]`` matmul (a new parameter
+    ``gate_up_proj.weight``: its random init differs from the two it replaces, so the loss curve does too)."""
+
+    def __init__(self, mlp: torch.nn.Module) -> None:
+        super().__init__()
+        gate = mlp.gate_proj
+        self.gate_up_proj = torch.nn.Linear(gate.in_features, 2 * gate.out_features, bias=False, device="meta")
+        self.down_proj = mlp.down_proj
+        self.act_fn = mlp.act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act_fn(gate) * up)
+
+
+@torch.no_grad()
+def clip_local_shards(parameters: Any, max_norm: float, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """``clip_grad_norm_`` for a 1-D FSDP2 mesh on the plain local shards: one foreach norm, one all-reduce
+    of the squared sum, one foreach scale, without DTensor's per-parameter dispatch."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in parameters if p.grad is not None]
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    norms = torch._foreach_norm(local, 2.0)
+    total_sq = torch.stack(norms).float().square().sum()
+    dist.all_reduce(total_sq)
+    total = total_sq.sqrt()
+    torch._foreach_mul_(local, (max_norm / (total + 1e-6)).clamp(max=1.0))
+    return total
+
+
+@contextlib.contextmanager
+def levers(*, reduce_bf16: bool = False, local_clip: bool = False, coordinate_descent: bool = False) -> Iterator[None]:
+    """Patch the round-three levers in for one recipe: gradients reduced in bf16 (FSDP2's ``reduce_dtype``),
+    ``clip_local_shards`` in place of ``clip_grad_norm_``, Inductor's coordinate-descent tuning."""
+    import torch._inductor.config as inductor_config
+    import torch.distributed.fsdp as fsdp_module
+
+    policy, clip, tuning = fsdp_module.MixedPrecisionPolicy, torch.nn.utils.clip_grad_norm_, None
+    if reduce_bf16:
+
+        def bf16_reduce(**kw: Any) -> Any:
+            return policy(**({**kw, "reduce_dtype": torch.bfloat16} if "param_dtype" in kw else kw))
+
+        fsdp_module.MixedPrecisionPolicy = bf16_reduce  # type: ignore[misc,assignment]
+    if local_clip:
+        torch.nn.utils.clip_grad_norm_ = clip_local_shards  # type: ignore[assignment]
+    if coordinate_descent:
+        tuning, inductor_config.coordinate_descent_tuning = inductor_config.coordinate_descent_tuning, True
+    try:
+        yield
+    finally:
+        fsdp_module.MixedPrecisionPolicy = policy  # type: ignore[misc]
+        torch.nn.utils.clip_grad_norm_ = clip
+        if tuning is not None:
+            inductor_config.coordinate_descent_tuning = tuning
 
 
 def cudnn_attention_forward(
@@ -265,17 +347,33 @@ def run_ours(
     )
     extra = {k[2:]: v for k, v in VARIANTS[recipe.name].items() if k.startswith("x_")}
     loop.DEFAULT_FLOAT8 = extra.pop("float8", DEFAULT_FLOAT8)  # what build() converts with for precision fp8
-    loop.build_meta_model = partial(meta_model_with, **extra)  # type: ignore[assignment]
-    try:
-        model, optimizer, config = build(cfg, topo, "full", device)
-    finally:
-        loop.build_meta_model, loop.DEFAULT_FLOAT8 = build_meta_model, DEFAULT_FLOAT8
-    if cfg.precision == "fp8":
-        fp8_layers = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
-        if topo.rank == 0:
-            print(f"# {recipe.label}: {fp8_layers} Float8Linear layers", flush=True)
-        if not fp8_layers:
-            raise RuntimeError("precision fp8 converted no layer")
+    model_levers = {k: extra.pop(k) for k in MODEL_LEVERS if k in extra}
+    loop.build_meta_model = partial(meta_model_with, **model_levers)  # type: ignore[assignment]
+    with levers(**extra):
+        try:
+            model, optimizer, config = build(cfg, topo, "full", device)
+        finally:
+            loop.build_meta_model, loop.DEFAULT_FLOAT8 = build_meta_model, DEFAULT_FLOAT8
+        if cfg.precision == "fp8":
+            fp8_layers = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+            if topo.rank == 0:
+                print(f"# {recipe.label}: {fp8_layers} Float8Linear layers", flush=True)
+            if not fp8_layers:
+                raise RuntimeError("precision fp8 converted no layer")
+        times, losses = _timed_steps(args, cfg, topo, model, optimizer, config, device)
+    del model, optimizer
+    return times, losses
+
+
+def _timed_steps(
+    args: argparse.Namespace,
+    cfg: TrainConfig,
+    topo: Topology,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: Any,
+    device: torch.device,
+) -> tuple[list[float], list[float]]:
     times, losses = [], []
     for step in range(1, cfg.steps + 1):
         _sync(device)
@@ -284,7 +382,6 @@ def run_ours(
         _sync(device)
         if step > args.warmup:
             times.append(time.perf_counter() - t0)
-    del model, optimizer
     return times, losses
 
 

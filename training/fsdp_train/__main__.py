@@ -29,6 +29,9 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
+    from fsdp_train.startup import use_bytecode_cache
+
+    use_bytecode_cache(cfg.compile_cache_dir)  # before the heavy imports
     from fsdp_train.loop import run_from_env  # torch is imported only once the config is valid
 
     run_from_env(cfg)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,12 @@ from fsdp_train.model import (
 from fsdp_train.packing import Packed, samples_digest
 from fsdp_train.parallelize import Topology, build_mesh, parallelize, resolve_sharding
 from fsdp_train.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
-from fsdp_train.startup import StartupClock, configure_compile_cache
+from fsdp_train.startup import (
+    StartupClock,
+    configure_compile_cache,
+    fill_bytecode_cache,
+    finish_bytecode_cache,
+)
 
 FAIL_AT_STEP_ENV = "FSDP_TRAIN_FAIL_AT_STEP"
 """Fault injection: raise after step N (and its checkpoint) unless the run resumed at or past N."""
@@ -122,6 +128,8 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     started = time.perf_counter()
     clock = StartupClock.start()
     compile_cache = configure_compile_cache(cfg.compile_cache_dir, env)
+    bytecode_cached = sys.pycache_prefix is not None
+    bytecode_fill = None
     emit(report.placement(topo, node_ip=host.node_ip, device=device, env=env))
 
     # The first collective creates the NCCL communicator, whose log says which transport it chose.
@@ -188,6 +196,9 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         event = metrics.log(StepMetrics(step, loss, step_seconds, tokens_per_step, peak_mem, **progress))
         if step == resumed_from + 1 and topo.rank == 0:
             emit(clock.timings(0, compile_cache))
+        if step == resumed_from + 1 and topo.local_rank == 0 and not bytecode_cached:
+            # Everything a start imports is imported by now: one rank per node keeps its bytecode.
+            bytecode_fill = fill_bytecode_cache(cfg.compile_cache_dir, list(sys.modules.values()))
         if validation is not None and (
             step == cfg.steps or (cfg.eval_every_steps and step % cfg.eval_every_steps == 0)
         ):
@@ -225,6 +236,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         precision=matmul_precision(cfg, device, config),
     )
     emit(summary)
+    finish_bytecode_cache(bytecode_fill)
     return as_dict(summary)
 
 

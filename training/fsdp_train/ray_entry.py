@@ -90,6 +90,9 @@ class RayJobConfig:
 
 def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """What each Ray Train worker runs: the torchrun loop with Ray's topology and checkpoints."""
+    from fsdp_train.startup import use_bytecode_cache
+
+    use_bytecode_cache(str(loop_config["train"].get("compile_cache_dir", "")))  # before the heavy imports
     import ray.train
     import ray.util
 

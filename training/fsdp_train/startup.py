@@ -5,9 +5,12 @@ Pure Python (no torch): the clock starts before torch is imported.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +18,8 @@ from fsdp_train.events import Timings
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"
+BYTECODE_DIR = "bytecode"
+"""Under the compile cache: Python's bytecode of every module a run imported (``sys.pycache_prefix``)."""
 
 
 def process_start_time() -> float | None:
@@ -49,6 +54,54 @@ def configure_compile_cache(path: str, env: MutableMapping[str, str]) -> str:
     env[INDUCTOR_CACHE_ENV] = str(inductor)
     env[TRITON_CACHE_ENV] = str(triton)
     return "warm" if warm else "cold"
+
+
+def use_bytecode_cache(path: str) -> bool:
+    """Before torch is imported: read Python's bytecode from ``path``/bytecode when an earlier run filled it.
+
+    An image that ships no ``.pyc`` files, or sets ``PYTHONDONTWRITEBYTECODE``, has every rank compile the
+    sources of torch, transformers and their imports on every start (9 s of an H200 run's start, measured).
+    Returns whether the cache is in use; where it is not (no directory set, or not yet filled), nothing
+    changes: a prefix ignores the ``.pyc`` files beside the sources, so an empty one would cost the first run.
+    """
+    prefix = Path(path) / BYTECODE_DIR if path else None
+    if prefix is None or not prefix.is_dir():
+        return False
+    sys.pycache_prefix = str(prefix)
+    sys.dont_write_bytecode = False  # a module first imported now is written there too
+    return True
+
+
+def fill_bytecode_cache(path: str, modules: Iterable[object]) -> subprocess.Popen[bytes] | None:
+    """Compile the sources of ``modules`` (all this process imported) into ``path``/bytecode, in the background.
+
+    ``compileall`` runs as its own process at the lowest priority, so the training loop loses no time to it;
+    it writes each file atomically, so ranks of several nodes may fill one shared directory at once.
+    """
+    if not path:
+        return None
+    sources = sorted({f for m in modules if isinstance(f := getattr(m, "__file__", None), str) and f.endswith(".py")})
+    prefix = Path(path) / BYTECODE_DIR
+    prefix.mkdir(parents=True, exist_ok=True)
+    listing = prefix / f"modules-{os.getpid()}.txt"
+    listing.write_text("\n".join(sources) + "\n")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "compileall", "-q", "-i", str(listing)],
+        env={**os.environ, "PYTHONPYCACHEPREFIX": str(prefix)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    with contextlib.suppress(OSError):  # set from here: a preexec_fn is unsafe in a threaded process
+        os.setpriority(os.PRIO_PROCESS, job.pid, 19)
+    return job
+
+
+def finish_bytecode_cache(job: subprocess.Popen[bytes] | None, timeout: float = 120.0) -> None:
+    """Let a background fill end before the process does (short jobs); past ``timeout`` it is left to run."""
+    if job is None:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        job.wait(timeout)
 
 
 @dataclass(slots=True)

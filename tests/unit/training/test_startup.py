@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 from fsdp_train.events import Timings, parse_line
 from fsdp_train.startup import (
     INDUCTOR_CACHE_ENV,
     TRITON_CACHE_ENV,
+    BYTECODE_DIR,
     StartupClock,
     configure_compile_cache,
+    fill_bytecode_cache,
+    finish_bytecode_cache,
     process_start_time,
+    use_bytecode_cache,
 )
 
 
@@ -53,3 +62,52 @@ def test_compile_cache_is_cold_then_warm(tmp_path: Path) -> None:
     assert configure_compile_cache(str(root), env) == "cold"  # still empty: nothing was compiled
     (root / "inductor" / "fxgraph").mkdir()
     assert configure_compile_cache(str(root), env) == "warm"
+
+
+def test_no_bytecode_cache_until_a_run_filled_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "pycache_prefix", None)
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    assert not use_bytecode_cache("")
+    # An empty prefix would make Python ignore the .pyc files beside the sources: not set before it is filled.
+    assert not use_bytecode_cache(str(tmp_path))
+    assert sys.pycache_prefix is None and sys.dont_write_bytecode
+    (tmp_path / BYTECODE_DIR).mkdir()
+    assert use_bytecode_cache(str(tmp_path))
+    assert sys.pycache_prefix == str(tmp_path / BYTECODE_DIR)
+    assert not sys.dont_write_bytecode
+
+
+def test_a_filled_bytecode_cache_is_read_by_the_next_process(tmp_path: Path) -> None:
+    """A first process fills the cache in the background; a second, with bytecode writing off as in an image
+    that sets PYTHONDONTWRITEBYTECODE, imports the module from it instead of compiling the source."""
+    sources = tmp_path / "src"
+    sources.mkdir()
+    (sources / "heavy_module.py").write_text("VALUE = 41 + 1\n")
+    cache = tmp_path / "cache"
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {str(sources)!r})
+        from fsdp_train.startup import fill_bytecode_cache, finish_bytecode_cache, use_bytecode_cache
+        used = use_bytecode_cache({str(cache)!r})
+        import heavy_module
+        if not used:
+            finish_bytecode_cache(fill_bytecode_cache({str(cache)!r}, list(sys.modules.values())), 60)
+        print(used, heavy_module.VALUE, heavy_module.__cached__)
+        """
+    )
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": ":".join(sys.path)}
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert first.stdout.split()[:2] == ["False", "42"]
+    assert not (sources / "__pycache__").exists()  # nothing written beside the source
+    cached = next((cache / BYTECODE_DIR).rglob("heavy_module.*.pyc"))
+    written = cached.stat().st_mtime_ns
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    used, value, where = second.stdout.split()
+    assert (used, value, where) == ("True", "42", str(cached))
+    assert cached.stat().st_mtime_ns == written  # read, not compiled again
+
+
+def test_no_bytecode_fill_without_a_cache_directory() -> None:
+    assert fill_bytecode_cache("", list(sys.modules.values())) is None
+    finish_bytecode_cache(None)
