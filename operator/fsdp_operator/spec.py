@@ -602,7 +602,8 @@ class Training:
     )
     compile_cache_dir: str = declare(
         "Absolute path of a directory every run of the job can reach (a shared volume) for the compile caches "
-        "(Inductor, Triton): a restart or a second run reuses the compiled kernels. Empty: each process compiles.",
+        "(Inductor, Triton, and Python's bytecode of what the training function imports): a restart or a second "
+        "run reuses the compiled kernels and modules. Empty: each process compiles.",
         default="",
         grammar=formats.or_empty(formats.ABSOLUTE_PATH),
         train="compile_cache_dir",

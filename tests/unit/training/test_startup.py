@@ -9,12 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fsdp_train.events import Timings, parse_line
 from fsdp_train.startup import (
+    BYTECODE_DIR,
     INDUCTOR_CACHE_ENV,
     TRITON_CACHE_ENV,
-    BYTECODE_DIR,
     StartupClock,
     configure_compile_cache,
     fill_bytecode_cache,
