@@ -9,6 +9,7 @@
 #   TEXT=FILE bench/h200_runs.sh round2-final OUTDIR  # 1 GPU: the round-two tables of docs/performance.md
 #   TEXT=FILE bench/h200_runs.sh round2-verify OUTDIR # 1 GPU: fp8 loss on text (1.5B), precision auto end to end
 #   bench/h200_runs.sh round3-probe OUTDIR  # 1 GPU: where a start goes (import times, cProfile cold and warm), bf16 levers
+#   TEXT=FILE bench/h200_runs.sh round3-text OUTDIR  # 1 GPU: fp8's loss on text for Qwen2.5-1.5B, 300 steps
 #   BASE=DIR bench/h200_runs.sh round3-verify OUTDIR  # 1 GPU: starts of BASE's training package against this one's,
 #                                                     # each cold then warm; the bf16 levers that won, twice each
 #
@@ -167,6 +168,10 @@ round3-verify)  # one GPU: time to first step, the training package before (BASE
     starts before-again "$BASE/training" 1
     bench r3-verify 1 330 --seq-len 2048 --batch 8 --warmup 3 --steps 8 \
         --recipes ours-final,ours-cdt,ours-rbf16,ours-final,ours-cdt,ours-rbf16
+    ;;
+round3-text)  # one GPU: fp8's loss on text for Qwen2.5-1.5B against bf16, 300 steps (round two's run was cut off)
+    bench r5-1.5b-text 1 420 --seq-len 2048 --batch 2 --warmup 0 --steps 300 \
+        --recipes ours-final,ours-fp8 --text "${TEXT:?TEXT: a text file}" --lr 3e-4 --lr-warmup 30
     ;;
 round2-verify)  # one GPU: fp8's loss on text for Qwen2.5-1.5B; the training function with precision auto vs bf16
     bench r4-1.5b-text 1 150 --seq-len 2048 --batch 2 --warmup 0 --steps 300 \
