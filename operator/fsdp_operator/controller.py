@@ -8,8 +8,10 @@ two repeats an idempotent action instead of losing the intent.
 
 Containment: a pass that raises (a bug, or input no check foresaw) is recorded on the job as the
 `ReconcileError` condition and a Warning event, and the log offset still moves past what was read, so one
-poisoned line cannot freeze a job; a status write the API server refuses still lets the actions that stop
-work (stop the Ray job, delete the cluster) run. Each pass reads at most `LOG_CHUNK` characters of log, so
+poisoned line cannot freeze a job; a status the API server refuses (too large, invalid) is written again without
+the per-rank detail before the pass acts, and when no form of it can be written the actions that stop work (stop
+the Ray job, delete the cluster) still run. A write that fails on the way (no answer, 5xx, 409, 429) acts on
+nothing: the next pass decides again. Each pass reads at most `LOG_CHUNK` characters of log, so
 one job's flood of output costs others at most one bounded slice of the event loop per pass.
 """
 
@@ -123,6 +125,12 @@ class Runtime:
 def _describe(error: BaseException) -> str:
     """One line for the `ReconcileError` condition: the exception's type and its (cut) message."""
     return f"{type(error).__name__}: {str(error)[:900]}"
+
+
+def _transient(error: KubeError) -> bool:
+    """A failed request worth repeating as it was: no answer (the request may have taken effect), a server error,
+    throttling, a conflict, or the object gone (the next pass finds out). Other 4xx refuse the request itself."""
+    return not 400 <= error.status < 500 or error.status in (404, 409, 429)
 
 
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
@@ -281,18 +289,26 @@ class JobLoop:
         try:
             await self.write(stored, decision.status)
         except KubeError as e:
-            # Whatever happens to the record, work that must end ends: a stuck status must not hold GPUs.
-            stopping = tuple(a for a in decision.actions if isinstance(a, MUST_STOP_ACTIONS))
-            await self.act(obj, Decision(decision.status, stopping))
-            if not 400 <= e.status < 500 or e.status in (404, 409, 429):
+            if _transient(e):
+                # Not recorded, or recorded unseen (a lost answer): act on nothing. The next pass decides again from
+                # what is stored and acts once its decision is. Acting now lets that pass observe this one's action
+                # as someone else's: the RayCluster deleted for a `Succeeded` that was never written reads as
+                # `ClusterLost`, a Ray job stopped for a `Failed` that was never written as stopped from outside.
                 raise
             # The API server refused this status (too large, invalid): write it without the per-rank detail, with
             # the ReconcileError condition saying why, so the phase transition and the log offset still land.
             self.log.error(f"status write refused: {e}")
             refused = pass_failed(without_rank_detail(decision.status), observed, f"status write refused: {e}")
-            await self.write(stored, refused.status)
-            rest = tuple(a for a in decision.actions if not isinstance(a, MUST_STOP_ACTIONS))
-            decision = replace(decision, status=refused.status, actions=(*rest, *refused.actions))
+            try:
+                await self.write(stored, refused.status)
+            except KubeError as again:
+                if not _transient(again):
+                    # Nothing about this job can be recorded: work that must end ends anyway (a status the API
+                    # server refuses in every form must not hold GPUs).
+                    stopping = tuple(a for a in decision.actions if isinstance(a, MUST_STOP_ACTIONS))
+                    await self.act(obj, Decision(decision.status, stopping))
+                raise
+            decision = replace(decision, status=refused.status, actions=(*decision.actions, *refused.actions))
             await self.act(obj, decision)
             return decision
         if stopped:

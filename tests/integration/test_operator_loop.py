@@ -1,4 +1,4 @@
-"""The operator's loop and its Ray client where the other side misbehaves: a refused write, a silent Ray head.
+"""The operator's loop and its Ray client where the other side misbehaves: a refused or failed write, a silent Ray head.
 
 No kopf here: the tests step one job's loop (`JobLoop`) themselves against the emulated API server, a fake
 KubeRay and a fake Ray, so they can make the API server refuse exactly one write.
@@ -60,6 +60,66 @@ def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: Thr
     assert kube.refused and (status["phase"], status["reason"]) == ("Failed", "TransportFallback")
     assert w.ray.stopped == [w.sid(1)], "the Ray job kept running after the job was marked Failed"
     assert "TransportFallback" in w.event_reasons()
+
+
+class FailsSucceededWrite(AioKube):
+    """The real client; the first status write that sets phase Succeeded fails: with a 500 before it takes effect, or
+    (`lost`) with the connection dropped after it did, so the loop cannot tell."""
+
+    def __init__(self, url: str, *, lost: bool) -> None:
+        super().__init__(url, timeout=FAST.kube_timeout)
+        self.lost, self.failed = lost, False
+
+    async def patch_job_status(self, namespace: str, name: str, status_patch: dict[str, Any]) -> dict[str, Any]:
+        if status_patch.get("phase") != "Succeeded" or self.failed:
+            return await super().patch_job_status(namespace, name, status_patch)
+        self.failed = True
+        if not self.lost:
+            raise KubeError(500, "etcdserver: request timed out")
+        await super().patch_job_status(namespace, name, status_patch)
+        raise KubeError(0, f"PATCH {name}/status: Server disconnected")
+
+
+def step_until_final(w: World, loop: JobLoop, kube: FailsSucceededWrite) -> list[tuple[str, str]]:
+    """Step the loop until it is done with the job (terminal, nothing left to do); every (phase, reason) stored."""
+    seen: list[tuple[str, str]] = []
+
+    async def main() -> None:
+        async with w.kuberay.running():
+            for _ in range(300):
+                try:
+                    decision = await loop.pass_once()
+                except KubeError:
+                    assert kube.failed
+                    decision = None
+                status = w.status()
+                if (status.get("phase"), status.get("reason")) not in seen[-1:]:
+                    seen.append((status.get("phase"), status.get("reason")))
+                if decision is not None and decision.done:
+                    break
+                await asyncio.sleep(0.02)
+            await kube.close()
+
+    asyncio.run(main())
+    return seen
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["500", "lost-answer"])
+def test_a_failed_terminal_write_deletes_no_cluster_before_it_is_recorded(
+    apiserver: ThreadedApiServer, lost: bool
+) -> None:
+    """The pass whose `Succeeded` write failed must not delete the RayCluster (cleanup: Delete): the next pass would
+    decide from the stored `Running` and read the missing cluster as lost (`Failed`/`ClusterLost`)."""
+    w = World(apiserver)
+    kube = FailsSucceededWrite(apiserver.url, lost=lost)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    w.apply(manifest())
+    seen = step_until_final(w, loop, kube)
+    status = w.status()
+    assert kube.failed and (status["phase"], status["reason"]) == ("Succeeded", "Completed"), (seen, status)
+    assert ("Failed", "ClusterLost") not in seen and status.get("failedAttempts", 0) == 0
+    assert not w.clusters()
+    w.assert_no_duplicates()
 
 
 def test_a_ray_head_that_never_answers_does_not_keep_a_thread() -> None:
