@@ -187,6 +187,8 @@ class JobLoop:
         self.log = logger
         self.status: JobStatus | None = None
         """The status this loop last wrote or deferred (ahead of the stored one while progress writes wait)."""
+        self.written: Obj = {}
+        """`self.status` as it was written or deferred: what the stored status is compared with."""
         self.pending_write = False
         self.last_write = float("-inf")
         self.submit_error = ""
@@ -261,7 +263,7 @@ class JobLoop:
             self.uid, self.status, self.pending_write, self.token = uid, None, False, ""
         raw_status = obj.get("status")
         stored = dict(raw_status) if isinstance(raw_status, Mapping) else {}
-        status = self.status if self.status is not None else JobStatus.from_dict(stored)
+        status = self._current(stored)
         failure = ""
         try:
             observed = await self.observe(obj, status)
@@ -315,6 +317,16 @@ class JobLoop:
             return None  # kopf is stopping this loop (deletion or shutdown): leave the acting to the next owner
         await self.act(obj, decision)
         return decision
+
+    def _current(self, stored: Obj) -> JobStatus:
+        """The status to decide from: this loop's own, ahead of the stored one by deferred progress, unless the stored
+        one moved on in more than progress (a write whose answer was lost had landed; another writer): then that one,
+        as a restarted loop would. Deciding from the older one would redo what the stored one already records, and
+        overwrite it: a `Succeeded` followed by a deleted RayCluster became `ClusterLost`."""
+        if self.status is not None and progress_only(stored, self.written):
+            return self.status
+        self.status, self.written, self.pending_write = None, {}, False
+        return JobStatus.from_dict(stored)
 
     # --- observing ---
     async def observe(self, obj: Obj, status: JobStatus) -> Observed:
@@ -461,11 +473,11 @@ class JobLoop:
         """
         new = within_budget(status.to_dict())
         if new == stored:
-            self.status, self.pending_write = status, False
+            self.status, self.written, self.pending_write = status, new, False
             return
         now = time.monotonic()
         if progress_only(stored, new) and now - self.last_write < self.rt.config.progress_write_interval:
-            self.status, self.pending_write = status, True  # the loop comes back when the write is due
+            self.status, self.written, self.pending_write = status, new, True  # the loop comes back when it is due
             self.rt.metrics.status_writes.labels("deferred").inc()
             return
         try:
@@ -474,7 +486,7 @@ class JobLoop:
             self.rt.metrics.status_writes.labels("failed").inc()
             raise
         self.rt.metrics.status_writes.labels("written").inc()
-        self.status, self.pending_write, self.last_write = status, False, now
+        self.status, self.written, self.pending_write, self.last_write = status, new, False, now
 
     # --- acting ---
     async def act(self, obj: Obj, decision: Decision) -> None:

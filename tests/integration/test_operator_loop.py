@@ -10,6 +10,7 @@ import asyncio
 import importlib
 import logging
 import socket
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,7 +19,7 @@ from fsdp_operator.controller import JobLoop, Runtime
 from fsdp_operator.kube import AioKube, KubeError
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.rayjobs import RayJobsClient, RayUnavailable
-from test_operator import FAST, NAMESPACE, Script, World, manifest
+from test_operator import CLUSTERS, FAST, NAMESPACE, Script, World, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -64,20 +65,23 @@ def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: Thr
 
 class FailsSucceededWrite(AioKube):
     """The real client; the first status write that sets phase Succeeded fails: with a 500 before it takes effect, or
-    (`lost`) with the connection dropped after it did, so the loop cannot tell."""
+    (`lost`) with the connection dropped after it did, so the loop cannot tell. `then` runs right after the failure."""
 
-    def __init__(self, url: str, *, lost: bool) -> None:
+    def __init__(self, url: str, *, lost: bool, then: Callable[[], None] = lambda: None) -> None:
         super().__init__(url, timeout=FAST.kube_timeout)
-        self.lost, self.failed = lost, False
+        self.lost, self.then, self.failed = lost, then, False
 
     async def patch_job_status(self, namespace: str, name: str, status_patch: dict[str, Any]) -> dict[str, Any]:
         if status_patch.get("phase") != "Succeeded" or self.failed:
             return await super().patch_job_status(namespace, name, status_patch)
         self.failed = True
-        if not self.lost:
-            raise KubeError(500, "etcdserver: request timed out")
-        await super().patch_job_status(namespace, name, status_patch)
-        raise KubeError(0, f"PATCH {name}/status: Server disconnected")
+        try:
+            if not self.lost:
+                raise KubeError(500, "etcdserver: request timed out")
+            await super().patch_job_status(namespace, name, status_patch)
+            raise KubeError(0, f"PATCH {name}/status: Server disconnected")
+        finally:
+            self.then()
 
 
 def step_until_final(w: World, loop: JobLoop, kube: FailsSucceededWrite) -> list[tuple[str, str]]:
@@ -120,6 +124,23 @@ def test_a_failed_terminal_write_deletes_no_cluster_before_it_is_recorded(
     assert ("Failed", "ClusterLost") not in seen and status.get("failedAttempts", 0) == 0
     assert not w.clusters()
     w.assert_no_duplicates()
+
+
+def test_a_terminal_status_that_landed_unseen_is_not_decided_again(apiserver: ThreadedApiServer) -> None:
+    """The `Succeeded` write landed but its answer was lost, and the kept RayCluster is deleted before the next pass:
+    that pass must decide from the stored `Succeeded`, not from the `Running` the loop last saw written."""
+    w = World(apiserver)
+
+    def delete_cluster() -> None:
+        w.delete(f"{CLUSTERS}/qwen-ray")
+
+    kube = FailsSucceededWrite(apiserver.url, lost=True, then=delete_cluster)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+    seen = step_until_final(w, loop, kube)
+    status = w.status()
+    assert kube.failed and (status["phase"], status["reason"]) == ("Succeeded", "Completed"), (seen, status)
+    assert ("Failed", "ClusterLost") not in seen
 
 
 def test_a_ray_head_that_never_answers_does_not_keep_a_thread() -> None:
