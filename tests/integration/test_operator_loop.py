@@ -143,6 +143,27 @@ def test_a_terminal_status_that_landed_unseen_is_not_decided_again(apiserver: Th
     assert ("Failed", "ClusterLost") not in seen
 
 
+def test_only_a_404_that_names_the_object_reads_as_absent(apiserver: ThreadedApiServer) -> None:
+    """A 404 for a resource type the server does not serve (here: no RayCluster CRD yet) says nothing of the cluster."""
+
+    async def main() -> None:
+        kube = AioKube(apiserver.url, timeout=FAST.kube_timeout)
+        try:
+            for call in (kube.get_raycluster, kube.delete_raycluster):
+                with pytest.raises(KubeError, match="a 404 that does not name 'qwen-ray'") as raised:
+                    await call(NAMESPACE, "qwen-ray")
+                assert raised.value.status == 404
+            World(apiserver)  # installs the CRDs
+            assert await kube.get_raycluster(NAMESPACE, "qwen-ray") is None
+            assert await kube.delete_raycluster(NAMESPACE, "qwen-ray") is False
+            assert await kube.get_job(NAMESPACE, "qwen") is None and await kube.delete_job(NAMESPACE, "qwen") is False
+            assert await kube.get_secret(NAMESPACE, "qwen-ray-auth") is None
+        finally:
+            await kube.close()
+
+    asyncio.run(main())
+
+
 def test_a_ray_head_that_never_answers_does_not_keep_a_thread() -> None:
     """Ray's SDK sets no HTTP timeout; `RayJobsClient` must, or each pass would strand one more thread."""
     importlib.import_module("ray.job_submission")  # the import's own time must not count below
