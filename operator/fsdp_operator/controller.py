@@ -490,13 +490,22 @@ class JobLoop:
 
     # --- acting ---
     async def act(self, obj: Obj, decision: Decision) -> None:
-        """Take each action; one that fails (API refused, Ray unreachable) does not keep the others from running."""
+        """Take each action; one that fails (API refused, Ray unreachable) does not keep the others from running,
+        except the RayCluster's own create after what it needs failed (its Secret, its NetworkPolicy)."""
+        missing = ""
         for action in decision.actions:
+            if isinstance(action, CreateRayCluster) and missing:
+                # Only a missing cluster makes a pass create these again: created now, it would wait for ever for a
+                # Secret its head cannot start without, or run with Ray's ports open.
+                self.log.warning(f"RayCluster not created before its {missing}; the next pass retries")
+                continue
             try:
                 await self._act_one(obj, decision, action)
             except (KubeError, RayUnavailable) as e:
                 # Level-triggered: the next pass decides the same action again if it is still needed.
                 self.log.warning(f"{type(action).__name__} failed, the next pass retries: {e}")
+                if isinstance(action, CreateAuthSecret | ApplyNetworkPolicy):
+                    missing = "Secret" if isinstance(action, CreateAuthSecret) else "NetworkPolicy"
 
     async def _act_one(self, obj: Obj, decision: Decision, action: Any) -> None:
         match action:

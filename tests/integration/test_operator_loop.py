@@ -7,6 +7,7 @@ KubeRay and a fake Ray, so they can make the API server refuse exactly one write
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import socket
@@ -141,6 +142,53 @@ def test_a_terminal_status_that_landed_unseen_is_not_decided_again(apiserver: Th
     status = w.status()
     assert kube.failed and (status["phase"], status["reason"]) == ("Succeeded", "Completed"), (seen, status)
     assert ("Failed", "ClusterLost") not in seen
+
+
+class FailsFirstCreate(AioKube):
+    """The real client; the first create of the Secret or of the NetworkPolicy (`kind`) is answered 500."""
+
+    def __init__(self, url: str, kind: str) -> None:
+        super().__init__(url, timeout=FAST.kube_timeout)
+        self.kind, self.failed = kind, False
+
+    def _fail(self, kind: str) -> None:
+        if kind == self.kind and not self.failed:
+            self.failed = True
+            raise KubeError(500, "etcdserver: request timed out")
+
+    async def create_secret(self, manifest: dict[str, Any]) -> bool:
+        self._fail("secret")
+        return await super().create_secret(manifest)
+
+    async def create_network_policy(self, manifest: dict[str, Any]) -> bool:
+        self._fail("networkpolicy")
+        return await super().create_network_policy(manifest)
+
+
+@pytest.mark.parametrize("kind", ["secret", "networkpolicy"])
+def test_a_raycluster_is_created_only_after_what_it_needs(apiserver: ThreadedApiServer, kind: str) -> None:
+    """Only a missing RayCluster makes a pass create its Secret and NetworkPolicy again: a cluster created in the pass
+    where one of them failed would wait for ever for its token (the fake head refuses every call then), or run with
+    Ray's ports open."""
+    w = World(apiserver)
+    kube = FailsFirstCreate(apiserver.url, kind)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+
+    async def main() -> None:
+        async with w.kuberay.running():
+            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+            for _ in range(150):
+                if w.status().get("phase") == "Succeeded":
+                    break
+                with contextlib.suppress(KubeError):
+                    await loop.pass_once()
+                await asyncio.sleep(0.02)
+            await kube.close()
+
+    asyncio.run(main())
+    assert kube.failed and w.status().get("phase") == "Succeeded", w.status()
+    assert w.api.store.find("secrets") and w.api.store.find("networkpolicies")
+    w.assert_no_duplicates()
 
 
 def test_only_a_404_that_names_the_object_reads_as_absent(apiserver: ThreadedApiServer) -> None:
