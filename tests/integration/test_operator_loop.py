@@ -64,6 +64,41 @@ def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: Thr
     assert "TransportFallback" in w.event_reasons()
 
 
+class RefusesEveryStatus(AioKube):
+    """The real client; once `refusing` is set, the API server answers 403 to every status write (RBAC lost)."""
+
+    refusing = False
+
+    async def patch_job_status(self, namespace: str, name: str, status_patch: dict[str, Any]) -> dict[str, Any]:
+        if self.refusing:
+            raise KubeError(403, 'fsdptrainingjobs.fsdp.dev "qwen" is forbidden: cannot patch resource status')
+        return await super().patch_job_status(namespace, name, status_patch)
+
+
+def test_a_status_refused_in_every_form_still_stops_the_ray_job(apiserver: ThreadedApiServer) -> None:
+    """Nothing can be recorded (not even the status without per-rank detail): the Ray job must stop all the same."""
+    w = World(apiserver, Script(transport=lambda rank: "efa" if rank < 4 else "socket", hold=True))
+    kube = RefusesEveryStatus(apiserver.url, timeout=FAST.kube_timeout)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+
+    async def main() -> None:
+        async with w.kuberay.running():
+            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+            for _ in range(300):
+                if w.ray.stopped:
+                    break
+                if w.status().get("phase") == "Running":
+                    kube.refusing = True  # from here on, the TransportFallback the ranks report cannot be written
+                with contextlib.suppress(KubeError):
+                    await loop.pass_once()
+                await asyncio.sleep(0.02)
+            await kube.close()
+
+    asyncio.run(main())
+    assert kube.refusing and w.status()["phase"] == "Running"
+    assert w.ray.stopped == [w.sid(1)], "the Ray job kept running while no status could be written"
+
+
 class FailsSucceededWrite(AioKube):
     """The real client; the first status write that sets phase Succeeded fails: with a 500 before it takes effect, or
     (`lost`) with the connection dropped after it did, so the loop cannot tell. `then` runs right after the failure."""
