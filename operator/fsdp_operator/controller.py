@@ -8,8 +8,10 @@ two repeats an idempotent action instead of losing the intent.
 
 Containment: a pass that raises (a bug, or input no check foresaw) is recorded on the job as the
 `ReconcileError` condition and a Warning event, and the log offset still moves past what was read, so one
-poisoned line cannot freeze a job; a status write the API server refuses still lets the actions that stop
-work (stop the Ray job, delete the cluster) run. Each pass reads at most `LOG_CHUNK` characters of log, so
+poisoned line cannot freeze a job; a status the API server refuses (too large, invalid) is written again without
+the per-rank detail before the pass acts, and when no form of it can be written the actions that stop work (stop
+the Ray job, delete the cluster) still run. A write that fails on the way (no answer, 5xx, 409, 429) acts on
+nothing: the next pass decides again. Each pass reads at most `LOG_CHUNK` characters of log, so
 one job's flood of output costs others at most one bounded slice of the event loop per pass.
 """
 
@@ -125,6 +127,12 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:900]}"
 
 
+def _transient(error: KubeError) -> bool:
+    """A failed request worth repeating as it was: no answer (the request may have taken effect), a server error,
+    throttling, a conflict, or the object gone (the next pass finds out). Other 4xx refuse the request itself."""
+    return not 400 <= error.status < 500 or error.status in (404, 409, 429)
+
+
 def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
     references = (obj.get("metadata") or {}).get("ownerReferences")
     return isinstance(references, list) and any(isinstance(r, Mapping) and r.get("uid") == uid for r in references)
@@ -179,6 +187,8 @@ class JobLoop:
         self.log = logger
         self.status: JobStatus | None = None
         """The status this loop last wrote or deferred (ahead of the stored one while progress writes wait)."""
+        self.written: Obj = {}
+        """`self.status` as it was written or deferred: what the stored status is compared with."""
         self.pending_write = False
         self.last_write = float("-inf")
         self.submit_error = ""
@@ -253,7 +263,7 @@ class JobLoop:
             self.uid, self.status, self.pending_write, self.token = uid, None, False, ""
         raw_status = obj.get("status")
         stored = dict(raw_status) if isinstance(raw_status, Mapping) else {}
-        status = self.status if self.status is not None else JobStatus.from_dict(stored)
+        status = self._current(stored)
         failure = ""
         try:
             observed = await self.observe(obj, status)
@@ -281,24 +291,42 @@ class JobLoop:
         try:
             await self.write(stored, decision.status)
         except KubeError as e:
-            # Whatever happens to the record, work that must end ends: a stuck status must not hold GPUs.
-            stopping = tuple(a for a in decision.actions if isinstance(a, MUST_STOP_ACTIONS))
-            await self.act(obj, Decision(decision.status, stopping))
-            if not 400 <= e.status < 500 or e.status in (404, 409, 429):
+            if _transient(e):
+                # Not recorded, or recorded unseen (a lost answer): act on nothing. The next pass decides again from
+                # what is stored and acts once its decision is. Acting now lets that pass observe this one's action
+                # as someone else's: the RayCluster deleted for a `Succeeded` that was never written reads as
+                # `ClusterLost`, a Ray job stopped for a `Failed` that was never written as stopped from outside.
                 raise
             # The API server refused this status (too large, invalid): write it without the per-rank detail, with
             # the ReconcileError condition saying why, so the phase transition and the log offset still land.
             self.log.error(f"status write refused: {e}")
             refused = pass_failed(without_rank_detail(decision.status), observed, f"status write refused: {e}")
-            await self.write(stored, refused.status)
-            rest = tuple(a for a in decision.actions if not isinstance(a, MUST_STOP_ACTIONS))
-            decision = replace(decision, status=refused.status, actions=(*rest, *refused.actions))
+            try:
+                await self.write(stored, refused.status)
+            except KubeError as again:
+                if not _transient(again):
+                    # Nothing about this job can be recorded: work that must end ends anyway (a status the API
+                    # server refuses in every form must not hold GPUs).
+                    stopping = tuple(a for a in decision.actions if isinstance(a, MUST_STOP_ACTIONS))
+                    await self.act(obj, Decision(decision.status, stopping))
+                raise
+            decision = replace(decision, status=refused.status, actions=(*decision.actions, *refused.actions))
             await self.act(obj, decision)
             return decision
         if stopped:
             return None  # kopf is stopping this loop (deletion or shutdown): leave the acting to the next owner
         await self.act(obj, decision)
         return decision
+
+    def _current(self, stored: Obj) -> JobStatus:
+        """The status to decide from: this loop's own, ahead of the stored one by deferred progress, unless the stored
+        one moved on in more than progress (a write whose answer was lost had landed; another writer): then that one,
+        as a restarted loop would. Deciding from the older one would redo what the stored one already records, and
+        overwrite it: a `Succeeded` followed by a deleted RayCluster became `ClusterLost`."""
+        if self.status is not None and progress_only(stored, self.written):
+            return self.status
+        self.status, self.written, self.pending_write = None, {}, False
+        return JobStatus.from_dict(stored)
 
     # --- observing ---
     async def observe(self, obj: Obj, status: JobStatus) -> Observed:
@@ -445,11 +473,11 @@ class JobLoop:
         """
         new = within_budget(status.to_dict())
         if new == stored:
-            self.status, self.pending_write = status, False
+            self.status, self.written, self.pending_write = status, new, False
             return
         now = time.monotonic()
         if progress_only(stored, new) and now - self.last_write < self.rt.config.progress_write_interval:
-            self.status, self.pending_write = status, True  # the loop comes back when the write is due
+            self.status, self.written, self.pending_write = status, new, True  # the loop comes back when it is due
             self.rt.metrics.status_writes.labels("deferred").inc()
             return
         try:
@@ -458,17 +486,26 @@ class JobLoop:
             self.rt.metrics.status_writes.labels("failed").inc()
             raise
         self.rt.metrics.status_writes.labels("written").inc()
-        self.status, self.pending_write, self.last_write = status, False, now
+        self.status, self.written, self.pending_write, self.last_write = status, new, False, now
 
     # --- acting ---
     async def act(self, obj: Obj, decision: Decision) -> None:
-        """Take each action; one that fails (API refused, Ray unreachable) does not keep the others from running."""
+        """Take each action; one that fails (API refused, Ray unreachable) does not keep the others from running,
+        except the RayCluster's own create after what it needs failed (its Secret, its NetworkPolicy)."""
+        missing = ""
         for action in decision.actions:
+            if isinstance(action, CreateRayCluster) and missing:
+                # Only a missing cluster makes a pass create these again: created now, it would wait for ever for a
+                # Secret its head cannot start without, or run with Ray's ports open.
+                self.log.warning(f"RayCluster not created before its {missing}; the next pass retries")
+                continue
             try:
                 await self._act_one(obj, decision, action)
             except (KubeError, RayUnavailable) as e:
                 # Level-triggered: the next pass decides the same action again if it is still needed.
                 self.log.warning(f"{type(action).__name__} failed, the next pass retries: {e}")
+                if isinstance(action, CreateAuthSecret | ApplyNetworkPolicy):
+                    missing = "Secret" if isinstance(action, CreateAuthSecret) else "NetworkPolicy"
 
     async def _act_one(self, obj: Obj, decision: Decision, action: Any) -> None:
         match action:

@@ -5,7 +5,10 @@ API server, token and CA come from one place. Credentials rotate (a service-acco
 kubelet refreshes, an exec plugin's token that expires every 15 minutes): on a 401 the client asks its
 `refresh` source for new ones and repeats the request once, as kopf does for its own requests; kopf's
 re-login hands them over too (`use_credentials`). Creates treat 409 as "already there"; deletes treat
-404 as "already gone": every call is safe to repeat after a restart.
+404 as "already gone": every call is safe to repeat after a restart. A 404 means "no such object" only when its
+Status names the object, as the API server's own NotFound does (`details.name`); one that does not (a resource
+type not served at the moment, a proxy in front of the server) is an error, so that no pass reads a cluster as
+deleted from it.
 
 Hand-written rather than `kubernetes_asyncio` or `kr8s`: nine calls on three resources fit in this file,
 with timeouts and typed errors the state machine relies on, and credentials shared with kopf's login
@@ -102,6 +105,12 @@ def _job_path(namespace: str, name: str = "") -> str:
 def _cluster_path(namespace: str, name: str = "") -> str:
     base = f"/apis/{RAYCLUSTER_GROUP}/{RAYCLUSTER_VERSION}/namespaces/{quote(namespace)}/{RAYCLUSTER_PLURAL}"
     return f"{base}/{quote(name)}" if name else base
+
+
+def _names(payload: Mapping[str, Any], name: str) -> bool:
+    """The Status of a 404 says that this very object does not exist (`reason: NotFound`, `details.name`)."""
+    details = payload.get("details")
+    return payload.get("reason") == "NotFound" and isinstance(details, Mapping) and details.get("name") == name
 
 
 def _seconds(retry_after: str) -> float:
@@ -234,9 +243,17 @@ class AioKube:
             await asyncio.sleep(min(_seconds(retry_after), MAX_RETRY_AFTER))
         return status, text
 
+    async def _on_object(self, method: str, path: str, name: str) -> Obj | None:
+        """GET or DELETE one object: its answer, or None when the server said that object does not exist."""
+        status, payload = await self._request(method, path, allow=(404,))
+        if status != 404:
+            return payload
+        if not _names(payload, name):
+            raise KubeError(404, f"{method} {path}: a 404 that does not name {name!r}: {payload.get('message', '')}")
+        return None
+
     async def get_job(self, namespace: str, name: str) -> Obj | None:
-        status, obj = await self._request("GET", _job_path(namespace, name), allow=(404,))
-        return None if status == 404 else obj
+        return await self._on_object("GET", _job_path(namespace, name), name)
 
     async def patch_job_status(self, namespace: str, name: str, status_patch: Obj) -> Obj:
         _, obj = await self._request(
@@ -248,12 +265,10 @@ class AioKube:
         return obj
 
     async def delete_job(self, namespace: str, name: str) -> bool:
-        status, _ = await self._request("DELETE", _job_path(namespace, name), allow=(404,))
-        return status != 404
+        return await self._on_object("DELETE", _job_path(namespace, name), name) is not None
 
     async def get_raycluster(self, namespace: str, name: str) -> Obj | None:
-        status, obj = await self._request("GET", _cluster_path(namespace, name), allow=(404,))
-        return None if status == 404 else obj
+        return await self._on_object("GET", _cluster_path(namespace, name), name)
 
     async def create_raycluster(self, manifest: Obj) -> bool:
         namespace = manifest["metadata"].get("namespace", "default")
@@ -261,8 +276,7 @@ class AioKube:
         return status != 409
 
     async def delete_raycluster(self, namespace: str, name: str) -> bool:
-        status, _ = await self._request("DELETE", _cluster_path(namespace, name), allow=(404,))
-        return status != 404
+        return await self._on_object("DELETE", _cluster_path(namespace, name), name) is not None
 
     async def create_secret(self, manifest: Obj) -> bool:
         namespace = manifest["metadata"].get("namespace", "default")
@@ -271,9 +285,7 @@ class AioKube:
         return status != 409
 
     async def get_secret(self, namespace: str, name: str) -> Obj | None:
-        path = f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}"
-        status, obj = await self._request("GET", path, allow=(404,))
-        return None if status == 404 else obj
+        return await self._on_object("GET", f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}", name)
 
     async def create_network_policy(self, manifest: Obj) -> bool:
         namespace = manifest["metadata"].get("namespace", "default")

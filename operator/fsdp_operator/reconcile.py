@@ -210,7 +210,7 @@ Action = (
 )
 
 MUST_STOP_ACTIONS = (StopJob, DeleteRayCluster)
-"""Actions that end what runs: taken even when the status write before them failed."""
+"""Actions that end what runs: taken even when the API server refuses every form of the status decided with them."""
 
 
 @dataclass(frozen=True, slots=True)

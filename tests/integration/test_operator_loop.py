@@ -1,4 +1,4 @@
-"""The operator's loop and its Ray client where the other side misbehaves: a refused write, a silent Ray head.
+"""The operator's loop and its Ray client where the other side misbehaves: a refused or failed write, a silent Ray head.
 
 No kopf here: the tests step one job's loop (`JobLoop`) themselves against the emulated API server, a fake
 KubeRay and a fake Ray, so they can make the API server refuse exactly one write.
@@ -7,9 +7,11 @@ KubeRay and a fake Ray, so they can make the API server refuse exactly one write
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 import socket
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,7 +20,7 @@ from fsdp_operator.controller import JobLoop, Runtime
 from fsdp_operator.kube import AioKube, KubeError
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.rayjobs import RayJobsClient, RayUnavailable
-from test_operator import FAST, NAMESPACE, Script, World, manifest
+from test_operator import CLUSTERS, FAST, NAMESPACE, Script, World, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
 
@@ -60,6 +62,189 @@ def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: Thr
     assert kube.refused and (status["phase"], status["reason"]) == ("Failed", "TransportFallback")
     assert w.ray.stopped == [w.sid(1)], "the Ray job kept running after the job was marked Failed"
     assert "TransportFallback" in w.event_reasons()
+
+
+class RefusesEveryStatus(AioKube):
+    """The real client; once `refusing` is set, the API server answers 403 to every status write (RBAC lost)."""
+
+    refusing = False
+
+    async def patch_job_status(self, namespace: str, name: str, status_patch: dict[str, Any]) -> dict[str, Any]:
+        if self.refusing:
+            raise KubeError(403, 'fsdptrainingjobs.fsdp.dev "qwen" is forbidden: cannot patch resource status')
+        return await super().patch_job_status(namespace, name, status_patch)
+
+
+def test_a_status_refused_in_every_form_still_stops_the_ray_job(apiserver: ThreadedApiServer) -> None:
+    """Nothing can be recorded (not even the status without per-rank detail): the Ray job must stop all the same."""
+    w = World(apiserver, Script(transport=lambda rank: "efa" if rank < 4 else "socket", hold=True))
+    kube = RefusesEveryStatus(apiserver.url, timeout=FAST.kube_timeout)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+
+    async def main() -> None:
+        async with w.kuberay.running():
+            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+            for _ in range(300):
+                if w.ray.stopped:
+                    break
+                if w.status().get("phase") == "Running":
+                    kube.refusing = True  # from here on, the TransportFallback the ranks report cannot be written
+                with contextlib.suppress(KubeError):
+                    await loop.pass_once()
+                await asyncio.sleep(0.02)
+            await kube.close()
+
+    asyncio.run(main())
+    assert kube.refusing and w.status()["phase"] == "Running"
+    assert w.ray.stopped == [w.sid(1)], "the Ray job kept running while no status could be written"
+
+
+class FailsSucceededWrite(AioKube):
+    """The real client; the first status write that sets phase Succeeded fails: with a 500 before it takes effect, or
+    (`lost`) with the connection dropped after it did, so the loop cannot tell. `then` runs right after the failure."""
+
+    def __init__(self, url: str, *, lost: bool, then: Callable[[], None] = lambda: None) -> None:
+        super().__init__(url, timeout=FAST.kube_timeout)
+        self.lost, self.then, self.failed = lost, then, False
+
+    async def patch_job_status(self, namespace: str, name: str, status_patch: dict[str, Any]) -> dict[str, Any]:
+        if status_patch.get("phase") != "Succeeded" or self.failed:
+            return await super().patch_job_status(namespace, name, status_patch)
+        self.failed = True
+        try:
+            if not self.lost:
+                raise KubeError(500, "etcdserver: request timed out")
+            await super().patch_job_status(namespace, name, status_patch)
+            raise KubeError(0, f"PATCH {name}/status: Server disconnected")
+        finally:
+            self.then()
+
+
+def step_until_final(w: World, loop: JobLoop, kube: FailsSucceededWrite) -> list[tuple[str, str]]:
+    """Step the loop until it is done with the job (terminal, nothing left to do); every (phase, reason) stored."""
+    seen: list[tuple[str, str]] = []
+
+    async def main() -> None:
+        async with w.kuberay.running():
+            for _ in range(300):
+                try:
+                    decision = await loop.pass_once()
+                except KubeError:
+                    assert kube.failed
+                    decision = None
+                status = w.status()
+                if (status.get("phase"), status.get("reason")) not in seen[-1:]:
+                    seen.append((status.get("phase"), status.get("reason")))
+                if decision is not None and decision.done:
+                    break
+                await asyncio.sleep(0.02)
+            await kube.close()
+
+    asyncio.run(main())
+    return seen
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["500", "lost-answer"])
+def test_a_failed_terminal_write_deletes_no_cluster_before_it_is_recorded(
+    apiserver: ThreadedApiServer, lost: bool
+) -> None:
+    """The pass whose `Succeeded` write failed must not delete the RayCluster (cleanup: Delete): the next pass would
+    decide from the stored `Running` and read the missing cluster as lost (`Failed`/`ClusterLost`)."""
+    w = World(apiserver)
+    kube = FailsSucceededWrite(apiserver.url, lost=lost)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    w.apply(manifest())
+    seen = step_until_final(w, loop, kube)
+    status = w.status()
+    assert kube.failed and (status["phase"], status["reason"]) == ("Succeeded", "Completed"), (seen, status)
+    assert ("Failed", "ClusterLost") not in seen and status.get("failedAttempts", 0) == 0
+    assert not w.clusters()
+    w.assert_no_duplicates()
+
+
+def test_a_terminal_status_that_landed_unseen_is_not_decided_again(apiserver: ThreadedApiServer) -> None:
+    """The `Succeeded` write landed but its answer was lost, and the kept RayCluster is deleted before the next pass:
+    that pass must decide from the stored `Succeeded`, not from the `Running` the loop last saw written."""
+    w = World(apiserver)
+
+    def delete_cluster() -> None:
+        w.delete(f"{CLUSTERS}/qwen-ray")
+
+    kube = FailsSucceededWrite(apiserver.url, lost=True, then=delete_cluster)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+    seen = step_until_final(w, loop, kube)
+    status = w.status()
+    assert kube.failed and (status["phase"], status["reason"]) == ("Succeeded", "Completed"), (seen, status)
+    assert ("Failed", "ClusterLost") not in seen
+
+
+class FailsFirstCreate(AioKube):
+    """The real client; the first create of the Secret or of the NetworkPolicy (`kind`) is answered 500."""
+
+    def __init__(self, url: str, kind: str) -> None:
+        super().__init__(url, timeout=FAST.kube_timeout)
+        self.kind, self.failed = kind, False
+
+    def _fail(self, kind: str) -> None:
+        if kind == self.kind and not self.failed:
+            self.failed = True
+            raise KubeError(500, "etcdserver: request timed out")
+
+    async def create_secret(self, manifest: dict[str, Any]) -> bool:
+        self._fail("secret")
+        return await super().create_secret(manifest)
+
+    async def create_network_policy(self, manifest: dict[str, Any]) -> bool:
+        self._fail("networkpolicy")
+        return await super().create_network_policy(manifest)
+
+
+@pytest.mark.parametrize("kind", ["secret", "networkpolicy"])
+def test_a_raycluster_is_created_only_after_what_it_needs(apiserver: ThreadedApiServer, kind: str) -> None:
+    """Only a missing RayCluster makes a pass create its Secret and NetworkPolicy again: a cluster created in the pass
+    where one of them failed would wait for ever for its token (the fake head refuses every call then), or run with
+    Ray's ports open."""
+    w = World(apiserver)
+    kube = FailsFirstCreate(apiserver.url, kind)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+
+    async def main() -> None:
+        async with w.kuberay.running():
+            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+            for _ in range(150):
+                if w.status().get("phase") == "Succeeded":
+                    break
+                with contextlib.suppress(KubeError):
+                    await loop.pass_once()
+                await asyncio.sleep(0.02)
+            await kube.close()
+
+    asyncio.run(main())
+    assert kube.failed and w.status().get("phase") == "Succeeded", w.status()
+    assert w.api.store.find("secrets") and w.api.store.find("networkpolicies")
+    w.assert_no_duplicates()
+
+
+def test_only_a_404_that_names_the_object_reads_as_absent(apiserver: ThreadedApiServer) -> None:
+    """A 404 for a resource type the server does not serve (here: no RayCluster CRD yet) says nothing of the cluster."""
+
+    async def main() -> None:
+        kube = AioKube(apiserver.url, timeout=FAST.kube_timeout)
+        try:
+            for call in (kube.get_raycluster, kube.delete_raycluster):
+                with pytest.raises(KubeError, match="a 404 that does not name 'qwen-ray'") as raised:
+                    await call(NAMESPACE, "qwen-ray")
+                assert raised.value.status == 404
+            World(apiserver)  # installs the CRDs
+            assert await kube.get_raycluster(NAMESPACE, "qwen-ray") is None
+            assert await kube.delete_raycluster(NAMESPACE, "qwen-ray") is False
+            assert await kube.get_job(NAMESPACE, "qwen") is None and await kube.delete_job(NAMESPACE, "qwen") is False
+            assert await kube.get_secret(NAMESPACE, "qwen-ray-auth") is None
+        finally:
+            await kube.close()
+
+    asyncio.run(main())
 
 
 def test_a_ray_head_that_never_answers_does_not_keep_a_thread() -> None:

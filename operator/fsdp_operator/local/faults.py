@@ -57,6 +57,9 @@ class FaultPlan:
     """The share of watch requests that get a fault; None: `rate`."""
     clients: tuple[str, ...] = ()
     """User-Agent prefixes whose requests are eligible (e.g. `kopf/`, `fsdp-operator/`); empty: every client."""
+    conflict_first: bool = False
+    """The first eligible write is answered 409 whatever the draw (then the draws go on as before): a sample with
+    few writes still sees a conflict, at the very start of the run."""
     retry_after: int = 1
     """Seconds in the `Retry-After` header of a 429."""
     slow_seconds: float = 0.5
@@ -103,7 +106,8 @@ class FaultInjector:
             rate = self.plan.rate
             writes = request.method in ("PATCH", "PUT")
             kinds = tuple(k for k in self.plan.kinds if k != "conflict" or writes)
-        if not kinds or self._random.random() >= rate:
+        first_conflict = self.plan.conflict_first and "conflict" in kinds and not self.injected["conflict"]
+        if not kinds or (self._random.random() >= rate and not first_conflict):
             return ""
         # Writes, the fewest requests, start their turns with the one kind only they get (a conflict).
         kinds = tuple(sorted(kinds, key=lambda k: k != "conflict"))
