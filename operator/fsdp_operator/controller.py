@@ -18,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -92,6 +93,10 @@ class Runtime:
         self.ray_address = ray_address or dashboard_url
         self.clock = clock
         self._wakeups: dict[tuple[str, str], asyncio.Event] = {}
+        self._first_passes = 0
+        """Loops whose first pass has not ended yet."""
+        self._no_first_passes = asyncio.Event()
+        self._no_first_passes.set()
 
     @property
     def kube(self) -> Kube:
@@ -114,6 +119,27 @@ class Runtime:
 
     def forget(self, namespace: str, name: str) -> None:
         self._wakeups.pop((namespace, name), None)
+
+    def first_pass_started(self) -> None:
+        self._first_passes += 1
+        self._no_first_passes.clear()
+
+    def first_pass_ended(self) -> None:
+        self._first_passes -= 1
+        if self._first_passes <= 0:
+            self._no_first_passes.set()
+
+    async def after_first_passes(self) -> None:
+        """Give way to the loops that have not made their first pass yet, for at most `first_pass_priority`.
+
+        A first pass writes a new job's identity and creates its RayCluster; a later pass only re-observes.
+        With many jobs created at once, the re-observations (each woken by its own status write and its
+        children's first events) would otherwise share the operator's CPU with the first passes still due.
+        """
+        if self._no_first_passes.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_first_passes.wait(), self.config.first_pass_priority)
 
     async def close(self) -> None:
         if self._kube is not None:
@@ -188,15 +214,23 @@ class JobLoop:
         """Ray's auth token for the job's cluster, read from the job's Secret ('' until it exists)."""
         self.discarding_line = False
         """The log chunk last read ended inside a line longer than a whole chunk: skip to its end."""
+        self.first_pass_due = False
+        """`run` has not finished its first pass yet (counted in `Runtime.after_first_passes`)."""
 
     # --- the loop ---
     async def run(self, stopped: Any) -> None:
         wake = self.rt.wakeup(self.namespace, self.name)
+        self.rt.first_pass_started()
+        self.first_pass_due = True
         try:
             while not stopped:
+                if not self.first_pass_due:
+                    await self.rt.after_first_passes()
+                    if stopped:
+                        return
                 wake.clear()
                 try:
-                    with self.rt.metrics.reconcile_seconds.time():
+                    with self.rt.metrics.reconcile_seconds.time(), self._first_pass_ends():
                         decision = await self.pass_once(stopped)
                     self.rt.metrics.reconcile_passes.labels("ok").inc()
                 except (KubeError, RayUnavailable) as e:
@@ -213,6 +247,18 @@ class JobLoop:
                 await self._sleep(wake, stopped, self._delay(decision))
         finally:
             self.rt.forget(self.namespace, self.name)
+            with self._first_pass_ends():
+                pass
+
+    @contextlib.contextmanager
+    def _first_pass_ends(self) -> Iterator[None]:
+        """The first pass ends with this block, however it ends (later passes give way to first ones)."""
+        try:
+            yield
+        finally:
+            if self.first_pass_due:
+                self.first_pass_due = False
+                self.rt.first_pass_ended()
 
     def _delay(self, decision: Decision) -> float:
         delay = self.rt.config.interval
