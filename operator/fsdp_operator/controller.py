@@ -113,9 +113,18 @@ class Runtime:
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self._wakeups.setdefault((namespace, name), asyncio.Event())
 
-    def wake(self, namespace: str | None, name: str | None) -> None:
-        if namespace and name and (event := self._wakeups.get((namespace, name))) is not None:
-            event.set()
+    async def wake(self, namespace: str | None, name: str | None) -> None:
+        """Wake the job's loop (a watch event about the job or one of its children).
+
+        A loop that is already running is woken only once the first passes due are done (`after_first_passes`):
+        the watch handler waits, and with it kopf's handling of the rest of this event and of the object's later
+        events, which a burst of new jobs needs the CPU for more (their own status writes, their RayClusters'
+        first events). A loop that is not running yet is never waited for: kopf starts it from this same event.
+        """
+        if not namespace or not name or (event := self._wakeups.get((namespace, name))) is None:
+            return
+        await self.after_first_passes()
+        event.set()
 
     def forget(self, namespace: str, name: str) -> None:
         self._wakeups.pop((namespace, name), None)

@@ -138,3 +138,19 @@ def test_a_first_pass_that_fails_or_never_runs_still_ends() -> None:
         await unreachable.close()
 
     asyncio.run(main())
+
+
+def test_a_running_loop_is_woken_once_the_first_passes_are_done() -> None:
+    async def main() -> None:
+        runtime = Runtime(replace(FAST, first_pass_priority=5.0))
+        await asyncio.wait_for(runtime.wake(NAMESPACE, "not-running"), 0.1)  # no loop: nothing to wait for
+        woken = runtime.wakeup(NAMESPACE, "qwen")
+        runtime.first_pass_started()
+        waking = asyncio.create_task(runtime.wake(NAMESPACE, "qwen"))
+        await asyncio.sleep(0.05)
+        assert not woken.is_set() and not waking.done(), "woken while a first pass was still due"
+        runtime.first_pass_ended()
+        await asyncio.wait_for(waking, 1)
+        assert woken.is_set()
+
+    asyncio.run(main())
