@@ -256,8 +256,7 @@ class JobLoop:
                 await self._sleep(wake, stopped, self._delay(decision))
         finally:
             self.rt.forget(self.namespace, self.name)
-            with self._first_pass_ends():
-                pass
+            self._end_first_pass()
 
     @contextlib.contextmanager
     def _first_pass_ends(self) -> Iterator[None]:
@@ -265,9 +264,12 @@ class JobLoop:
         try:
             yield
         finally:
-            if self.first_pass_due:
-                self.first_pass_due = False
-                self.rt.first_pass_ended()
+            self._end_first_pass()
+
+    def _end_first_pass(self) -> None:
+        if self.first_pass_due:
+            self.first_pass_due = False
+            self.rt.first_pass_ended()
 
     def _delay(self, decision: Decision) -> float:
         delay = self.rt.config.interval
@@ -519,6 +521,10 @@ class JobLoop:
     async def act(self, obj: Obj, decision: Decision) -> None:
         """Take each action; one that fails (API refused, Ray unreachable) does not keep the others from running."""
         for action in decision.actions:
+            if isinstance(action, PostEvent) and self.first_pass_due:
+                # A first pass's work is done once its cluster is asked for: its events wait for the other first passes.
+                self._end_first_pass()
+                await self.rt.after_first_passes()
             try:
                 await self._act_one(obj, decision, action)
             except (KubeError, RayUnavailable) as e:
