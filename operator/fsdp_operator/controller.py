@@ -519,17 +519,25 @@ class JobLoop:
 
     # --- acting ---
     async def act(self, obj: Obj, decision: Decision) -> None:
-        """Take each action; one that fails (API refused, Ray unreachable) does not keep the others from running."""
+        """Take each action; one that fails (API refused, Ray unreachable) does not keep the others from running,
+        except that a RayCluster is never created without what it needs (its auth Secret, its NetworkPolicy)."""
+        prerequisite_failed = False
         for action in decision.actions:
             if isinstance(action, PostEvent) and self.first_pass_due:
                 # A first pass's work is done once its cluster is asked for: its events wait for the other first passes.
                 self._end_first_pass()
                 await self.rt.after_first_passes()
+            if isinstance(action, CreateRayCluster) and prerequisite_failed:
+                # Once the cluster exists, later passes create neither again: a head whose token Secret is missing
+                # refuses every client, and pods without their NetworkPolicy are open.
+                self.log.warning("RayCluster not created before its Secret and NetworkPolicy, the next pass retries")
+                continue
             try:
                 await self._act_one(obj, decision, action)
             except (KubeError, RayUnavailable) as e:
                 # Level-triggered: the next pass decides the same action again if it is still needed.
                 self.log.warning(f"{type(action).__name__} failed, the next pass retries: {e}")
+                prerequisite_failed |= isinstance(action, CreateAuthSecret | ApplyNetworkPolicy)
 
     async def _act_one(self, obj: Obj, decision: Decision, action: Any) -> None:
         match action:

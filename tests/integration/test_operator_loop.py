@@ -64,6 +64,56 @@ def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: Thr
     assert "TransportFallback" in w.event_reasons()
 
 
+class RefusesFirstCreate(AioKube):
+    """The real client; the API server answers 500 to the first create of the Secret or of the NetworkPolicy."""
+
+    def __init__(self, url: str, refuse: str) -> None:
+        super().__init__(url, timeout=FAST.kube_timeout)
+        self.refuse = refuse
+        self.refused = False
+
+    def _refuse_once(self, kind: str) -> None:
+        if kind == self.refuse and not self.refused:
+            self.refused = True
+            raise KubeError(500, "etcdserver: request timed out")
+
+    async def create_secret(self, manifest: dict[str, Any]) -> bool:
+        self._refuse_once("secret")
+        return await super().create_secret(manifest)
+
+    async def create_network_policy(self, manifest: dict[str, Any]) -> bool:
+        self._refuse_once("networkpolicy")
+        return await super().create_network_policy(manifest)
+
+
+@pytest.mark.parametrize("refuse", ["secret", "networkpolicy"])
+def test_a_raycluster_is_created_only_after_its_secret_and_network_policy(
+    apiserver: ThreadedApiServer, refuse: str
+) -> None:
+    """Once the cluster exists nothing creates them again: a head without its token Secret refuses every client."""
+    w = World(apiserver, Script(steps=3))
+    kube = RefusesFirstCreate(apiserver.url, refuse)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    store = apiserver.store
+
+    async def main() -> None:
+        async with w.kuberay.running():
+            w.apply(manifest())
+            await loop.pass_once()
+            assert kube.refused and not w.clusters(), "the RayCluster was created without its " + refuse
+            await loop.pass_once()
+            assert w.clusters() and store.find("secrets") and store.find("networkpolicies", "networking.k8s.io")
+            for _ in range(300):
+                if w.status().get("phase") in ("Succeeded", "Failed"):
+                    break
+                await loop.pass_once()
+                await asyncio.sleep(0.02)
+            await kube.close()
+
+    asyncio.run(main())
+    assert w.status()["phase"] == "Succeeded", w.status()
+
+
 def test_a_ray_head_that_never_answers_does_not_keep_a_thread() -> None:
     """Ray's SDK sets no HTTP timeout; `RayJobsClient` must, or each pass would strand one more thread."""
     importlib.import_module("ray.job_submission")  # the import's own time must not count below
