@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -94,6 +95,10 @@ class Runtime:
         self.ray_address = ray_address or dashboard_url
         self.clock = clock
         self._wakeups: dict[tuple[str, str], asyncio.Event] = {}
+        self._first_passes = 0
+        """Loops whose first pass has not ended yet."""
+        self._no_first_passes = asyncio.Event()
+        self._no_first_passes.set()
 
     @property
     def kube(self) -> Kube:
@@ -110,12 +115,42 @@ class Runtime:
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self._wakeups.setdefault((namespace, name), asyncio.Event())
 
-    def wake(self, namespace: str | None, name: str | None) -> None:
-        if namespace and name and (event := self._wakeups.get((namespace, name))) is not None:
-            event.set()
+    async def wake(self, namespace: str | None, name: str | None) -> None:
+        """Wake the job's loop (a watch event about the job or one of its children).
+
+        A loop that is already running is woken only once the first passes due are done (`after_first_passes`):
+        the watch handler waits, and with it kopf's handling of the rest of this event and of the object's later
+        events, which a burst of new jobs needs the CPU for more (their own status writes, their RayClusters'
+        first events). A loop that is not running yet is never waited for: kopf starts it from this same event.
+        """
+        if not namespace or not name or (event := self._wakeups.get((namespace, name))) is None:
+            return
+        await self.after_first_passes()
+        event.set()
 
     def forget(self, namespace: str, name: str) -> None:
         self._wakeups.pop((namespace, name), None)
+
+    def first_pass_started(self) -> None:
+        self._first_passes += 1
+        self._no_first_passes.clear()
+
+    def first_pass_ended(self) -> None:
+        self._first_passes -= 1
+        if self._first_passes <= 0:
+            self._no_first_passes.set()
+
+    async def after_first_passes(self) -> None:
+        """Give way to the loops that have not made their first pass yet, for at most `first_pass_priority`.
+
+        A first pass writes a new job's identity and creates its RayCluster; a later pass only re-observes.
+        With many jobs created at once, the re-observations (each woken by its own status write and its
+        children's first events) would otherwise share the operator's CPU with the first passes still due.
+        """
+        if self._no_first_passes.is_set():
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_first_passes.wait(), self.config.first_pass_priority)
 
     async def close(self) -> None:
         if self._kube is not None:
@@ -198,15 +233,23 @@ class JobLoop:
         """Ray's auth token for the job's cluster, read from the job's Secret ('' until it exists)."""
         self.discarding_line = False
         """The log chunk last read ended inside a line longer than a whole chunk: skip to its end."""
+        self.first_pass_due = False
+        """`run` has not finished its first pass yet (counted in `Runtime.after_first_passes`)."""
 
     # --- the loop ---
     async def run(self, stopped: Any) -> None:
         wake = self.rt.wakeup(self.namespace, self.name)
+        self.rt.first_pass_started()
+        self.first_pass_due = True
         try:
             while not stopped:
+                if not self.first_pass_due:
+                    await self.rt.after_first_passes()
+                    if stopped:
+                        return
                 wake.clear()
                 try:
-                    with self.rt.metrics.reconcile_seconds.time():
+                    with self.rt.metrics.reconcile_seconds.time(), self._first_pass_ends():
                         decision = await self.pass_once(stopped)
                     self.rt.metrics.reconcile_passes.labels("ok").inc()
                 except (KubeError, RayUnavailable) as e:
@@ -223,6 +266,20 @@ class JobLoop:
                 await self._sleep(wake, stopped, self._delay(decision))
         finally:
             self.rt.forget(self.namespace, self.name)
+            self._end_first_pass()
+
+    @contextlib.contextmanager
+    def _first_pass_ends(self) -> Iterator[None]:
+        """The first pass ends with this block, however it ends (later passes give way to first ones)."""
+        try:
+            yield
+        finally:
+            self._end_first_pass()
+
+    def _end_first_pass(self) -> None:
+        if self.first_pass_due:
+            self.first_pass_due = False
+            self.rt.first_pass_ended()
 
     def _delay(self, decision: Decision) -> float:
         delay = self.rt.config.interval
@@ -494,6 +551,10 @@ class JobLoop:
         except the RayCluster's own create after what it needs failed (its Secret, its NetworkPolicy)."""
         missing = ""
         for action in decision.actions:
+            if isinstance(action, PostEvent) and self.first_pass_due:
+                # A first pass's work is done once its cluster is asked for: its events wait for the other first passes.
+                self._end_first_pass()
+                await self.rt.after_first_passes()
             if isinstance(action, CreateRayCluster) and missing:
                 # Only a missing cluster makes a pass create these again: created now, it would wait for ever for a
                 # Secret its head cannot start without, or run with Ray's ports open.

@@ -98,10 +98,12 @@ class Declared:
     hint: Any
     meta: Meta
     default: Any
-
-    @property
-    def optional(self) -> bool:
-        return _unwrap_optional(self.hint) is not self.hint
+    inner: Any = None
+    """`hint` without its `| None` (worked out once: parsing asks for it of every field of every manifest)."""
+    nested: type | None = None
+    """The declaration `inner` is, when it is one."""
+    optional: bool = False
+    """`hint` is `X | None`."""
 
 
 @functools.cache
@@ -118,8 +120,16 @@ def declared(cls: type) -> tuple[Declared, ...]:
             default = f.default_factory
         else:
             default = dataclasses.MISSING
-        out.append(Declared(f.name, meta.key or camel(f.name), hints[f.name], meta, default))
+        hint = hints[f.name]
+        inner = _unwrap_optional(hint)
+        nested = inner if _is_declaration(inner) else None
+        out.append(Declared(f.name, meta.key or camel(f.name), hint, meta, default, inner, nested, inner is not hint))
     return tuple(out)
+
+
+@functools.cache
+def _keys(cls: type) -> frozenset[str]:
+    return frozenset(d.key for d in declared(cls))
 
 
 def _unwrap_optional(hint: Any) -> Any:
@@ -208,7 +218,12 @@ def show_key(key: Any) -> str:
 
 
 def is_credential_like(path: str) -> bool:
-    return bool(_CREDENTIAL_NAME.search(path.rsplit(".", 1)[-1]))
+    return _credential_name(path.rsplit(".", 1)[-1])
+
+
+@functools.lru_cache(maxsize=4096)
+def _credential_name(name: str) -> bool:
+    return bool(_CREDENTIAL_NAME.search(name))
 
 
 # --- parsing ---------------------------------------------------------------------------------------
@@ -237,7 +252,7 @@ def _object(cls: type, raw: Any, path: str, problems: Problems, *, keep_manifest
         problems.append(f"{path}: expected object, got {type_name(raw)}")
         return None
     fields_ = declared(cls)
-    keys = {d.key for d in fields_}
+    keys = _keys(cls)
     malformed = False
     for key in raw:
         if not isinstance(key, str):
@@ -259,17 +274,17 @@ def _object(cls: type, raw: Any, path: str, problems: Problems, *, keep_manifest
                 continue
             if d.optional or d.meta.unset is not None:
                 values[d.name] = None
-            elif _is_declaration(d.hint):
-                values[d.name] = parse(d.hint, {}, sub, problems)
+            elif d.nested is not None:
+                values[d.name] = parse(d.nested, {}, sub, problems)
                 malformed = malformed or values[d.name] is None
             else:
                 values[d.name] = _default_value(d)
             continue
-        if keep_manifest_form and _is_declaration(_unwrap_optional(d.hint)):
-            nested = _object(_unwrap_optional(d.hint), given, sub, problems, keep_manifest_form=True)
+        if keep_manifest_form and d.nested is not None:
+            nested = _object(d.nested, given, sub, problems, keep_manifest_form=True)
             value = BAD if nested is None else nested
         else:
-            value = _value(d.hint, d.meta, given, sub, problems)
+            value = _value(d.inner, d.meta, given, sub, problems)
         if value is BAD:
             malformed = True
         else:
@@ -287,11 +302,8 @@ def _object(cls: type, raw: Any, path: str, problems: Problems, *, keep_manifest
 
 
 def _value(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> Any:
-    hint = _unwrap_optional(hint)
+    """`value` checked against `hint` (without its `| None`: `Declared.inner`)."""
     secret = meta.secret or is_credential_like(path)
-    if _is_declaration(hint):
-        values = parse(hint, value, path, problems)
-        return BAD if values is None else values
     if hint is bool:
         if not isinstance(value, bool):
             return _wrong("boolean", value, path, problems, secret)
@@ -312,6 +324,9 @@ def _value(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> 
             expected = "quantity (integer or string)" if hint is Quantity else "string"
             return _wrong(expected, value, path, problems, secret)
         return _string(hint, meta, value, path, problems, secret)
+    if _is_declaration(hint):
+        values = parse(hint, value, path, problems)
+        return BAD if values is None else values
     origin = get_origin(hint)
     if origin is list:
         return _list(hint, meta, value, path, problems)
@@ -411,7 +426,7 @@ def _list(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> A
             checked = _object(meta.shape, item, sub, problems, keep_manifest_form=True)
             items.append(checked)
         else:
-            items.append(_value(item_hint, _item_meta(meta), item, sub, problems))
+            items.append(_value(_unwrap_optional(item_hint), _item_meta(meta), item, sub, problems))
     return BAD if len(problems) > before else items
 
 
@@ -465,7 +480,7 @@ def _map(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> An
                 problems.append(f"{sub}: longer than {_max_length(value_meta)} characters")
             result[key] = item
         else:
-            result[key] = _value(value_hint, value_meta, item, sub, problems)
+            result[key] = _value(_unwrap_optional(value_hint), value_meta, item, sub, problems)
     return BAD if len(problems) > before else result
 
 
@@ -474,9 +489,8 @@ def build(cls: type, values: dict[str, Any]) -> Any:
     kwargs = {}
     for d in declared(cls):
         value = values[d.name]
-        hint = _unwrap_optional(d.hint)
-        if _is_declaration(hint) and isinstance(value, dict):
-            value = build(hint, value)
+        if d.nested is not None and isinstance(value, dict):
+            value = build(d.nested, value)
         kwargs[d.name] = value
     return cls(**kwargs)
 
@@ -498,10 +512,9 @@ def gather(cls: type, instance: Any, select: Callable[[Meta], str | None]) -> di
     out: dict[str, Any] = {}
     for d in declared(cls):
         value = getattr(instance, d.name)
-        hint = _unwrap_optional(d.hint)
-        if _is_declaration(hint):
+        if d.nested is not None:
             if value is not None:
-                out.update(gather(hint, value, select))
+                out.update(gather(d.nested, value, select))
         elif (name := select(d.meta)) is not None:
             out[name] = value
     return out

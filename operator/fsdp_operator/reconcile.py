@@ -304,7 +304,10 @@ def _decide(
         status = JobStatus(attempts=status.attempts)
     status = replace(status, observed_generation=job.generation)
     if status.phase is None or not status.submission_id:
-        return _record_identity(job, status, obs.now)
+        status = _with_identity(job, status, obs.now)
+        if job.spec.placement.availability_zone == "auto" and obs.zone_choice is None:
+            # AWS is asked for a zone by the next pass (which follows at once), once the names are recorded.
+            return Decision(status, requeue_after=0.0)
     if status.terminal:
         return _finished(job, status, obs)
     for guard in (_check_suspend, _check_deadline):
@@ -355,10 +358,15 @@ def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems:
     return Decision(new, actions)
 
 
-def _record_identity(job: Job, status: JobStatus, now: datetime) -> Decision:
-    """Identity first: names go into status before anything exists under them."""
+def _with_identity(job: Job, status: JobStatus, now: datetime) -> JobStatus:
+    """Identity first: names go into status before anything exists under them.
+
+    The same pass goes on (its status, names included, is written before any of its actions is taken),
+    so a new job's RayCluster is created by its first pass; a restart between the write and the create
+    creates it under the recorded name.
+    """
     attempts = max(status.attempts, 1)
-    new = replace(
+    return replace(
         status,
         phase=Phase.PENDING,
         reason=Reason.CREATED,
@@ -377,9 +385,6 @@ def _record_identity(job: Job, status: JobStatus, now: datetime) -> Decision:
             generation=job.generation,
         ),
     )
-    # Nothing to wait for: the next pass (which creates the RayCluster) follows at once, not on the watch
-    # event of this write; under many jobs that round trip was most of the time to a RayCluster.
-    return Decision(new, requeue_after=0.0)
 
 
 def _foreign(cluster: ClusterView | None, uid: str) -> bool:

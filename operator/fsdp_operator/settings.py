@@ -31,6 +31,9 @@ class OperatorConfig:
     """At most one progress-only status write per job per this many seconds."""
     error_backoff: float = 5.0
     """Pause after a pass that could not reach the Kubernetes API."""
+    first_pass_priority: float = 2.0
+    """While some job's loop has not finished its first pass (which creates its RayCluster), other loops wait
+    up to this long (seconds) before their next pass: many jobs created at once get their clusters first."""
     ray_timeout: float = 20.0
     """Bound on each call to Ray's job API or dashboard."""
     ray_unreachable_timeout: float = 300.0

@@ -231,7 +231,7 @@ def test_happy_path(apiserver: ThreadedApiServer) -> None:
         }  # fmt: skip
         assert status["startTime"] <= status["endTime"]
         reasons = w.event_reasons()
-        for reason in ("Created", "ClusterCreating", "WorkersReady", "JobRunning", "Completed"):
+        for reason in ("ClusterCreating", "WorkersReady", "JobRunning", "Completed"):
             assert reason in reasons, reasons
         w.assert_no_duplicates()
 

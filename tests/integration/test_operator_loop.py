@@ -13,6 +13,7 @@ import logging
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -265,5 +266,75 @@ def test_a_ray_head_that_never_answers_does_not_keep_a_thread() -> None:
             assert await asyncio.wait_for(loop.run_in_executor(None, lambda: "free"), timeout=5) == "free"
         finally:
             server.close()  # resets the queued connections, so a stuck thread ends and the loop can close
+
+    asyncio.run(main())
+
+
+class Stopped:
+    """kopf's `DaemonStopped` as the loop uses it: false until set, and a bounded wait for it."""
+
+    def __init__(self) -> None:
+        self.flag = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.flag.is_set()
+
+    async def wait(self, timeout: float | None = None) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.flag.wait(), timeout)
+
+
+def test_later_passes_give_way_to_first_passes_for_a_bounded_time() -> None:
+    async def main() -> None:
+        runtime = Runtime(replace(FAST, first_pass_priority=5.0))
+        await asyncio.wait_for(runtime.after_first_passes(), 0.1)  # no first pass due: no wait
+        runtime.first_pass_started()
+        runtime.first_pass_started()
+        waiting = asyncio.create_task(runtime.after_first_passes())
+        await asyncio.sleep(0.05)
+        runtime.first_pass_ended()
+        await asyncio.sleep(0.05)
+        assert not waiting.done(), "a later pass went ahead while a first pass was still due"
+        runtime.first_pass_ended()
+        await asyncio.wait_for(waiting, 1)
+        bounded = Runtime(replace(FAST, first_pass_priority=0.05))
+        bounded.first_pass_started()  # a first pass that never ends holds the others up only so long
+        await asyncio.wait_for(bounded.after_first_passes(), 1)
+
+    asyncio.run(main())
+
+
+def test_a_first_pass_that_fails_or_never_runs_still_ends() -> None:
+    """However a loop's first pass ends (an API error here, a stop before it ran), it no longer holds others."""
+
+    async def main() -> None:
+        unreachable = AioKube("http://127.0.0.1:9", timeout=FAST.kube_timeout)
+        runtime = Runtime(replace(FAST, first_pass_priority=30.0), kube=unreachable)
+        stopped = Stopped()
+        task = asyncio.create_task(JobLoop(runtime, NAMESPACE, "qwen", logging.getLogger(__name__)).run(stopped))
+        await asyncio.wait_for(runtime.after_first_passes(), 5)  # the failed first pass ended
+        stopped.flag.set()
+        await asyncio.wait_for(task, 5)
+        never_ran = Stopped()
+        never_ran.flag.set()
+        await JobLoop(runtime, NAMESPACE, "other", logging.getLogger(__name__)).run(never_ran)
+        await asyncio.wait_for(runtime.after_first_passes(), 0.1)
+        await unreachable.close()
+
+    asyncio.run(main())
+
+
+def test_a_running_loop_is_woken_once_the_first_passes_are_done() -> None:
+    async def main() -> None:
+        runtime = Runtime(replace(FAST, first_pass_priority=5.0))
+        await asyncio.wait_for(runtime.wake(NAMESPACE, "not-running"), 0.1)  # no loop: nothing to wait for
+        woken = runtime.wakeup(NAMESPACE, "qwen")
+        runtime.first_pass_started()
+        waking = asyncio.create_task(runtime.wake(NAMESPACE, "qwen"))
+        await asyncio.sleep(0.05)
+        assert not woken.is_set() and not waking.done(), "woken while a first pass was still due"
+        runtime.first_pass_ended()
+        await asyncio.wait_for(waking, 1)
+        assert woken.is_set()
 
     asyncio.run(main())

@@ -127,15 +127,35 @@ def condition(status: JobStatus, type_: str) -> str:
 # --- validation and identity -----------------------------------------------------------------------------
 
 
-def test_first_pass_records_identity_and_nothing_else() -> None:
+def test_first_pass_records_identity_with_the_cluster_it_creates() -> None:
     d = run(manifest(), JobStatus())
     s = d.status
-    assert (s.phase, s.reason) == (Phase.PENDING, Reason.CREATED)
+    assert (s.phase, s.reason) == (Phase.PROVISIONING, Reason.CLUSTER_CREATING)
     assert s.ray_cluster_name == CLUSTER and s.submission_id == sid(1) and s.attempts == 1
-    assert s.start_time == NOW and s.observed_generation == 1
+    assert s.start_time == NOW and s.observed_generation == 1 and s.provisioning_since == NOW
     assert condition(s, ConditionType.VALIDATED) == "True"
-    assert kinds(d) == []  # identity first: no cluster, no submission in this pass
+    # Identity first: the names are in the status the controller writes before it takes these actions.
+    assert kinds(d) == CREATE
+    (create,) = [a for a in d.actions if isinstance(a, CreateRayCluster)]
+    assert create.manifest["metadata"]["name"] == s.ray_cluster_name
+    assert events(d) == [("Normal", "ClusterCreating")]
+
+
+def test_first_pass_for_an_automatic_zone_records_identity_only() -> None:
+    m = manifest()
+    m["spec"]["placement"] = {"availabilityZone": "auto"}
+    d = run(m, JobStatus())
+    s = d.status
+    assert (s.phase, s.reason) == (Phase.PENDING, Reason.CREATED)
+    assert s.ray_cluster_name == CLUSTER and s.submission_id == sid(1)
+    assert kinds(d) == [] and d.requeue_after == 0.0  # the next pass asks AWS, at once
     assert events(d) == [("Normal", "Created")]
+
+
+def test_first_pass_of_a_suspended_job_creates_nothing() -> None:
+    d = run(manifest(suspend=True), JobStatus())
+    assert (d.status.phase, d.status.reason) == (Phase.SUSPENDED, Reason.SUSPENDED)
+    assert d.status.submission_id == sid(1) and kinds(d) == []
 
 
 def test_invalid_spec_fails_with_every_problem_and_waits_for_a_fix() -> None:
@@ -157,8 +177,8 @@ def test_fixed_spec_starts_over_after_validation_failure() -> None:
     m["spec"]["workers"]["gpusPerWorker"] = 5
     failed = run(m, JobStatus()).status
     d = run(manifest(generation=2), failed)
-    assert (d.status.phase, d.status.reason) == (Phase.PENDING, Reason.CREATED)
-    assert d.status.observed_generation == 2 and d.status.end_time is None
+    assert (d.status.phase, d.status.reason) == (Phase.PROVISIONING, Reason.CLUSTER_CREATING)
+    assert d.status.observed_generation == 2 and d.status.end_time is None and kinds(d) == CREATE
 
 
 def test_finished_job_keeps_its_outcome_when_the_spec_turns_invalid() -> None:
@@ -618,7 +638,6 @@ def test_every_transition_of_a_happy_run_posts_one_event() -> None:
     status = JobStatus()
     for observed in (
         {},
-        {},
         {"cluster": cluster(ready=1, state="")},
         {"cluster": cluster(), "ray_nodes": ALL_NODES},
         running(),
@@ -628,7 +647,6 @@ def test_every_transition_of_a_happy_run_posts_one_event() -> None:
         posted += events(d)
         status = d.status
     assert posted == [
-        ("Normal", "Created"),
         ("Normal", "ClusterCreating"),
         ("Normal", "WorkersNotReady"),
         ("Normal", "WorkersReady"),

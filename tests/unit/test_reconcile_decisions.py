@@ -81,20 +81,28 @@ def test_the_submission_id_is_the_one_written_down() -> None:
 def test_first_pass_in_full() -> None:
     d = run(manifest(generation=4), JobStatus())
     assert d.status.to_dict() == {
-        "phase": "Pending",
-        "reason": "Created",
-        "message": "RayCluster name and submission id recorded",
+        "phase": "Provisioning",
+        "reason": "ClusterCreating",
+        "message": "creating RayCluster",
         "rayClusterName": CLUSTER,
         "submissionId": SID1,
         "attempts": 1,
         "observedGeneration": 4,
         "startTime": "2026-11-29T12:00:00Z",
+        "provisioningSince": "2026-11-29T12:00:00Z",
+        "workers": "0/2",
         "conditions": [
             {"type": "Validated", "status": "True", "reason": "Valid", "message": "spec is valid",
              "lastTransitionTime": "2026-11-29T12:00:00Z", "observedGeneration": 4},
         ],
     }  # fmt: skip
-    assert without_events(d.actions) == []
+    secret, policy, create = without_events(d.actions)
+    assert isinstance(secret, CreateAuthSecret) and secret.manifest["metadata"]["name"] == "qwen-ray-auth"
+    assert isinstance(policy, ApplyNetworkPolicy) and isinstance(create, CreateRayCluster)
+    assert create.manifest["metadata"]["name"] == CLUSTER
+    assert [(a.type, a.reason, a.message) for a in d.actions if isinstance(a, PostEvent)] == [
+        ("Normal", "ClusterCreating", "Provisioning: creating RayCluster")
+    ]
 
 
 @pytest.mark.parametrize(
