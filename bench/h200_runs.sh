@@ -26,6 +26,11 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/training${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
 
+with_overrides() {  # with_overrides CONFIG_JSON: the config with OVERRIDES (Hugging Face config fields) as model_overrides
+    "$py" -c 'import json,sys; c=json.loads(sys.argv[1]); o=json.loads(sys.argv[2]); print(json.dumps({**c, "model_overrides": o} if o else c))' \
+        "$1" "${OVERRIDES:-"{}"}"
+}
+
 bench() {  # bench NAME NPROC LIMIT_S ARGS...  (OVERRIDES=JSON: Hugging Face config fields)
     local name=$1 nproc=$2 limit=$3 start=$SECONDS overrides=${OVERRIDES:-"{}"}
     shift 3
@@ -38,10 +43,10 @@ bench() {  # bench NAME NPROC LIMIT_S ARGS...  (OVERRIDES=JSON: Hugging Face con
 }
 
 train() {  # train NAME LIMIT_S CONFIG_JSON [VAR=VALUE...]: the training function itself, 2 ranks
-    local name=$1 limit=$2 cfg=$3 start=$SECONDS overrides=${OVERRIDES:-"{}"}
+    local name=$1 limit=$2 cfg=$3 start=$SECONDS
     shift 3
     echo "\$ $* torchrun --nproc-per-node 2 -m fsdp_train --config-json '$cfg'" | tee "$out/logs/$name.log"
-    cfg=$("$py" -c 'import json,sys; c=json.loads(sys.argv[1]); o=json.loads(sys.argv[2]); print(json.dumps({**c, "model_overrides": o} if o else c))' "$cfg" "$overrides")
+    cfg=$(with_overrides "$cfg")
     env "$@" FSDP_TRAIN_NCCL_LOG_DIR="$out/logs/nccl-$name" timeout "$limit" "$py" -m torch.distributed.run \
         --standalone --nproc-per-node 2 -m fsdp_train --config-json "$cfg" >>"$out/logs/$name.log" 2>&1
     echo "(exit $?, $((SECONDS - start)) s)" >>"$out/logs/$name.log"
@@ -50,26 +55,14 @@ train() {  # train NAME LIMIT_S CONFIG_JSON [VAR=VALUE...]: the training functio
 }
 
 first_steps() {  # the training function twice with one compile cache: cold, then warm
-    local cache="$out/compile-cache" cfg overrides=${OVERRIDES:-"{}"}
-    rm -rf "$cache"
-    cfg='{"seq_len":2048,"batch_size_per_rank":8,"steps":3,"lr_schedule":"constant","compile":true,"reshard_after_forward":false,"probe_size_bytes":0,"compile_cache_dir":"'$cache'"}'
-    cfg=$("$py" -c 'import json,sys; c=json.loads(sys.argv[1]); o=json.loads(sys.argv[2]); print(json.dumps({**c, "model_overrides": o} if o else c))' "$cfg" "$overrides")
-    for run in cold warm; do
-        local start=$SECONDS
-        echo "\$ torchrun --nproc-per-node 1 -m fsdp_train --config-json '$cfg'   # $run" | tee "$out/logs/ttfs-$run.log"
-        timeout 150 "$py" -m torch.distributed.run --standalone --nproc-per-node 1 -m fsdp_train \
-            --config-json "$cfg" >>"$out/logs/ttfs-$run.log" 2>&1
-        echo "(exit $?, $((SECONDS - start)) s)" >>"$out/logs/ttfs-$run.log"
-        grep -h '"kind":"timings"' "$out/logs/ttfs-$run.log" | sed 's/^.*FSDP_EVENT //'
-        tail -n 1 "$out/logs/ttfs-$run.log"
-    done
-    rm -rf "$cache"
+    starts ttfs "$PWD/training" 2
 }
 
 starts() {  # starts NAME PACKAGE_DIR RUNS: the training function RUNS times with one compile cache, empty before the first
     local name=$1 package=$2 runs=$3 cache="$out/compile-cache-$1" cfg
     rm -rf "$cache"
     cfg='{"seq_len":2048,"batch_size_per_rank":8,"steps":3,"lr_schedule":"constant","compile":true,"reshard_after_forward":false,"probe_size_bytes":0,"compile_cache_dir":"'$cache'"}'
+    cfg=$(with_overrides "$cfg")
     for run in $(seq 1 "$runs"); do
         local start=$SECONDS log="$out/logs/start-$name-$run.log"
         echo "\$ PYTHONPATH=$package torchrun --nproc-per-node 1 -m fsdp_train --config-json '$cfg'   # $name, run $run" >"$log"
@@ -82,10 +75,10 @@ starts() {  # starts NAME PACKAGE_DIR RUNS: the training function RUNS times wit
 }
 
 startup_profile() {  # the training function as one process under cProfile and -X importtime: cold, then warm cache
-    local cache="$out/compile-cache-profile" cfg overrides=${OVERRIDES:-"{}"}
+    local cache="$out/compile-cache-profile" cfg
     rm -rf "$cache"
     cfg='{"seq_len":2048,"batch_size_per_rank":8,"steps":2,"lr_schedule":"constant","compile":true,"reshard_after_forward":false,"probe_size_bytes":0,"compile_cache_dir":"'$cache'"}'
-    cfg=$("$py" -c 'import json,sys; c=json.loads(sys.argv[1]); o=json.loads(sys.argv[2]); print(json.dumps({**c, "model_overrides": o} if o else c))' "$cfg" "$overrides")
+    cfg=$(with_overrides "$cfg")
     for run in cold warm; do
         local start=$SECONDS
         RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 timeout 120 \
