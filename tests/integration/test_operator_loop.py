@@ -65,6 +65,19 @@ def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: Thr
     assert "TransportFallback" in w.event_reasons()
 
 
+async def passes_until(
+    loop: JobLoop, done: Callable[[], bool], tries: int, each: Callable[[], None] = lambda: None
+) -> None:
+    """Step `loop` a pass at a time (a failed pass is the point of these tests) until `done()` or `tries` passes."""
+    for _ in range(tries):
+        if done():
+            return
+        each()
+        with contextlib.suppress(KubeError):
+            await loop.pass_once()
+        await asyncio.sleep(0.02)
+
+
 class RefusesEveryStatus(AioKube):
     """The real client; once `refusing` is set, the API server answers 403 to every status write (RBAC lost)."""
 
@@ -85,14 +98,12 @@ def test_a_status_refused_in_every_form_still_stops_the_ray_job(apiserver: Threa
     async def main() -> None:
         async with w.kuberay.running():
             w.apply(manifest(runPolicy={"cleanup": "Keep"}))
-            for _ in range(300):
-                if w.ray.stopped:
-                    break
+
+            def refuse_once_running() -> None:
                 if w.status().get("phase") == "Running":
                     kube.refusing = True  # from here on, the TransportFallback the ranks report cannot be written
-                with contextlib.suppress(KubeError):
-                    await loop.pass_once()
-                await asyncio.sleep(0.02)
+
+            await passes_until(loop, lambda: bool(w.ray.stopped), 300, refuse_once_running)
             await kube.close()
 
     asyncio.run(main())
@@ -213,12 +224,7 @@ def test_a_raycluster_is_created_only_after_what_it_needs(apiserver: ThreadedApi
     async def main() -> None:
         async with w.kuberay.running():
             w.apply(manifest(runPolicy={"cleanup": "Keep"}))
-            for _ in range(150):
-                if w.status().get("phase") == "Succeeded":
-                    break
-                with contextlib.suppress(KubeError):
-                    await loop.pass_once()
-                await asyncio.sleep(0.02)
+            await passes_until(loop, lambda: w.status().get("phase") == "Succeeded", 150)
             await kube.close()
 
     asyncio.run(main())
