@@ -24,6 +24,7 @@ from fsdp_operator.controller import Runtime
 from fsdp_operator.handlers import build_registry
 from fsdp_operator.kube import AioKube
 from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
 from fsdp_operator.rayjobs import FakeRay
@@ -62,6 +63,10 @@ EXPECTED_CALLS = {
     # The controller, for placement.availabilityZone: auto: where nodes of the instance type are.
     ("list", "", "nodes"),
 }  # fmt: skip
+# Not called but checked: the OwnerReferencesPermissionEnforcement admission plugin (on in these tests, as on
+# OpenShift) lets the job's Secret, NetworkPolicy and RayCluster name the job as owner with blockOwnerDeletion
+# only for who may update the job's finalizers.
+ADMISSION_CHECKS = {("update", "fsdp.dev", "fsdptrainingjobs/finalizers")}
 # kopf watching chosen namespaces also follows the namespaces themselves, at cluster scope.
 NAMESPACED_EXTRA = {("list", "", "namespaces"), ("watch", "", "namespaces")}
 
@@ -106,10 +111,11 @@ def granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
 
 
 def secured_server(docs: list[dict[str, Any]], namespaces: tuple[str, ...] = ()) -> tuple[ThreadedApiServer, Access]:
+    """The strict emulator: RBAC, and the OwnerReferencesPermissionEnforcement admission plugin."""
     access = Access()
     access.add_token(ADMIN_TOKEN, User("admin", (MASTERS,)))
     access.add_token(OPERATOR_TOKEN, ACCOUNT)
-    api = ThreadedApiServer(access=access).start()
+    api = ThreadedApiServer(access=access, admission=OwnerReferencesPermissionEnforcement()).start()
     store = api.store
     for namespace in {RELEASE_NAMESPACE, *namespaces}:
         store.create(store.resource("namespaces"), {"metadata": {"name": namespace}})
@@ -322,8 +328,13 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
     if replicas > 1:
         expected = expected | peering_calls("clusterkopfpeerings" if watch_all else "kopfpeerings")
     assert made == expected, f"missing: {expected - made}; unexpected: {made - expected}"
-    assert granted(docs) == expected, (
-        f"granted but never called: {granted(docs) - expected}; called but not granted: {expected - granted(docs)}"
+    admission = api.server.admission
+    assert admission is not None
+    checked = {(verb, group, resource) for verb, group, resource, _, allowed in admission.checks if allowed}
+    assert checked == ADMISSION_CHECKS, admission.checks
+    needed = expected | ADMISSION_CHECKS
+    assert granted(docs) == needed, (
+        f"granted but never needed: {granted(docs) - needed}; needed but not granted: {needed - granted(docs)}"
     )
     scopes = {(resource, scope) for _, _, resource, scope in calls}
     assert ("customresourcedefinitions", "cluster") in scopes

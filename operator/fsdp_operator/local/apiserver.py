@@ -4,9 +4,12 @@ It serves discovery, OpenAPI v3 (enough for `kubectl apply` with server-side fie
 built-in kinds and CRD-defined kinds from memory (`store.py` holds the semantics), watch streams,
 patches and server-side Tables, so kopf and real kubectl talk to it as to a cluster.
 
-Authentication and RBAC are off unless an `rbac.Access` is given (see `rbac.py` for what they cover).
-Not reproduced (a real cluster differs here): admission webhooks; server-side
-apply (`application/apply-patch+yaml` is 415) and managedFields; protobuf; pagination (`limit` and
+Authentication and RBAC are off unless an `rbac.Access` is given (see `rbac.py` for what they cover);
+the OwnerReferencesPermissionEnforcement admission plugin (`admission.py`) is on when given with them.
+HTTPS when given a certificate (`tls`). Server-side apply (`apply.py`), Deployment defaulting and
+validation (`workloads.py`), protobuf request bodies of Secrets and ConfigMaps (`protobuf.py`).
+Not reproduced (a real cluster differs here): admission webhooks and other admission plugins; managedFields
+of writes other than apply; protobuf responses; pagination (`limit` and
 `continue` are ignored: lists are complete); list/get at an older `resourceVersion` (always the latest);
 aggregated discovery and `/openapi/v2` (404, clients fall back); CRD version conversion (one stored
 object is served under every version) and defaulting, CEL rules and `x-kubernetes-*` validation beyond
@@ -19,10 +22,12 @@ apart; no controllers (Deployments, Services' endpoints, quotas) and no defaulti
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import json
 import socket
+import ssl
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -33,7 +38,9 @@ from typing import Any, NamedTuple
 import yaml
 from aiohttp import web
 
-from fsdp_operator.local import patching, rbac, tables, validation
+from fsdp_operator.local import admission as admission_plugins
+from fsdp_operator.local import apply as server_side_apply
+from fsdp_operator.local import patching, protobuf, rbac, tables, validation, workloads
 from fsdp_operator.local.faults import FaultInjector
 from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType
 from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
@@ -54,6 +61,7 @@ _JSON = "application/json"
 _MERGE = "application/merge-patch+json"
 _JSON_PATCH = "application/json-patch+json"
 _STRATEGIC = "application/strategic-merge-patch+json"
+_APPLY = "application/apply-patch+yaml"
 _USER = web.RequestKey("user", rbac.User)
 
 
@@ -87,6 +95,8 @@ class ApiServer:
         history_length: int = HISTORY_LENGTH,
         access: rbac.Access | None = None,
         faults: FaultInjector | None = None,
+        admission: admission_plugins.OwnerReferencesPermissionEnforcement | None = None,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.host = host
         self.faults = faults
@@ -98,6 +108,11 @@ class ApiServer:
             self.store._register(rtype)
         self.access = access
         """Bearer-token authentication and RBAC authorization; None: every request is allowed."""
+        self.admission = admission
+        self.tls = tls
+        """(certificate, key) PEM files: serve HTTPS. kubectl and helm send a kubeconfig's credentials only
+        over TLS (client-go reads the user's auth info only when the server is https)."""
+        """Validating admission (`admission.py`), enforced with `access` (it authorizes the request's user)."""
         self.requests: Counter[RequestKey] = Counter()
         self._runner: web.AppRunner | None = None
         self._watch_queues: set[asyncio.Queue[WatchEvent | None]] = set()
@@ -107,7 +122,7 @@ class ApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     async def start(self) -> None:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -125,7 +140,11 @@ class ApiServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
+        context = None
+        if self.tls is not None:
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(*self.tls)
+        await web.SockSite(self._runner, sock, ssl_context=context).start()
         self._loop = asyncio.get_running_loop()
 
     async def stop(self) -> None:
@@ -148,10 +167,13 @@ class ApiServer:
 
     def kubeconfig(self, namespace: str = "default", *, user: Obj | None = None) -> Obj:
         """`user` replaces the credentials (default: the token `local`), e.g. `{"tokenFile": ...}`, `{"exec": ...}`."""
+        cluster: Obj = {"server": self.url}
+        if self.tls is not None:
+            cluster["certificate-authority-data"] = base64.b64encode(self.tls[0].read_bytes()).decode()
         return {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "local", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "local", "cluster": cluster}],
             "users": [{"name": "local", "user": user if user is not None else {"token": "local"}}],
             "contexts": [{"name": "local", "context": {"cluster": "local", "user": "local", "namespace": namespace}}],
             "current-context": "local",
@@ -290,6 +312,7 @@ class ApiServer:
                 body = await _read_body(request)
                 response = _Response()
                 body = self._validate(rtype, version, body, query, request, response)
+                self._admit(request, target, body, None)
                 created = self.store.create(rtype, body, namespace, dry_run=dry_run)
                 return response.json(self._served(created, rtype, version), status=201)
             if method == "DELETE":
@@ -315,6 +338,7 @@ class ApiServer:
             self._count("update", target)
             response = _Response()
             body = self._validate(rtype, version, await _read_body(request), query, request, response)
+            self._admit(request, target, body, _current(self.store, target))
             updated = self.store.update(
                 rtype,
                 name,
@@ -328,8 +352,16 @@ class ApiServer:
         if method == "PATCH":
             self._count("patch", target)
             response = _Response()
+            if request.content_type == _APPLY:
+                return await self._apply(request, target, response)
             patch_fn = self._patch_function(request, rtype, version, await request.read(), query, response)
-            patched = self.store.patch(rtype, name, patch_fn, namespace, subresource=subresource, dry_run=dry_run)
+
+            def admitted(current: Obj) -> Obj:
+                result = patch_fn(current)
+                self._admit(request, target, result, current)
+                return result
+
+            patched = self.store.patch(rtype, name, admitted, namespace, subresource=subresource, dry_run=dry_run)
             return response.json(self._served(patched, rtype, version))
         if method == "DELETE":
             self._count("delete", target)
@@ -345,6 +377,44 @@ class ApiServer:
             )
             return _json_response(self._served(deleted, rtype, version))
         raise _method_not_allowed(method)
+
+    async def _apply(self, request: web.Request, target: _Target, response: _Response) -> web.StreamResponse:
+        """Server-side apply (`apply.py`): creates the object when it does not exist."""
+        rtype, version, namespace, name, subresource = target
+        query = request.query
+        manager = query.get("fieldManager", "")
+        if not manager:
+            raise ApiError(
+                422, "Invalid", 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required '
+                "for apply patch"
+            )  # fmt: skip
+        config = await _read_body(request)
+        force = query.get("force") in ("true", "1")
+        dry_run = "dryRun" in query
+        assert name is not None
+
+        def applied(current: Obj | None) -> Obj:
+            served = None if current is None else self._served(current, rtype, version)
+            result = server_side_apply.apply(served, config, rtype, manager, force=force)
+            result = self._validate(rtype, version, result, query, request, response)
+            self._admit(request, target, result, current)
+            return result
+
+        with self.store.lock:  # get-or-create and the merge, atomically
+            current = _current(self.store, target)
+            if current is None:
+                if subresource:
+                    raise ApiError(404, "NotFound", f'{rtype.group_resource} "{name}" not found')
+                created = self.store.create(rtype, applied(None), namespace, dry_run=dry_run)
+                return response.json(self._served(created, rtype, version), status=201)
+            patched = self.store.patch(rtype, name, applied, namespace, subresource=subresource, dry_run=dry_run)
+        return response.json(self._served(patched, rtype, version))
+
+    def _admit(self, request: web.Request, target: _Target, new: Obj, old: Obj | None) -> None:
+        if self.admission is None or self.access is None:
+            return
+        namespace = target.namespace or str((new.get("metadata") or {}).get("namespace") or "")
+        self.admission.validate(self.store, request[_USER], target.rtype, target.subresource, namespace, new, old)
 
     def _count(self, verb: str, target: _Target) -> None:
         self.requests[RequestKey(verb, target.rtype.group, target.rtype.plural, target.subresource)] += 1
@@ -454,7 +524,7 @@ class ApiServer:
         """Prune unknown fields of custom resources and apply `fieldValidation` like the real server."""
         schema = rtype.schemas.get(version)
         if schema is None:
-            return body
+            return workloads.default_and_validate(rtype, body)
         pruned, unknown = validation.prune(body, schema)
         name = str((body.get("metadata") or {}).get("name", ""))
         mode = query.get("fieldValidation", "Warn")  # the real server's default since v1.27
@@ -779,6 +849,14 @@ class _Response:
         return response
 
 
+def _current(store: Store, target: _Target) -> Obj | None:
+    """The stored object a PUT replaces (None: the PUT will answer 404)."""
+    try:
+        return store.get(target.rtype, target.name or "", target.namespace)
+    except ApiError:
+        return None
+
+
 def _json_response(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=json.dumps(body).encode(), status=status, content_type=_JSON)
 
@@ -804,7 +882,11 @@ async def _read_body(request: web.Request, *, optional: bool = False) -> Obj:
             return {}
         raise ApiError(400, "BadRequest", "the request body is empty")
     if "protobuf" in request.content_type:
-        raise ApiError(415, "UnsupportedMediaType", "the emulated API server speaks JSON only")
+        try:
+            return protobuf.decode(raw)
+        except protobuf.ProtobufError as e:
+            message = f"the emulated API server reads this body only as JSON: {e}"
+            raise ApiError(415, "UnsupportedMediaType", message) from e
     try:
         body = yaml.safe_load(raw) if "yaml" in request.content_type else json.loads(raw)
     except (ValueError, yaml.YAMLError) as e:

@@ -117,6 +117,27 @@ def builtin_types() -> list[ResourceType]:
             short_names=("ev",),
             field_selectors=_META_FIELDS | {"reason", "type", "regarding.kind", "regarding.name"},
         ),
+        # What the Helm chart installs: the operator's Deployment (stored, defaulted and validated by
+        # `workloads.py`; no controller runs it), and the API server's own EndpointSlice it may look up.
+        ResourceType(
+            group="apps",
+            versions=("v1",),
+            kind="Deployment",
+            plural="deployments",
+            singular="deployment",
+            namespaced=True,
+            short_names=("deploy",),
+            categories=("all",),
+            status_subresource=True,
+        ),
+        ResourceType(
+            group="discovery.k8s.io",
+            versions=("v1",),
+            kind="EndpointSlice",
+            plural="endpointslices",
+            singular="endpointslice",
+            namespaced=True,
+        ),
         # The operator applies one per job to close Ray's ports; stored and served, not enforced.
         ResourceType(
             group="networking.k8s.io",

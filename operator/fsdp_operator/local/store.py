@@ -331,6 +331,9 @@ class Store:
                     )
                 if not result_meta.get("finalizers"):
                     result_meta.pop("finalizers", None)
+                if "managedFields" not in result_meta and "managedFields" in old["metadata"]:
+                    # An update that does not send managedFields keeps them (Server-Side Apply docs).
+                    result_meta["managedFields"] = copy.deepcopy(old["metadata"]["managedFields"])
                 if _spec_of(result) != _spec_of(old):
                     result_meta["generation"] = int(old["metadata"].get("generation", 1)) + 1
             if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions") and subresource != "status":
