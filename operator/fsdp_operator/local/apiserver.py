@@ -263,7 +263,10 @@ class ApiServer:
             return self._resource_list(parts[1], parts[2])
         if head in ("api", "apis"):
             target = self._target(parts)
-            return await self._resource_request(request, target)
+            response = await self._resource_request(request, target)
+            if target.rtype.deprecation and not response.prepared:
+                response.headers.add("Warning", f'299 - "{target.rtype.deprecation}"')
+            return response
         raise ApiError(404, "NotFound", "the server could not find the requested resource")
 
     def _target(self, parts: list[str]) -> _Target:

@@ -46,6 +46,8 @@ class ResourceType:
     schemas: Mapping[str, Obj] = field(default_factory=dict)
     """Per version, the CRD's openAPIV3Schema (used for pruning and validation)."""
     field_selectors: frozenset[str] = _META_FIELDS
+    deprecation: str = ""
+    """The warning the real server sends with every request on a deprecated type (a `Warning: 299` header)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -107,6 +109,12 @@ def builtin_types() -> list[ResourceType]:
         _core("ConfigMap", "configmaps", short_names=("cm",)),
         _core("Secret", "secrets", field_selectors=_META_FIELDS | {"type"}),
         _core("ServiceAccount", "serviceaccounts", short_names=("sa",)),
+        _core(
+            "Endpoints",
+            "endpoints",
+            short_names=("ep",),
+            deprecation="v1 Endpoints is deprecated in v1.33+; use discovery.k8s.io/v1 EndpointSlice",
+        ),
         ResourceType(
             group="events.k8s.io",
             versions=("v1",),
