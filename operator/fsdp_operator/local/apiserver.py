@@ -16,7 +16,8 @@ object is served under every version) and defaulting, CEL rules and `x-kubernete
 pruning; strategic merge beyond keyed lists of the common built-in fields; a watch with a selector does
 not turn an object leaving the selection into DELETED; Foreground deletion acts as Background; pods have
 no kubelet (a deleted pod goes at once, without a grace period); core and events.k8s.io events are kept
-apart; no controllers (Deployments, Services' endpoints, quotas) and no defaulting of built-in specs.
+apart; no controllers (Deployments, Services' endpoints, quotas) and no defaulting of built-in specs other
+than Deployments'.
 """
 
 from __future__ import annotations
