@@ -68,8 +68,9 @@ app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- fail (printf "metrics.serviceMonitor.labels sets %s, a label the chart sets itself: remove it" $key) }}
 {{- end }}
 {{- end }}
-{{- $requests := .Values.resources.requests | default dict }}
-{{- $limits := .Values.resources.limits | default dict }}
+{{- $resources := .Values.resources | default dict }}
+{{- $requests := $resources.requests | default dict }}
+{{- $limits := $resources.limits | default dict }}
 {{- range $name, $request := $requests }}
 {{- if hasKey $limits $name }}
 {{- if gt (float64 (include "fsdp-operator.quantity" $request)) (float64 (include "fsdp-operator.quantity" (get $limits $name))) }}
