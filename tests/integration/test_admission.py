@@ -258,3 +258,21 @@ def test_protobuf_secret_bodies_are_read(api: ThreadedApiServer) -> None:
     pod = protobuf.MAGIC + _field(1, _field(1, b"v1") + _field(2, b"Pod")) + _field(2, b"")
     refused = requests.post(api.url + "/api/v1/namespaces/ml/pods", data=pod, headers=headers, timeout=10)
     assert refused.status_code == 415 and "send JSON" in refused.json()["message"]
+
+
+def test_server_side_apply_removes_a_dropped_field_only_when_no_other_applier_owns_it(api: ThreadedApiServer) -> None:
+    path = f"{CONFIGMAPS}/shared"
+
+    def config(**data: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "shared"}, "data": data}
+
+    assert apply(api, path, config(a="1", b="2"), "helm").status_code == 201
+    assert apply(api, path, config(b="2"), "kubectl").status_code == 200  # the same value: b is shared
+    dropped = apply(api, path, config(a="1"), "helm")
+    assert dropped.json()["data"] == {"a": "1", "b": "2"}  # kubectl still owns b
+    assert apply(api, path, config(c="3"), "kubectl").json()["data"] == {"a": "1", "c": "3"}
+    # Writes that are not applies leave the appliers' record alone.
+    merge = {**ADMIN, "Content-Type": "application/merge-patch+json"}
+    patched = requests.patch(api.url + path, json={"data": {"d": "4"}}, headers=merge, timeout=10).json()
+    assert {e["manager"] for e in patched["metadata"]["managedFields"]} == {"helm", "kubectl"}
+    assert apply(api, path, config(), "helm").json()["data"] == {"c": "3", "d": "4"}
