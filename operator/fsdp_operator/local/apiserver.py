@@ -451,11 +451,12 @@ class ApiServer:
         request: web.Request,
         response: _Response,
     ) -> Obj:
-        """Prune unknown fields of custom resources and apply `fieldValidation` like the real server."""
+        """Default, prune unknown fields of and validate custom resources, with `fieldValidation`, like the real
+        server (defaults are pruned values, so defaulting first leaves the unknown fields to report the same)."""
         schema = rtype.schemas.get(version)
         if schema is None:
             return body
-        pruned, unknown = validation.prune(body, schema)
+        pruned, unknown = validation.prune(validation.default(body, schema), schema)
         name = str((body.get("metadata") or {}).get("name", ""))
         mode = query.get("fieldValidation", "Warn")  # the real server's default since v1.27
         if unknown and mode == "Strict":
