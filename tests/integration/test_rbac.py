@@ -139,7 +139,7 @@ def test_the_emulator_refuses_what_rbac_does_not_allow() -> None:
                "subjects": [{"kind": "ServiceAccount", "name": "demo-fsdp-operator", "namespace": "ml"}]}  # fmt: skip
     api, access = secured_server([role, binding])
     try:
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "allowed"}, "spec": {"containers": []}}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "allowed"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         for name in ("allowed", "other"):
             created = requests.post(
@@ -210,7 +210,7 @@ def test_the_emulator_matches_rbacs_rules_for_wildcards_subresources_and_names()
     try:
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         for path, body in (
-            ("/api/v1/namespaces/team/pods", {"metadata": {"name": "p"}, "spec": {"containers": []}}),
+            ("/api/v1/namespaces/team/pods", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}),
             ("/api/v1/namespaces/ml/secrets", {"metadata": {"name": "s"}}),
         ):
             assert requests.post(api.url + path, json=body, headers=admin, timeout=5).status_code == 201

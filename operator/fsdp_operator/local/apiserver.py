@@ -33,11 +33,11 @@ from typing import Any, NamedTuple
 import yaml
 from aiohttp import web
 
-from fsdp_operator.local import patching, rbac, tables, validation
+from fsdp_operator.local import patching, podvalidation, rbac, tables, validation
 from fsdp_operator.local.faults import FaultInjector
 from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType
 from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
-from fsdp_operator.local.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent
+from fsdp_operator.local.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent, invalid_fields
 
 KUBERNETES_VERSION = {
     "major": "1",
@@ -290,6 +290,12 @@ class ApiServer:
                 body = await _read_body(request)
                 response = _Response()
                 body = self._validate(rtype, version, body, query, request, response)
+                if rtype.key == ("", "pods"):
+                    # A Pod's spec is checked at creation (and is then mostly immutable); updates go unchecked.
+                    pod_errors = podvalidation.validate_pod(body)
+                    if pod_errors:
+                        name = str((body.get("metadata") or {}).get("name") or "")
+                        raise invalid_fields(rtype, name, pod_errors)
                 created = self.store.create(rtype, body, namespace, dry_run=dry_run)
                 return response.json(self._served(created, rtype, version), status=201)
             if method == "DELETE":

@@ -49,7 +49,7 @@ _ROOT_FIELDS_WITH_STATUS = {
     "x-kubernetes-validations": "XValidations",
 }
 
-Kind = Literal["Forbidden", "Required", "Invalid", "Unsupported"]
+Kind = Literal["Forbidden", "Required", "Invalid", "Unsupported", "Duplicate", "NotFound"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,11 @@ class FieldError:
         if self.kind == "Forbidden":
             return f"{self.path}: Forbidden: {self.detail}"
         if self.kind == "Required":
-            return f"{self.path}: Required value: {self.detail}"
+            return f"{self.path}: Required value" + (f": {self.detail}" if self.detail else "")
+        if self.kind == "Duplicate":
+            return f"{self.path}: Duplicate value: {json.dumps(self.value)}"
+        if self.kind == "NotFound":
+            return f"{self.path}: Not found: {json.dumps(self.value)}"
         if self.kind == "Unsupported":
             return f"{self.path}: Unsupported value: {json.dumps(self.value)}: supported values: {self.detail}"
         return f"{self.path}: Invalid value: {json.dumps(self.value, sort_keys=True)}: {self.detail}"
