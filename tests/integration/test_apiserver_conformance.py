@@ -308,3 +308,34 @@ def test_a_raycluster_whose_pods_are_refused_is_accepted_and_kuberay_reports_the
     assert event["message"].startswith("Failed to create worker Pod default/rc-gpu-worker-00000, Pod ")
     assert 'Unsupported value: "metadata.labels"' in event["message"]
     assert [p["metadata"]["name"] for p in api.store.find("pods")] == ["rc-head"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"containers": "x"},
+        {"containers": [{"name": "c", "image": "i", "env": ["x"]}]},
+        {"containers": [{"name": "c", "image": "i", "env": [{"name": "a", "valueFrom": {"fieldRef": "x"}}]}]},
+        {"containers": [{"name": "c", "image": "i", "resources": {"limits": [1]}}]},
+        {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"cpu": None}}}]},
+        {"containers": [{"name": "c", "image": "i", "ports": [{"containerPort": 80, "name": 5}]}]},
+        {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "i",
+                    "env": [
+                        {
+                            "name": "a",
+                            "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1e999999"}},
+                        }
+                    ],
+                }
+            ]
+        },
+    ],
+)
+def test_a_pod_of_the_wrong_shape_is_an_error_answer_never_a_crash(api: ThreadedApiServer, spec: Any) -> None:
+    code, status = post(api, PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec})
+    assert code in (400, 422), status
+    assert status["kind"] == "Status"

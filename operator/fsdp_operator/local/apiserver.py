@@ -38,6 +38,7 @@ from fsdp_operator.local.faults import FaultInjector
 from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType
 from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
 from fsdp_operator.local.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent, invalid_fields
+from fsdp_operator.local.structural import FieldError
 
 KUBERNETES_VERSION = {
     "major": "1",
@@ -292,7 +293,7 @@ class ApiServer:
                 body = self._validate(rtype, version, body, query, request, response)
                 if rtype.key == ("", "pods"):
                     # A Pod's spec is checked at creation (and is then mostly immutable); updates go unchecked.
-                    pod_errors = podvalidation.validate_pod(body)
+                    pod_errors = _decoded(rtype, version, podvalidation.validate_pod, body)
                     if pod_errors:
                         name = str((body.get("metadata") or {}).get("name") or "")
                         raise invalid_fields(rtype, name, pod_errors)
@@ -784,6 +785,22 @@ class _Response:
         for warning in dict.fromkeys(self.warnings):
             response.headers.add("Warning", f'299 - "{warning}"')
         return response
+
+
+def _decoded(
+    rtype: ResourceType, version: str, check: Callable[[Obj], list[FieldError]], body: Obj
+) -> list[FieldError]:
+    """Run a check that assumes the object's declared shape; a field of the wrong JSON type is the real
+    server's decoding error (400), not a crash."""
+    try:
+        return check(body)
+    except (AttributeError, TypeError, ValueError, KeyError) as e:
+        raise ApiError(
+            400,
+            "BadRequest",
+            f'{rtype.kind} in version "{version}" cannot be handled as a {rtype.kind}: a field has the wrong type '
+            f"({type(e).__name__}: {e})",
+        ) from e
 
 
 def _json_response(body: Any, status: int = 200) -> web.Response:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import ROUND_CEILING, Context, Decimal, InvalidOperation, localcontext
 from typing import Any
 
 from fsdp_operator.local.structural import FieldError
@@ -84,6 +84,8 @@ _STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
 _BINARY = {"Ki": 1, "Mi": 2, "Gi": 3, "Ti": 4, "Pi": 5, "Ei": 6}
 _DECIMAL = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
 _DECIMAL_SUFFIX = {exponent: suffix for suffix, exponent in _DECIMAL.items()}
+# Enough digits for any quantity a cluster can hold; exponents beyond these bounds are refused, not computed.
+_QUANTITY_CONTEXT = Context(prec=80, Emax=120, Emin=-120, traps=[InvalidOperation])
 
 
 class QuantityError(ValueError):
@@ -92,6 +94,14 @@ class QuantityError(ValueError):
 
 def parse_quantity(text: str) -> tuple[Decimal, str]:
     """(value, format) of a resource.Quantity; format is "BinarySI", "DecimalSI" or "DecimalExponent"."""
+    try:
+        with localcontext(_QUANTITY_CONTEXT):
+            return _parse_quantity(text)
+    except ArithmeticError as e:  # an exponent beyond any real quantity
+        raise QuantityError(_QUANTITY_MESSAGE) from e
+
+
+def _parse_quantity(text: str) -> tuple[Decimal, str]:
     match = _QUANTITY.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None or text != text.strip():
         raise QuantityError(_QUANTITY_MESSAGE)
@@ -113,6 +123,14 @@ def parse_quantity(text: str) -> tuple[Decimal, str]:
 def canonical_quantity(text: str) -> str:
     """The quantity as the real server writes it back (Quantity.String()): e.g. 1000m -> 1, 0.5Gi -> 512Mi."""
     value, fmt = parse_quantity(text)
+    try:
+        with localcontext(_QUANTITY_CONTEXT):
+            return _canonical(value, fmt)
+    except ArithmeticError as e:
+        raise QuantityError(_QUANTITY_MESSAGE) from e
+
+
+def _canonical(value: Decimal, fmt: str) -> str:
     # Below a nano, a Quantity rounds up (away from zero) to the nano.
     value = value.quantize(Decimal("1e-9"), rounding=ROUND_CEILING) if value > 0 else value.quantize(Decimal("1e-9"))
     if fmt == "BinarySI" and value == value.to_integral_value() and abs(value) >= 1024:

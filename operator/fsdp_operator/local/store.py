@@ -541,7 +541,15 @@ class Store:
             new_type = type_from_crd(crd)
         except InvalidDefinition as e:
             raise invalid(crds, name, str(e)) from e
-        schema_errors = structural.validate_crd(crd)
+        try:
+            schema_errors = structural.validate_crd(crd)
+        except (AttributeError, TypeError, ValueError, KeyError) as e:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'CustomResourceDefinition in version "v1" cannot be handled as a CustomResourceDefinition: a '
+                f"schema field has the wrong type ({type(e).__name__}: {e})",
+            ) from e
         if schema_errors:
             raise invalid_fields(crds, name, schema_errors)
         existing = self.types.get(new_type.key)
