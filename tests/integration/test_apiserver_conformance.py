@@ -5,6 +5,7 @@ operator or KubeRay might create. docs/conformance.md lists the rules and their 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 from typing import Any
@@ -339,3 +340,48 @@ def test_a_pod_of_the_wrong_shape_is_an_error_answer_never_a_crash(api: Threaded
     code, status = post(api, PODS, {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": spec})
     assert code in (400, 422), status
     assert status["kind"] == "Status"
+
+
+def test_the_local_kuberay_reports_a_refused_pod_and_starts_no_ray_process(
+    api: ThreadedApiServer, tmp_path: Any
+) -> None:
+    """`fsdpctl run-local`'s KubeRay stand-in: the API server's answer for the pod is asked before any Ray
+    process starts; a refusal is the Warning event KubeRay writes, and nothing runs."""
+    from fsdp_operator.local.kuberay import LocalKubeRay
+
+    assert post(api, CRDS, RAYCLUSTER_CRD)[0] == 201
+    divisor = {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "3"}}
+    container = {"name": "ray-head", "image": "ray:2", "env": [{"name": "CPUS", "valueFrom": divisor}]}
+    rc = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": "rc", "namespace": "default"},
+        "spec": {
+            "headGroupSpec": {"template": {"spec": {"containers": [container]}}},
+            "workerGroupSpecs": [
+                {"groupName": "gpu", "replicas": 1, "template": {"spec": {"containers": [container]}}}
+            ],
+        },
+    }
+    assert post(api, "/apis/ray.io/v1/namespaces/default/rayclusters", rc)[0] == 201
+
+    async def until_refused() -> LocalKubeRay:
+        kuberay = LocalKubeRay(api.url, tmp_path)
+        task = asyncio.create_task(kuberay.run())
+        try:
+            for _ in range(400):
+                if any(e["reason"] == "FailedToCreateHeadPod" for e in api.store.find("events")):
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await kuberay.close()
+        return kuberay
+
+    kuberay = asyncio.run(until_refused())
+    (event,) = [e for e in api.store.find("events") if e["reason"] == "FailedToCreateHeadPod"]
+    assert event["message"].startswith("Failed to create head Pod default/rc-head-")
+    assert "only divisor's values 1m and 1 are supported with the cpu resource" in event["message"]
+    assert kuberay.started == [] and api.store.find("pods") == []
