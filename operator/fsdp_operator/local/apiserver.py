@@ -9,11 +9,16 @@ Not reproduced (a real cluster differs here): admission webhooks; server-side
 apply (`application/apply-patch+yaml` is 415) and managedFields; protobuf; pagination (`limit` and
 `continue` are ignored: lists are complete); list/get at an older `resourceVersion` (always the latest);
 aggregated discovery and `/openapi/v2` (404, clients fall back); CRD version conversion (one stored
-object is served under every version) and defaulting, CEL rules and `x-kubernetes-*` validation beyond
-pruning; strategic merge beyond keyed lists of the common built-in fields; a watch with a selector does
-not turn an object leaving the selection into DELETED; Foreground deletion acts as Background; pods have
-no kubelet (a deleted pod goes at once, without a grace period); core and events.k8s.io events are kept
-apart; no controllers (Deployments, Services' endpoints, quotas) and no defaulting of built-in specs.
+object is served under every version) and CEL rules; strategic merge beyond keyed lists of the common
+built-in fields; a watch with a selector does not turn an object leaving the selection into DELETED;
+Foreground deletion acts as Background; pods have no kubelet (a deleted pod goes at once, without a grace
+period); core and events.k8s.io events are kept apart; no controllers (Deployments, Services' endpoints,
+quotas) and no defaulting of built-in specs.
+
+What a real server refuses, it refuses (docs/conformance.md lists each rule and its doc section): CRDs
+that are not structural or break the OpenAPI subset and `x-kubernetes-*` rules (`structural.py`); custom
+objects against their schema after defaulting and pruning (`validation.py`); Pods at creation
+(`podvalidation.py`). Other built-in kinds are stored as sent.
 """
 
 from __future__ import annotations
