@@ -385,3 +385,15 @@ def test_the_local_kuberay_reports_a_refused_pod_and_starts_no_ray_process(
     assert event["message"].startswith("Failed to create head Pod default/rc-head-")
     assert "only divisor's values 1m and 1 are supported with the cpu resource" in event["message"]
     assert kuberay.started == [] and api.store.find("pods") == []
+
+
+def test_a_fractional_byte_quantity_is_accepted_with_the_real_servers_warning(api: ThreadedApiServer) -> None:
+    pod = _pod(resources={"requests": {"memory": "160m"}, "limits": {"memory": "1Gi"}})
+    response = requests.post(
+        api.url + PODS, data=json.dumps(pod), headers={"Content-Type": "application/json"}, timeout=10
+    )
+    assert response.status_code == 201, response.text
+    assert response.headers.get("Warning") == (
+        '299 - "spec.containers[0].resources.requests[memory]: fractional byte value "160m" is invalid, '
+        'must be an integer"'
+    )

@@ -302,6 +302,7 @@ class ApiServer:
                     if pod_errors:
                         name = str((body.get("metadata") or {}).get("name") or "")
                         raise invalid_fields(rtype, name, pod_errors)
+                    response.warnings.extend(podvalidation.pod_warnings(body))
                 created = self.store.create(rtype, body, namespace, dry_run=dry_run)
                 return response.json(self._served(created, rtype, version), status=201)
             if method == "DELETE":

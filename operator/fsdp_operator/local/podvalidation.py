@@ -211,6 +211,30 @@ def validate_pod(pod: Obj) -> list[FieldError]:
     return errors
 
 
+def pod_warnings(pod: Obj) -> list[str]:
+    """The warnings a real server returns with an accepted Pod (`Warning` headers, pkg/api/pod/warnings.go):
+    here, byte quantities that are not whole bytes (`memory: 160m` is 0.16 bytes)."""
+    warnings = []
+    spec = pod.get("spec") or {}
+    for group in ("initContainers", "containers"):
+        for i, container in enumerate(spec.get(group) or []):
+            resources = (container or {}).get("resources") or {}
+            for kind in ("limits", "requests"):
+                for name, quantity in (resources.get(kind) or {}).items():
+                    if name not in ("memory", "ephemeral-storage") and not str(name).startswith("hugepages-"):
+                        continue
+                    try:
+                        value, _ = parse_quantity(str(quantity))
+                    except QuantityError:
+                        continue
+                    if value != value.to_integral_value():
+                        warnings.append(
+                            f"spec.{group}[{i}].resources.{kind}[{name}]: fractional byte value "
+                            f'"{canonical_quantity(str(quantity))}" is invalid, must be an integer'
+                        )
+    return warnings
+
+
 def _pod_spec(spec: Obj, path: str) -> Iterator[FieldError]:
     volumes: set[str] = set()
     for i, volume in enumerate(spec.get("volumes") or []):
