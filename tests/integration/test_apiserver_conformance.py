@@ -397,3 +397,25 @@ def test_a_fractional_byte_quantity_is_accepted_with_the_real_servers_warning(ap
         '299 - "spec.containers[0].resources.requests[memory]: fractional byte value "160m" is invalid, '
         'must be an integer"'
     )
+
+
+@pytest.mark.parametrize(
+    "spec_schema",
+    [
+        {"type": "object", "properties": []},
+        {"type": "object", "properties": {"a": "x"}},
+        {"type": "object", "anyOf": "x"},
+        {"type": "array", "items": 5},
+        {"type": ["object", "null"]},
+        {"type": "object", "required": "a"},
+    ],
+)
+def test_a_crd_schema_of_the_wrong_shape_is_a_decoding_error(api: ThreadedApiServer, spec_schema: Any) -> None:
+    crd = widget_crd()
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"] = spec_schema
+    code, status = post(api, CRDS, crd)
+    assert code == 400, status
+    assert status["message"].startswith(
+        'CustomResourceDefinition in version "v1" cannot be handled as a CustomResourceDefinition'
+    )
+    assert "spec.versions[0].schema.openAPIV3Schema.properties[spec]" in status["message"]

@@ -94,6 +94,8 @@ def validate_crd(crd: Obj) -> list[FieldError]:
     if errors:
         return errors
     schemas: list[Obj] = [s for s in found if isinstance(s, dict)]
+    for i, schema in enumerate(schemas):
+        check_shape(schema, f"spec.versions[{i}].schema.openAPIV3Schema")
     hoisted = len(versions) > 0 and all(s == schemas[0] for s in schemas)
     for i, (version, schema) in enumerate(zip(versions, schemas, strict=True)):
         if hoisted and i > 0:
@@ -102,6 +104,48 @@ def validate_crd(crd: Obj) -> list[FieldError]:
         status = "status" in (version.get("subresources") or {})
         errors.extend(validate_schema(schema, f"{base}.openAPIV3Schema", status_subresource=status))
     return errors
+
+
+_SCHEMA_MAPS = ("properties", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf")
+
+
+def check_shape(schema: Any, path: str) -> None:
+    """Raise TypeError where a schema node has the wrong JSON type: the real server cannot decode such a CRD
+    into its types and answers 400 before any rule is looked at."""
+    if not isinstance(schema, dict):
+        raise TypeError(f"{path}: a schema must be an object, not {type(schema).__name__}")
+    for name in _SCHEMA_MAPS:
+        children = schema.get(name)
+        if children is None:
+            continue
+        if not isinstance(children, dict):
+            raise TypeError(f"{path}.{name}: must be an object of schemas, not {type(children).__name__}")
+        for key_name, child in children.items():
+            check_shape(child, key(f"{path}.{name}", key_name))
+    for name in _SCHEMA_LISTS:
+        children = schema.get(name)
+        if children is None:
+            continue
+        if not isinstance(children, list):
+            raise TypeError(f"{path}.{name}: must be a list of schemas, not {type(children).__name__}")
+        for i, child in enumerate(children):
+            check_shape(child, f"{path}.{name}[{i}]")
+    for name in ("not", "additionalProperties", "items"):
+        child = schema.get(name)
+        if child is None or (name == "additionalProperties" and isinstance(child, bool)):
+            continue
+        if name == "items" and isinstance(child, list):
+            for i, item in enumerate(child):
+                check_shape(item, f"{path}.items[{i}]")
+            continue
+        check_shape(child, f"{path}.{name}")
+    if "type" in schema and not isinstance(schema["type"], str):
+        raise TypeError(f"{path}.type: must be a string, not {type(schema['type']).__name__}")
+    if "required" in schema and not (
+        isinstance(schema["required"], list) and all(isinstance(r, str) for r in schema["required"])
+    ):
+        raise TypeError(f"{path}.required: must be a list of strings")
 
 
 def validate_schema(schema: Obj, path: str, *, status_subresource: bool = False) -> list[FieldError]:
