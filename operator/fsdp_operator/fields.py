@@ -594,9 +594,12 @@ def _type_schema(hint: Any, meta: Meta, *, defaults: bool = True) -> dict[str, A
     if origin is dict:
         _, value_hint = get_args(hint)
         if value_hint == (int | str):
+            # A real API server allows types under anyOf only in exactly this int-or-string shape; bounds go
+            # beside it (numeric keywords apply to integers only), or the CRD is not structural.
             value_schema: dict[str, Any] = {
-                "anyOf": [{"type": "integer", **_bound_schema(meta, integer=True)}, {"type": "string"}],
+                "anyOf": [{"type": "integer"}, {"type": "string"}],
                 "x-kubernetes-int-or-string": True,
+                **_bound_schema(meta, integer=True),
             }
         else:
             value_meta = Meta(doc="", grammar=meta.values, max_length=meta.max_length)

@@ -158,3 +158,24 @@ def test_helm_binary_runs() -> None:
 
     version = subprocess.run([str(helm()), "version", "--short"], capture_output=True, text=True, timeout=30)
     assert version.returncode == 0 and version.stdout.startswith("v4."), version
+
+
+def test_kubectl_apply_of_a_non_structural_crd_prints_the_real_servers_refusal(
+    kubeconfig: Path, tmp_path: Path
+) -> None:
+    """What `kubectl apply -f crds/fsdptrainingjob.yaml` printed on a real v1.36 server before the overrides
+    node was fixed, and what it prints here now for that node; the CRD as generated today applies."""
+    crd = yaml.safe_load((REPO / "crds" / "fsdptrainingjob.yaml").read_text())
+    model = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["model"]
+    model["properties"]["overrides"]["additionalProperties"]["anyOf"][0]["minimum"] = -2147483648
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump(crd))
+    result = run_kubectl(kubeconfig, "apply", "-f", str(broken), check=False)
+    assert result.returncode != 0
+    assert 'The CustomResourceDefinition "fsdptrainingjobs.fsdp.dev" is invalid' in result.stderr
+    assert (
+        "spec.validation.openAPIV3Schema.properties[spec].properties[model].properties[overrides]"
+        ".additionalProperties.anyOf[0].type: Forbidden: must be empty to be structural" in result.stderr
+    )
+    applied = run_kubectl(kubeconfig, "apply", "-f", str(REPO / "crds" / "fsdptrainingjob.yaml"))
+    assert "created" in applied.stdout

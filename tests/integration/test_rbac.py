@@ -34,6 +34,9 @@ from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
 from test_operator import FAST, Script, manifest
 
+POD_SPEC = {"containers": [{"name": "c", "image": "i"}]}
+"""The least a real server accepts as a Pod's spec."""
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "fsdp-operator"
@@ -145,7 +148,7 @@ def test_the_emulator_refuses_what_rbac_does_not_allow() -> None:
                "subjects": [{"kind": "ServiceAccount", "name": "demo-fsdp-operator", "namespace": "ml"}]}  # fmt: skip
     api, access = secured_server([role, binding])
     try:
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "allowed"}, "spec": {"containers": []}}
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "allowed"}, "spec": POD_SPEC}
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         for name in ("allowed", "other"):
             created = requests.post(
@@ -216,7 +219,7 @@ def test_the_emulator_matches_rbacs_rules_for_wildcards_subresources_and_names()
     try:
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         for path, body in (
-            ("/api/v1/namespaces/team/pods", {"metadata": {"name": "p"}, "spec": {"containers": []}}),
+            ("/api/v1/namespaces/team/pods", {"metadata": {"name": "p"}, "spec": POD_SPEC}),
             ("/api/v1/namespaces/ml/secrets", {"metadata": {"name": "s"}}),
         ):
             assert requests.post(api.url + path, json=body, headers=admin, timeout=5).status_code == 201

@@ -3,8 +3,10 @@
 Level-triggered and task-free (an in-process kopf cancels tasks it did not see at startup): the test's
 world loop calls `sync()` every tick. For each RayCluster it writes the status KubeRay writes (desired
 and ready worker counts, `state: ready`, head service IP and dashboard endpoint), creates the head and
-worker pods, and registers the cluster's nodes with the `FakeRay` that plays Ray. Knobs make the
-workers slow, never ready, or unschedulable (Pending pods with the scheduler's FailedScheduling event).
+worker pods from the groups' templates (a pod the API server refuses is a `FailedToCreate*Pod` Warning event
+on the RayCluster, as KubeRay reports it), and registers the cluster's nodes with the `FakeRay` that plays
+Ray. Knobs make the workers slow, never ready, or unschedulable (Pending pods with the scheduler's
+FailedScheduling event).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import copy
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -34,7 +37,13 @@ class _Cluster:
     service_ip: str
     created: float
     pods: list[str] = field(default_factory=list)
+    failed: bool = False
+    """A pod create was refused: the cluster never gets ready (KubeRay retries; nothing changes)."""
     ready: bool = False
+
+
+class RefusedError(RuntimeError):
+    """The API server refused an object as invalid (422); the message is the server's."""
 
 
 def _now() -> str:
@@ -63,6 +72,8 @@ class FakeKubeRay:
         headers = {"Content-Type": content_type or "application/json"}
         async with self._session.request(method, self.api_url + path, json=body, headers=headers) as r:
             payload: Obj = await r.json(content_type=None) if r.content_length != 0 else {}
+            if r.status == 422:
+                raise RefusedError(str(payload.get("message")))
             if r.status >= 400 and r.status != 404:
                 raise RuntimeError(f"{method} {path}: {r.status} {payload.get('message')}")
             return payload
@@ -71,16 +82,25 @@ class FakeKubeRay:
         path = f"/apis/ray.io/v1/namespaces/{c.namespace}/rayclusters/{c.name}/status"
         await self._request("PATCH", path, {"status": status}, "application/merge-patch+json")
 
-    async def _pod(self, c: _Cluster, name: str, labels: dict[str, str], status: Obj) -> None:
+    async def _pod(
+        self, c: _Cluster, name: str, labels: dict[str, str], status: Obj, template: Obj | None = None
+    ) -> bool:
+        """Create the pod from its group's template (as KubeRay does) once, then write its status.
+
+        A create the API server refuses is what KubeRay reports as a Warning event on the RayCluster
+        (`FailedToCreateHeadPod` / `FailedToCreateWorkerPod`); the pod is then never there. False then."""
         base = f"/api/v1/namespaces/{c.namespace}/pods"
         if name not in c.pods:
+            template = template or {"spec": {"containers": [{"name": "ray", "image": "fake"}]}}
+            template_meta = template.get("metadata") or {}
             pod = {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {
                     "name": name,
                     "namespace": c.namespace,
-                    "labels": labels,
+                    "labels": {**(template_meta.get("labels") or {}), **labels},
+                    "annotations": dict(template_meta.get("annotations") or {}),
                     "ownerReferences": [
                         {
                             "apiVersion": "ray.io/v1",
@@ -91,11 +111,44 @@ class FakeKubeRay:
                         }
                     ],
                 },
-                "spec": {"containers": [{"name": "ray", "image": "fake"}]},
+                "spec": copy.deepcopy(template["spec"]),
             }
-            await self._request("POST", base, pod)
+            try:
+                await self._request("POST", base, pod)
+            except RefusedError as e:
+                c.failed = True
+                node_type = "head" if labels.get("ray.io/node-type") == "head" else "worker"
+                await self._cluster_event(
+                    c,
+                    f"FailedToCreate{node_type.capitalize()}Pod",
+                    f"Failed to create {node_type} Pod {c.namespace}/{name}, {e}",
+                )
+                return False
             c.pods.append(name)
         await self._request("PATCH", f"{base}/{name}/status", {"status": status}, "application/merge-patch+json")
+        return True
+
+    async def _cluster_event(self, c: _Cluster, reason: str, message: str) -> None:
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{c.name}.", "namespace": c.namespace},
+            "involvedObject": {
+                "kind": "RayCluster",
+                "name": c.name,
+                "namespace": c.namespace,
+                "apiVersion": "ray.io/v1",
+                "uid": c.uid,
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "raycluster-controller"},
+            "firstTimestamp": _now(),
+            "lastTimestamp": _now(),
+            "count": 1,
+        }
+        await self._request("POST", f"/api/v1/namespaces/{c.namespace}/events", event)
 
     @contextlib.asynccontextmanager
     async def running(self, tick: float = 0.03) -> AsyncIterator[None]:
@@ -132,7 +185,7 @@ class FakeKubeRay:
             cluster = self.clusters.get(meta["uid"])
             if cluster is None:
                 cluster = await self._adopt(rc)
-            waiting = not cluster.ready and not self.never_ready and not self.unschedulable
+            waiting = not cluster.ready and not cluster.failed and not self.never_ready and not self.unschedulable
             if waiting and time.monotonic() - cluster.created >= self.ready_delay:
                 await self._make_ready(cluster, rc)
 
@@ -165,7 +218,10 @@ class FakeKubeRay:
             },
         )
         labels = {"ray.io/cluster": cluster.name, **(meta.get("labels") or {})}
-        await self._pod(cluster, f"{cluster.name}-head", {**labels, "ray.io/node-type": "head"}, {"phase": "Running"})
+        head = rc["spec"]["headGroupSpec"].get("template")
+        await self._pod(
+            cluster, f"{cluster.name}-head", {**labels, "ray.io/node-type": "head"}, {"phase": "Running"}, head
+        )
         for i in range(replicas):
             name = f"{cluster.name}-{group['groupName']}-worker-{i:05d}"
             status: Obj = {"phase": "Pending"}
@@ -174,8 +230,10 @@ class FakeKubeRay:
                     {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
                      "message": self.unschedulable, "lastTransitionTime": _now()},
                 ]  # fmt: skip
-            await self._pod(cluster, name, {**labels, "ray.io/node-type": "worker"}, status)
-            if self.unschedulable:
+            created = await self._pod(
+                cluster, name, {**labels, "ray.io/node-type": "worker"}, status, group.get("template")
+            )
+            if self.unschedulable and created:
                 await self._failed_scheduling(cluster, name)
         return cluster
 

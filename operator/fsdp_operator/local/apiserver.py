@@ -12,12 +12,16 @@ Not reproduced (a real cluster differs here): admission webhooks and other admis
 of writes other than apply; protobuf responses; pagination (`limit` and
 `continue` are ignored: lists are complete); list/get at an older `resourceVersion` (always the latest);
 aggregated discovery and `/openapi/v2` (404, clients fall back); CRD version conversion (one stored
-object is served under every version) and defaulting, CEL rules and `x-kubernetes-*` validation beyond
-pruning; strategic merge beyond keyed lists of the common built-in fields; a watch with a selector does
-not turn an object leaving the selection into DELETED; Foreground deletion acts as Background; pods have
-no kubelet (a deleted pod goes at once, without a grace period); core and events.k8s.io events are kept
-apart; no controllers (Deployments, Services' endpoints, quotas) and no defaulting of built-in specs other
-than Deployments'.
+object is served under every version) and CEL rules; strategic merge beyond keyed lists of the common
+built-in fields; a watch with a selector does not turn an object leaving the selection into DELETED;
+Foreground deletion acts as Background; pods have no kubelet (a deleted pod goes at once, without a grace
+period); core and events.k8s.io events are kept apart; no controllers (Deployments, Services' endpoints,
+quotas) and no defaulting of built-in specs other than Deployments'.
+
+What a real server refuses, it refuses (docs/conformance.md lists each rule and its doc section): CRDs
+that are not structural or break the OpenAPI subset and `x-kubernetes-*` rules (`structural.py`); custom
+objects against their schema after defaulting and pruning (`validation.py`); Pods at creation
+(`podvalidation.py`); Deployments' strategy (`workloads.py`). Other built-in kinds are stored as sent.
 """
 
 from __future__ import annotations
@@ -41,11 +45,12 @@ from aiohttp import web
 
 from fsdp_operator.local import admission as admission_plugins
 from fsdp_operator.local import apply as server_side_apply
-from fsdp_operator.local import patching, protobuf, rbac, tables, validation, workloads
+from fsdp_operator.local import patching, podvalidation, protobuf, rbac, tables, validation, workloads
 from fsdp_operator.local.faults import FaultInjector
 from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType
 from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
-from fsdp_operator.local.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent
+from fsdp_operator.local.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent, invalid_fields
+from fsdp_operator.local.structural import FieldError
 
 KUBERNETES_VERSION = {
     "major": "1",
@@ -316,6 +321,13 @@ class ApiServer:
                 body = await _read_body(request)
                 response = _Response()
                 body = self._validate(rtype, version, body, query, request, response)
+                if rtype.key == ("", "pods"):
+                    # A Pod's spec is checked at creation (and is then mostly immutable); updates go unchecked.
+                    pod_errors = _decoded(rtype, version, podvalidation.validate_pod, body)
+                    if pod_errors:
+                        name = str((body.get("metadata") or {}).get("name") or "")
+                        raise invalid_fields(rtype, name, pod_errors)
+                    response.warnings.extend(podvalidation.pod_warnings(body))
                 self._admit(request, target, body, None)
                 created = self.store.create(rtype, body, namespace, dry_run=dry_run)
                 return response.json(self._served(created, rtype, version), status=201)
@@ -525,11 +537,12 @@ class ApiServer:
         request: web.Request,
         response: _Response,
     ) -> Obj:
-        """Prune unknown fields of custom resources and apply `fieldValidation` like the real server."""
+        """Default, prune unknown fields of and validate custom resources, with `fieldValidation`, like the real
+        server (defaults are pruned values, so defaulting first leaves the unknown fields to report the same)."""
         schema = rtype.schemas.get(version)
         if schema is None:
             return workloads.default_and_validate(rtype, body)
-        pruned, unknown = validation.prune(body, schema)
+        pruned, unknown = validation.prune(validation.default(body, schema), schema)
         name = str((body.get("metadata") or {}).get("name", ""))
         mode = query.get("fieldValidation", "Warn")  # the real server's default since v1.27
         if unknown and mode == "Strict":
@@ -859,6 +872,22 @@ def _current(store: Store, target: _Target) -> Obj | None:
         return store.get(target.rtype, target.name or "", target.namespace)
     except ApiError:
         return None
+
+
+def _decoded(
+    rtype: ResourceType, version: str, check: Callable[[Obj], list[FieldError]], body: Obj
+) -> list[FieldError]:
+    """Run a check that assumes the object's declared shape; a field of the wrong JSON type is the real
+    server's decoding error (400), not a crash."""
+    try:
+        return check(body)
+    except (AttributeError, TypeError, ValueError, KeyError) as e:
+        raise ApiError(
+            400,
+            "BadRequest",
+            f'{rtype.kind} in version "{version}" cannot be handled as a {rtype.kind}: a field has the wrong type '
+            f"({type(e).__name__}: {e})",
+        ) from e
 
 
 def _json_response(body: Any, status: int = 200) -> web.Response:

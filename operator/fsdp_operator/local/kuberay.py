@@ -2,8 +2,10 @@
 
 It watches RayClusters over the Kubernetes API (HTTP, like the real controller), starts a head
 (`ray start --head --num-cpus=0`, dashboard on loopback) and one Ray node per worker replica, each
-with its own 127.0.0.N address and temp dir, creates the matching Pod objects, and writes the
-RayCluster status the way KubeRay does. Deleting the RayCluster stops its processes, by process group.
+with its own 127.0.0.N address and temp dir, creates the matching Pod objects from the groups' templates
+(a pod the API server refuses is a `FailedToCreate*Pod` Warning event on the RayCluster, and no process
+starts), and writes the RayCluster status the way KubeRay does. Deleting the RayCluster stops its
+processes, by process group.
 
 Environment variables come from the container spec as a kubelet would fill them: plain values, the
 downward API fields the operator uses, and `secretKeyRef`s read from the API server (Ray's auth token
@@ -208,21 +210,62 @@ class LocalKubeRay:
         with contextlib.suppress(RuntimeError):  # the cluster may be gone already
             await self._request("PATCH", path, {"status": status}, "application/merge-patch+json")
 
-    async def _put_pod(self, cluster: LocalCluster, name: str, labels: dict[str, str], ip: str, ready: bool) -> None:
-        base = f"/api/v1/namespaces/{cluster.namespace}/pods"
-        pod = {
+    @staticmethod
+    def _pod(cluster: LocalCluster, name: str, labels: dict[str, str], template: Obj) -> Obj:
+        """The Pod KubeRay makes of a group's template: its spec, its labels under KubeRay's own."""
+        template_meta = template.get("metadata") or {}
+        return {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
                 "name": name,
                 "namespace": cluster.namespace,
-                "labels": labels,
+                "labels": {**(template_meta.get("labels") or {}), **labels},
+                "annotations": dict(template_meta.get("annotations") or {}),
                 "ownerReferences": [
                     {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": cluster.name, "uid": cluster.uid}
                 ],
             },
-            "spec": {"nodeName": f"local-{ip}", "containers": [{"name": "ray", "image": "local"}]},
+            "spec": dict(template.get("spec") or {}),
         }
+
+    async def _refused_pods(self, cluster: LocalCluster, pods: list[tuple[str, Obj]]) -> bool:
+        """Ask the API server (dry run) whether it takes each pod, before any process starts. One it refuses is
+        what KubeRay reports as a `FailedToCreate{Head,Worker}Pod` Warning event on the RayCluster; the cluster
+        then never gets its pods (KubeRay retries, the answer does not change)."""
+        base = f"/api/v1/namespaces/{cluster.namespace}/pods"
+        headers = {"Content-Type": "application/json"}
+        for node_type, pod in pods:
+            async with self.session.post(f"{self.api_url}{base}?dryRun=All", json=pod, headers=headers) as response:
+                if response.status != 422:
+                    continue
+                message = (await response.json(content_type=None)).get("message", "")
+            event = {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"generateName": f"{cluster.name}.", "namespace": cluster.namespace},
+                "involvedObject": {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": cluster.name,
+                                   "namespace": cluster.namespace, "uid": cluster.uid},
+                "reason": f"FailedToCreate{node_type.capitalize()}Pod",
+                "message": f"Failed to create {node_type} Pod {cluster.namespace}/{pod['metadata']['name']}, {message}",
+                "type": "Warning",
+                "source": {"component": "raycluster-controller"},
+                "firstTimestamp": now_rfc3339(),
+                "lastTimestamp": now_rfc3339(),
+                "count": 1,
+            }  # fmt: skip
+            with contextlib.suppress(RuntimeError):
+                await self._request("POST", f"/api/v1/namespaces/{cluster.namespace}/events", event)
+            log.error("RayCluster %s: the API server refused its %s pod: %s", cluster.name, node_type, message)
+            return True
+        return False
+
+    async def _put_pod(
+        self, cluster: LocalCluster, name: str, labels: dict[str, str], ip: str, ready: bool, template: Obj
+    ) -> None:
+        base = f"/api/v1/namespaces/{cluster.namespace}/pods"
+        pod = self._pod(cluster, name, labels, template)
+        pod["spec"]["nodeName"] = f"local-{ip}"
         await self._request("POST", base, pod)
         phase = "Running" if ready else "Pending"
         condition = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now_rfc3339()}
@@ -365,6 +408,13 @@ class LocalKubeRay:
         )  # fmt: skip
 
         head_name = f"{cluster.name}-head-{cluster.uid[:5] or 'local'}"
+        head_labels = {**base_labels, "ray.io/node-type": "head"}
+        labels = {**base_labels, "ray.io/node-type": "worker", "ray.io/group": group["groupName"]}
+        worker_names = [f"{cluster.name}-{group['groupName']}-worker-{i:05d}"[-63:] for i in range(replicas)]
+        planned = [("head", self._pod(cluster, head_name, head_labels, head_group["template"]))]
+        planned += [("worker", self._pod(cluster, name, labels, group["template"])) for name in worker_names[:1]]
+        if await self._refused_pods(cluster, planned):
+            return
         head_container = head_group["template"]["spec"]["containers"][0]
         worker_container = group["template"]["spec"]["containers"][0]
         secrets = await self._secrets(cluster.namespace, [head_container, worker_container])
@@ -386,13 +436,13 @@ class LocalKubeRay:
             ],
             head_env,
         )
-        await self._put_pod(cluster, head_name, {**base_labels, "ray.io/node-type": "head"}, head.ip, ready=False)
+        await self._put_pod(cluster, head_name, head_labels, head.ip, ready=False, template=head_group["template"])
         head_up = await self._wait_for(cluster, {head.ip}, time.monotonic() + 90)
         if not head_up:
             log.error("Ray head of %s did not start; see %s", cluster.name, head.log_path)
             await self._patch_status(cluster, {"state": "failed", "reason": f"head did not start, see {head.log_path}"})
             return
-        await self._put_pod(cluster, head_name, {**base_labels, "ray.io/node-type": "head"}, head.ip, ready=True)
+        await self._put_pod(cluster, head_name, head_labels, head.ip, ready=True, template=head_group["template"])
         head_status = {"podIP": head.ip, "serviceIP": "127.0.0.1", "podName": head_name,
                        "serviceName": f"{cluster.name}-head-svc"}  # fmt: skip
         endpoints = {"dashboard": str(cluster.dashboard_port), "gcs-server": str(cluster.gcs_port)}
@@ -400,8 +450,7 @@ class LocalKubeRay:
 
         cpus = _cpus(worker_container, 1)
         workers: list[RayNode] = []
-        for i in range(replicas):
-            pod_name = f"{cluster.name}-{group['groupName']}-worker-{i:05d}"[-63:]
+        for i, pod_name in enumerate(worker_names):
             env = _container_env(worker_container, pod_name, f"local-worker-{i}", secrets)
             worker = await self._start_node(
                 cluster,
@@ -410,13 +459,12 @@ class LocalKubeRay:
                 env,
             )
             workers.append(worker)
-        labels = {**base_labels, "ray.io/node-type": "worker", "ray.io/group": group["groupName"]}
         for worker in workers:
-            await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=False)
+            await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=False, template=group["template"])
         alive = await self._wait_for(cluster, {w.ip for w in workers}, time.monotonic() + 120)
         for worker in workers:
             if worker.ip in alive:
-                await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=True)
+                await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=True, template=group["template"])
         ready = len(alive)
         state = {"state": "ready"} if ready == replicas else {}
         conditions = [

@@ -13,10 +13,11 @@ import re
 import threading
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from fsdp_operator.local import structural
 from fsdp_operator.local.patching import merge_patch
 from fsdp_operator.local.resources import InvalidDefinition, Obj, ResourceType, builtin_types, type_from_crd
 
@@ -74,6 +75,26 @@ def invalid(rtype: ResourceType, name: str, message: str, field_path: str = "") 
         f'{rtype.kind}.{rtype.group or "core"} "{name}" is invalid: {message}'.replace(".core ", " "),
         details={"name": name, "group": rtype.group, "kind": rtype.kind},
         causes=[{"reason": "FieldValueInvalid", "message": message, "field": field_path}],
+    )
+
+
+def invalid_fields(rtype: ResourceType, name: str, errors: Sequence[structural.FieldError]) -> ApiError:
+    """A 422 naming every field error, printed as the real server prints an aggregate (brackets for several)."""
+    listed = [str(e) for e in errors]
+    summary = listed[0] if len(listed) == 1 else f"[{', '.join(listed)}]"
+    return ApiError(
+        422,
+        "Invalid",
+        f'{rtype.kind}.{rtype.group or "core"} "{name}" is invalid: {summary}'.replace(".core ", " "),
+        details={"name": name, "group": rtype.group, "kind": rtype.kind},
+        causes=[
+            {
+                "reason": f"FieldValue{e.kind.replace('Unsupported', 'NotSupported')}",
+                "message": str(e)[len(e.path) + 2 :],
+                "field": e.path,
+            }
+            for e in errors
+        ],
     )
 
 
@@ -517,11 +538,23 @@ class Store:
             obj["status"] = {"loadBalancer": {}}
 
     def _crd_type(self, crd: Obj) -> ResourceType:
+        crds = self.types[("apiextensions.k8s.io", "customresourcedefinitions")]
+        name = str(crd.get("metadata", {}).get("name", ""))
         try:
             new_type = type_from_crd(crd)
         except InvalidDefinition as e:
-            crds = self.types[("apiextensions.k8s.io", "customresourcedefinitions")]
-            raise invalid(crds, str(crd.get("metadata", {}).get("name", "")), str(e)) from e
+            raise invalid(crds, name, str(e)) from e
+        try:
+            schema_errors = structural.validate_crd(crd)
+        except (AttributeError, TypeError, ValueError, KeyError) as e:
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'CustomResourceDefinition in version "v1" cannot be handled as a CustomResourceDefinition: a '
+                f"schema field has the wrong type ({type(e).__name__}: {e})",
+            ) from e
+        if schema_errors:
+            raise invalid_fields(crds, name, schema_errors)
         existing = self.types.get(new_type.key)
         if existing is not None and existing.builtin:
             raise invalid(

@@ -1,4 +1,8 @@
-"""Structural-schema pruning and validation of custom resources, as the real API server applies them."""
+"""Structural-schema pruning, defaulting and validation of custom resources, as the real API server applies them.
+
+Docs: "Extend the Kubernetes API with CustomResourceDefinitions", sections "Field pruning", "Defaulting"
+("Defaulting and Nullable") and "Validation".
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,54 @@ def prune(obj: Obj, schema: Obj) -> tuple[Obj, list[str]]:
     unknown: list[str] = []
     pruned = _prune(copy.deepcopy(obj), schema, "", unknown, root=True)
     return pruned, unknown
+
+
+def prune_value(value: Any, schema: Obj, *, embedded: bool = False) -> tuple[Any, list[str]]:
+    """Prune a bare value (a schema default) under its own schema; `embedded` keeps apiVersion/kind/metadata."""
+    unknown: list[str] = []
+    return _prune(copy.deepcopy(value), schema, "", unknown, root=embedded), unknown
+
+
+def default(obj: Obj, schema: Obj) -> Obj:
+    """The object with the schema's defaults applied, as the real server applies them to each request.
+
+    A default is set where its field is absent, or null without `nullable: true`; nested defaults only under
+    a parent object that exists (or was itself defaulted). Nulls of non-nullable fields without a default
+    are dropped ("Defaulting and Nullable")."""
+    result = copy.deepcopy(obj)
+    _default(result, schema)
+    return result
+
+
+def _default(value: Any, schema: Any) -> None:
+    if not isinstance(schema, dict):
+        return
+    if isinstance(value, dict):
+        properties = schema.get("properties") or {}
+        for key, child in properties.items():
+            if not isinstance(child, dict):
+                continue
+            if key in value and value[key] is None and not child.get("nullable"):
+                del value[key]
+            if key not in value and "default" in child:
+                value[key] = copy.deepcopy(child["default"])
+        additional = schema.get("additionalProperties")
+        for key in list(value):
+            if key in properties:
+                _default(value[key], properties[key])
+            elif isinstance(additional, dict):
+                if value[key] is None and not additional.get("nullable"):
+                    if "default" not in additional:
+                        del value[key]
+                        continue
+                    value[key] = copy.deepcopy(additional["default"])
+                _default(value[key], additional)
+    elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+        items = schema["items"]
+        for i, item in enumerate(value):
+            if item is None and not items.get("nullable") and "default" in items:
+                value[i] = copy.deepcopy(items["default"])
+            _default(value[i], items)
 
 
 def _prune(value: Any, schema: Obj, path: str, unknown: list[str], *, root: bool = False) -> Any:
@@ -93,7 +145,15 @@ def _validator(schema: Obj) -> jsonschema.protocols.Validator:
 
 def validate(obj: Obj, schema: Obj) -> list[tuple[str, str]]:
     """Schema violations as (field path, message); empty when the object is valid."""
-    validator = _validator(schema)
+    return _errors(_validator(schema), obj)
+
+
+def validate_value(value: Any, schema: Obj) -> list[tuple[str, str]]:
+    """Violations of a bare value (a schema default) against its own schema, paths relative to it ("")."""
+    return [("" if path == "<root>" else path, message) for path, message in validate(value, schema)]
+
+
+def _errors(validator: jsonschema.protocols.Validator, obj: Any) -> list[tuple[str, str]]:
     errors = []
     for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
         path = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in error.absolute_path).replace(".[", "[")
