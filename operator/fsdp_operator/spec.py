@@ -795,7 +795,7 @@ class ObjectMeta:
         "Annotations.",
         factory=dict,
         keys=formats.QUALIFIED_NAME,
-        values=formats.TEXT,
+        values=formats.ANNOTATION_TEXT,
         secret=True,
         max_length=ANNOTATIONS_MAX_BYTES,
     )
