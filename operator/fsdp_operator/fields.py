@@ -593,6 +593,8 @@ def _type_schema(hint: Any, meta: Meta, *, defaults: bool = True) -> dict[str, A
         if meta.grammar is not None and meta.grammar.pattern:
             schema["pattern"] = meta.grammar.pattern
         return schema
+    if hint is Any:  # checked by the rules of its declaration (model.overrides: model_configs)
+        return {"x-kubernetes-preserve-unknown-fields": True}
     origin = get_origin(hint)
     if origin is list:
         (item_hint,) = get_args(hint)
@@ -699,6 +701,8 @@ def _type_words(hint: Any, meta: Meta) -> str:
             else _type_words(value_hint, Meta(doc="", grammar=meta.values))
         )
         return f"map of {keys} to {values}"
+    if hint is Any:
+        return "value"
     return str(hint)
 
 

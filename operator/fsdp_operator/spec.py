@@ -35,7 +35,7 @@ from typing import Any, Literal
 from fsdp_train import catalog
 from fsdp_train.config import ConfigError, TrainConfig
 
-from fsdp_operator import fields, formats, schema
+from fsdp_operator import fields, formats, model_configs, schema
 from fsdp_operator.fields import Problems, Quantity, show, show_key
 from fsdp_operator.fields import field as declare
 from fsdp_operator.formats import parse_quantity
@@ -236,15 +236,20 @@ class Model:
         default="pretrained",
         train="model_init",
     )
-    overrides: dict[str, int | str] = declare(
-        "Model config overrides (Hugging Face config keys), e.g. a tiny model for a CPU run.",
+    overrides: dict[str, Any] = declare(
+        "Model config overrides, e.g. a tiny model for a CPU run: only the config fields of the model's family, "
+        "in their types (the table in docs/api.md, 'Model config overrides').",
         factory=dict,
         keys=formats.CONFIG_KEY,
         max_items=64,
-        minimum=-INT32_MAX - 1,
-        maximum=INT32_MAX,
         train="model_overrides",
     )
+
+    @staticmethod
+    def _rules(v: dict[str, Any], path: str, problems: Problems) -> None:
+        # The overrides become keyword arguments of the Hugging Face config: anything else there is a loader
+        # option (trust_remote_code, token) or an attribute, so only the family's typed config fields pass.
+        v["overrides"] = model_configs.check_overrides(v["name"], v["overrides"], f"{path}.overrides", problems)
 
 
 _NODE_SELECTOR = {"keys": formats.QUALIFIED_NAME, "values": formats.LABEL_VALUE, "max_items": 64}

@@ -44,7 +44,13 @@ CASES: list[tuple[str, str, str | bytes, int, str]] = [
     ("shape-env-map", "shape", spec("{network: {env: {A: b}}}"), 1, "spec.network.env: expected array, got object"),
     ("shape-pip-string", "shape", spec("{runtimeEnv: {pip: pandas}}"), 1, "spec.runtimeEnv.pip: expected array"),
     ("shape-envvars-list", "shape", spec("{runtimeEnv: {envVars: [A]}}"), 1, "spec.runtimeEnv.envVars: expected obj"),
-    ("shape-overrides-float", "shape", spec("{model: {overrides: {x: 1.5}}}"), 1, "spec.model.overrides.x: expected"),
+    (
+        "shape-overrides-float",
+        "shape",
+        spec("{model: {overrides: {num_hidden_layers: 1.5}}}"),
+        1,
+        "spec.model.overrides.num_hidden_layers: expected integer, got number 1.5",
+    ),
     ("shape-bool-string", "shape", spec("{training: {compile: 'yes'}}"), 1, "spec.training.compile: expected boolean"),
     ("shape-int-key", "shape", spec("{1: 2}"), 1, "spec.1: unknown field"),
     ("shape-null-key", "shape", spec("{~: 2}"), 2, "has no JSON form"),
@@ -191,9 +197,9 @@ CASES: list[tuple[str, str, str | bytes, int, str]] = [
     (
         "int-overrides-huge",
         "bounds",
-        spec("{model: {overrides: {layers: 4294967296}}}"),
+        spec("{model: {overrides: {num_hidden_layers: 4294967296}}}"),
         1,
-        "spec.model.overrides.layers",
+        "spec.model.overrides.num_hidden_layers: must be at most 2147483647",
     ),
     (
         "int-gpus-17",
@@ -769,6 +775,49 @@ CASES: list[tuple[str, str, str | bytes, int, str]] = [
         spec("{training: {compileCacheDir: '/cache/../../etc'}}"),
         1,
         "spec.training.compileCacheDir: '/cache/../../etc' must not contain '..' segments",
+    ),
+    # --- model.overrides: only the config fields of the model's family, in their types ---
+    (
+        "overrides-trust-remote-code",
+        "train-config",
+        spec("{model: {overrides: {trust_remote_code: 1}}}"),
+        1,
+        "spec.model.overrides.trust_remote_code: not a config field of Qwen2Config",
+    ),
+    (
+        "overrides-token",
+        "credentials",
+        spec("{model: {overrides: {token: hf_s3cr3t}}}"),
+        1,
+        "spec.model.overrides.token: not a config field of Qwen2Config",
+    ),
+    (
+        "overrides-unused-kwargs",
+        "train-config",
+        spec("{model: {overrides: {return_unused_kwargs: 1}}}"),
+        1,
+        "spec.model.overrides.return_unused_kwargs: not a config field",
+    ),
+    (
+        "overrides-dunder",
+        "train-config",
+        spec("{model: {overrides: {__class__: x}}}"),
+        1,
+        "spec.model.overrides.__class__: not a config field",
+    ),
+    (
+        "overrides-string-int",
+        "train-config",
+        spec("{model: {overrides: {num_hidden_layers: '2'}}}"),
+        1,
+        "spec.model.overrides.num_hidden_layers: expected integer, got string '2'",
+    ),
+    (
+        "overrides-negative-vocab",
+        "train-config",
+        spec("{model: {overrides: {vocab_size: -5}}}"),
+        1,
+        "spec.model.overrides.vocab_size: must be at least 1, got -5",
     ),
     # --- NUL, control and format characters (Unicode Cf) wherever a string goes ---
     (
