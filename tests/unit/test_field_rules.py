@@ -147,7 +147,11 @@ def test_toleration_rules_as_kubernetes_has_them() -> None:
     assert tolerations({"value": "x"}) == [
         f"{path}.operator: must be Exists when key is empty (that tolerates every taint)"
     ]
-    assert tolerations({"operator": "Exists"}) == []
+    # Kubernetes takes it (it tolerates every taint); a job may not, as it tolerates control-plane taints too.
+    assert tolerations({"operator": "Exists"}) == [
+        f"{path}: an empty key with operator Exists tolerates every taint, the control-plane taints included; "
+        "name the taints to tolerate"
+    ]
     assert tolerations({"key": "k", "value": "v"}) == []
     assert tolerations({"key": "k", "operator": "Exists", "value": "v"}) == [
         f"{path}.value: must be empty when operator is Exists"
