@@ -16,7 +16,8 @@ boolean and ``2001-01-01`` a string. Here:
 - a stream holds at most `MAX_DOCUMENTS` documents, counted as the parser reaches them;
 - a stream that starts with ``{`` is JSON, as kubectl's YAMLOrJSONDecoder decides: JSON's escapes, the
   surrogate pairs Python's ``json.dumps`` writes for characters beyond U+FFFF included, which YAML's
-  ``\\u`` escapes cannot spell; the same bounds and duplicate-key rule apply.
+  ``\\u`` escapes cannot spell; the same bounds and duplicate-key rule apply (a YAML flow mapping that
+  is not JSON is read as YAML).
 """
 
 from __future__ import annotations
@@ -67,8 +68,8 @@ def decode(data: bytes) -> str:
 
 def load_all(text: str) -> list[Any]:
     """Every document of a YAML stream, as the JSON objects Kubernetes would decode them into."""
-    if text.lstrip(" \t\r\n").startswith("{"):
-        return _load_json_stream(text)
+    if text.lstrip(" \t\r\n").startswith("{") and (documents := _load_json_stream(text)) is not None:
+        return documents
     try:
         _check_bounds(text)
         return list(yaml.load_all(text, Loader=_Loader))
@@ -84,8 +85,12 @@ def load_all(text: str) -> list[Any]:
         raise ManifestError(f"not valid YAML: {_first_line(str(e))}") from e
 
 
-def _load_json_stream(text: str) -> list[Any]:
-    """The JSON objects of a stream (kubectl's decoder takes one after another), under the YAML bounds."""
+def _load_json_stream(text: str) -> list[Any] | None:
+    """The JSON objects of a stream (kubectl's decoder takes one after another), under the YAML bounds.
+
+    None when the first object is not JSON at all: a YAML flow mapping (``{apiVersion: v1, ...}``) starts
+    with ``{`` too, and is read as YAML (kubectl would refuse it; nothing is gained by doing the same).
+    """
     decoder = json.JSONDecoder(object_pairs_hook=_json_object, parse_constant=_json_constant)
     documents: list[Any] = []
     at = _skip_space(text, 0)
@@ -96,6 +101,8 @@ def _load_json_stream(text: str) -> list[Any]:
         try:
             document, at = decoder.raw_decode(text, at)
         except json.JSONDecodeError as e:
+            if not documents:
+                return None
             raise ManifestError(f"not valid JSON: line {e.lineno}, column {e.colno}: {e.msg}") from e
         except RecursionError as e:
             raise ManifestError(f"nested deeper than {MAX_DEPTH} levels; no manifest needs that") from e

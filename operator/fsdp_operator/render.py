@@ -1,7 +1,8 @@
 """Pure builders: the RayCluster manifest and the Ray job submission for a job. No I/O here.
 
 Every pod-level decision of the reference setup (EFA request, NCCL environment, Guaranteed QoS,
-/dev/shm, ray stop on preStop) is made in this one module, from the typed spec.
+/dev/shm, ray stop on preStop) and of locking the pods down (security contexts, the ServiceAccount token,
+the NetworkPolicy; docs/security.md) is made in this one module, from the typed spec.
 """
 
 from __future__ import annotations

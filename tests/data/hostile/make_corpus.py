@@ -995,6 +995,13 @@ CASES: list[tuple[str, str, str | bytes, int, str]] = [
         0,
         "",
     ),
+    (
+        "ok-yaml-flow-mapping",
+        "accepted",
+        "{apiVersion: fsdp.dev/v1alpha1, kind: FSDPTrainingJob, metadata: {name: j}, spec: {}}\n",
+        0,
+        "",
+    ),
     ("ok-merge-sign-as-value", "accepted", meta("{name: j, annotations: {note: <<, list: '[<<]'}}"), 0, ""),
     ("ok-merge-sign-in-list", "accepted", spec("{runtimeEnv: {envVars: {A: <<}}}"), 0, ""),
     (
