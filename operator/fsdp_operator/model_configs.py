@@ -190,6 +190,29 @@ def _num(bound: float) -> str:
     return str(int(bound)) if float(bound).is_integer() else repr(bound)
 
 
+def openapi_properties() -> dict[str, dict[str, Any]]:
+    """The CRD schema of every field some family has (a field two families share is declared alike)."""
+    properties: dict[str, dict[str, Any]] = {}
+    for fields_ in FAMILIES.values():
+        for name, declared in sorted(fields_.items()):
+            families = ", ".join(f for f, other in FAMILIES.items() if name in other)
+            schema: dict[str, Any] = {
+                "type": {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}[declared.type],
+                "description": f"The model config's {name} ({families}).",
+            }
+            if declared.choices:
+                schema["enum"] = list(declared.choices)
+            if declared.minimum is not None:
+                schema["minimum"] = int(declared.minimum) if declared.type == "int" else declared.minimum
+                if declared.exclusive_minimum:
+                    schema["exclusiveMinimum"] = True
+            if declared.maximum is not None:
+                schema["maximum"] = int(declared.maximum) if declared.type == "int" else declared.maximum
+            if properties.setdefault(name, schema) != schema:
+                raise ValueError(f"model config field {name} is declared differently in two families")
+    return dict(sorted(properties.items()))
+
+
 def reference_rows() -> list[tuple[str, str, str]]:
     """(field, type and range, families) for the field reference (docs/api.md)."""
     rows = []

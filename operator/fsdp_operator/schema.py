@@ -29,9 +29,15 @@ Schema = dict[str, Any]
 def spec_schema() -> Schema:
     """The OpenAPI schema of `spec`, generated from the declarations in spec.py."""
     # Imported here: spec.py reads this module's names (group, kind, defaults) at import time.
-    from fsdp_operator import fields, spec
+    from fsdp_operator import fields, model_configs, spec
 
-    return fields.openapi(spec.Spec, spec.Spec.__doc__ or "")
+    generated = fields.openapi(spec.Spec, spec.Spec.__doc__ or "")
+    overrides = generated["properties"]["model"]["properties"]["overrides"]
+    # Typed per config field, so the API server refuses `num_hidden_layers: "2"` and prunes (or, with strict
+    # field validation, refuses) `trust_remote_code`; the family check is the operator's (model_configs).
+    overrides.pop("additionalProperties")
+    overrides["properties"] = model_configs.openapi_properties()
+    return generated
 
 
 MESSAGE_LIMIT = 2048

@@ -117,3 +117,24 @@ def test_the_reported_overrides_are_refused_with_the_field_path(overrides: dict[
         _job(overrides)
     assert str(refused.value).splitlines()[-1].strip().startswith(problem) or problem in str(refused.value)
     assert "s3cr3t" not in str(refused.value)
+
+
+def test_the_crd_types_the_overrides_too() -> None:
+    """The API server (the emulated one applies the CRD's schema and prunes as a real one) refuses a wrong type
+    or an impossible value before the operator sees it, and drops what is not a config field of any family."""
+    from fsdp_operator import schema
+    from fsdp_operator.local import validation
+
+    crd = schema.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+    def stored(overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
+        obj = {"spec": {"model": {"overrides": overrides}}}
+        pruned, unknown = validation.prune(obj, crd)
+        return pruned["spec"]["model"]["overrides"], unknown, validation.validate(pruned, crd)
+
+    assert stored({"num_hidden_layers": 2, "rms_norm_eps": 1e-6, "tie_word_embeddings": False})[1:] == ([], [])
+    assert stored({"num_hidden_layers": "2"})[2]
+    assert stored({"vocab_size": -5})[2]
+    assert stored({"hidden_act": "evil"})[2]
+    kept, unknown, errors = stored({"trust_remote_code": 1, "hidden_size": 64})
+    assert kept == {"hidden_size": 64} and unknown == ["spec.model.overrides.trust_remote_code"] and not errors
