@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import math
 import re
 from typing import Any
 
@@ -138,7 +139,7 @@ def _json_constant(name: str) -> Any:
 
 
 def _check_json_value(document: Any) -> None:
-    """Depth and node count as for YAML; no lone surrogate (``\\ud800`` alone has no UTF-8 form)."""
+    """Depth and node count as for YAML; no lone surrogate (``\\ud800`` alone has no UTF-8 form), no infinity."""
     stack: list[tuple[Any, int]] = [(document, 1)]
     nodes = 0
     while stack:
@@ -156,6 +157,8 @@ def _check_json_value(document: Any) -> None:
             stack.extend((item, depth + 1) for item in value)
         elif isinstance(value, str):
             _no_lone_surrogate(value)
+        elif isinstance(value, float) and not math.isfinite(value):  # 1e400: Go's decoder refuses it too
+            raise ManifestError("not valid JSON: a number out of range")
 
 
 def _no_lone_surrogate(text: str) -> None:

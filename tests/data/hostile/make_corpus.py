@@ -926,6 +926,13 @@ CASES: list[tuple[str, str, str | bytes, int, str]] = [
         2,
         "duplicate key 'apiVersion'",
     ),
+    (
+        "char-json-huge-number",
+        "nan-inf",
+        '{"apiVersion": "fsdp.dev/v1alpha1", "spec": {"training": {"learningRate": 1e400}}}',
+        2,
+        "a number out of range",
+    ),
     ("yaml-many-documents", "yaml", "---\n" * 5000, 2, "holds more than 100 documents"),
     ("yaml-many-json-documents", "yaml", "{}\n" * 5000, 2, "holds more than 100 documents"),
     (
