@@ -67,7 +67,7 @@ def test_the_activations_are_transformers_activations() -> None:
 
 
 def test_the_loader_options_are_not_config_fields() -> None:
-    """The keys the issue was about: none is a field, so none passes."""
+    """Loader options and attributes that reached AutoConfig.from_pretrained: none is a field, so none passes."""
     for family in model_configs.FAMILIES:
         own = _own_parameters(getattr(transformers, model_configs.CONFIG_CLASSES[family]))
         for key in ("trust_remote_code", "token", "return_unused_kwargs", "revision", "__class__"):
