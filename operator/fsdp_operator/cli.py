@@ -30,6 +30,8 @@ def load_manifest(path: str) -> Any:
     limit = manifest_yaml.MAX_REQUEST_BYTES + 1  # never read more than can be refused
     try:
         if path == "-":
+            if sys.stdin is None:  # started with standard input closed (`<&-`): Python sets it to None
+                raise InputError("-: standard input is closed; give a file, or pipe the manifest in")
             stdin = getattr(sys.stdin, "buffer", None)  # a text-only stdin (a test's StringIO) has no buffer
             data = stdin.read(limit) if stdin is not None else sys.stdin.read(limit).encode()
         else:
@@ -37,6 +39,8 @@ def load_manifest(path: str) -> Any:
                 data = f.read(limit)
     except OSError as e:
         raise InputError(f"{path}: cannot read: {e.strerror or e}") from e
+    except ValueError as e:  # a standard input closed inside this process: "I/O operation on closed file"
+        raise InputError(f"{path}: cannot read: {e}") from e
     try:
         docs = [doc for doc in manifest_yaml.load_all(manifest_yaml.decode(data)) if doc is not None]
     except manifest_yaml.ManifestError as e:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NewType, Union, get_args, get_origin, get_type_hints
 
+from fsdp_operator import formats
 from fsdp_operator.formats import Grammar
 
 Quantity = NewType("Quantity", str)
@@ -394,6 +395,9 @@ def _string(hint: Any, meta: Meta, value: str, path: str, problems: Problems, se
     if len(value) > limit:
         problems.append(f"{path}: longer than {limit} characters")
         return BAD
+    if (hidden := _hidden_character(meta.grammar, value)) is not None:
+        problems.append(f"{path}: {hidden}")
+        return BAD
     if meta.grammar is not None:
         try:
             reason = meta.grammar.check(value)
@@ -403,6 +407,11 @@ def _string(hint: Any, meta: Meta, value: str, path: str, problems: Problems, se
             problems.append(f"{path}: {show(value, secret=secret)} {reason}")
             return BAD
     return value
+
+
+def _hidden_character(grammar: Grammar | None, value: str) -> str | None:
+    """NUL, control and format characters (formats.hidden_character), checked for every string of a manifest."""
+    return formats.hidden_character(value, format_characters=grammar is not None and grammar.format_characters)
 
 
 def _max_length(meta: Meta) -> int:
@@ -463,6 +472,9 @@ def _map(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> An
             problems.append(f"{path}: keys must be strings, got {type_name(key)} {show(key)}")
             continue
         sub = f"{path}.{show_key(key)}"
+        if (hidden := _hidden_character(None, key)) is not None:
+            problems.append(f"{path}: a key {hidden}")
+            continue
         if meta.keys is not None:
             if len(key) > meta.keys.max_length:
                 problems.append(f"{path}: a key is longer than {meta.keys.max_length} characters")
@@ -478,6 +490,8 @@ def _map(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> An
                 _bounds(meta, item, sub, problems)
             elif len(item) > _max_length(value_meta):
                 problems.append(f"{sub}: longer than {_max_length(value_meta)} characters")
+            elif (hidden := _hidden_character(None, item)) is not None:
+                problems.append(f"{sub}: {hidden}")
             result[key] = item
         else:
             result[key] = _value(_unwrap_optional(value_hint), value_meta, item, sub, problems)
@@ -579,6 +593,8 @@ def _type_schema(hint: Any, meta: Meta, *, defaults: bool = True) -> dict[str, A
         if meta.grammar is not None and meta.grammar.pattern:
             schema["pattern"] = meta.grammar.pattern
         return schema
+    if hint is Any:  # checked by the rules of its declaration (model.overrides: model_configs)
+        return {"x-kubernetes-preserve-unknown-fields": True}
     origin = get_origin(hint)
     if origin is list:
         (item_hint,) = get_args(hint)
@@ -688,6 +704,8 @@ def _type_words(hint: Any, meta: Meta) -> str:
             else _type_words(value_hint, Meta(doc="", grammar=meta.values))
         )
         return f"map of {keys} to {values}"
+    if hint is Any:
+        return "value"
     return str(hint)
 
 

@@ -12,6 +12,7 @@ the API server does: the Kubernetes client's own `kubernetes.utils.parse_quantit
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
@@ -28,6 +29,68 @@ class Grammar:
     check: Callable[[str], str | None]
     max_length: int
     pattern: str | None = None
+    format_characters: bool = False
+    """Values may hold Unicode format characters (they reach no container, URI, path, name or message)."""
+
+
+# --- characters no string of a manifest may carry --------------------------------------------------------
+
+
+# NUL ends a C string early (an environment value, an argv entry, a path); control characters other than
+# tab and line breaks, lone surrogates (no UTF-8 form), and format characters (Unicode category Cf: soft
+# hyphen, bidirectional overrides such as U+202E, zero-width characters, tag characters U+E0000-E007F)
+# make what is shown differ from what is used: a bucket name, an env value or a status message that reads
+# one way and means another.
+_HIDDEN_CATEGORIES = {"Cc": "control character", "Cs": "lone surrogate", "Cf": "invisible format character"}
+_ALLOWED_CONTROLS = "\t\n\r"
+
+
+def _hidden(text: str) -> int:
+    """The position of the first hidden character of `text`, or -1."""
+    if text.isprintable():  # C speed; false for every Cc, Cf and Cs character (and a few harmless others)
+        return -1
+    for at, char in enumerate(text):
+        if (
+            not char.isprintable()
+            and char not in _ALLOWED_CONTROLS
+            and unicodedata.category(char) in _HIDDEN_CATEGORIES
+        ):
+            return at
+    return -1
+
+
+def hidden_character(value: str, *, format_characters: bool = False) -> str | None:
+    """Why `value` may not reach a container, a URI, a path, a name or a message; None when it may.
+
+    `format_characters`: allow category Cf (for text that reaches none of those, such as annotations:
+    an emoji sequence joined by U+200D is ordinary there).
+    """
+    at = _hidden(value)
+    while at >= 0 and format_characters and unicodedata.category(value[at]) == "Cf":
+        rest = _hidden(value[at + 1 :])
+        at = -1 if rest < 0 else at + 1 + rest
+    if at < 0:
+        return None
+    char = value[at]
+    what = (
+        "a NUL character" if char == "\0" else f"the {_HIDDEN_CATEGORIES[unicodedata.category(char)]} U+{ord(char):04X}"
+    )
+    return f"contains {what} at position {at}"
+
+
+def visible(text: str) -> str:
+    """`text` with every control, surrogate and format character written as an escape (``\\u202e``).
+
+    For what the operator writes into messages: a user's output, an exception text, a rank's report.
+    """
+    if _hidden(text) < 0:
+        return text
+    return "".join(
+        (f"\\u{ord(c):04x}" if ord(c) < 0x10000 else f"\\U{ord(c):08x}")
+        if not c.isprintable() and c not in _ALLOWED_CONTROLS and unicodedata.category(c) in _HIDDEN_CATEGORIES
+        else c
+        for c in text
+    )
 
 
 # --- Kubernetes names (k8s.io/apimachinery/pkg/util/validation) -------------------------------------
@@ -101,6 +164,7 @@ LABEL_VALUE = Grammar("label value", _label_value, 63)
 ENV_NAME = Grammar("environment variable name", _env_name, 256, f"^{_ENV_NAME}$")
 # Annotation and environment values: anything; their size is bounded where they are declared.
 TEXT = Grammar("text", _free_text, 32768)
+ANNOTATION_TEXT = Grammar("text", _free_text, 32768, format_characters=True)
 
 
 # --- quantities (k8s.io/apimachinery/pkg/api/resource.ParseQuantity) ----------------------------------

@@ -30,7 +30,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from fsdp_operator import schema
+from fsdp_operator import formats, schema
 
 Obj = dict[str, Any]
 
@@ -326,8 +326,9 @@ class AioKube:
             },
             "type": type_,
             "reason": reason,
-            # The API server caps an Event's message at 1 KiB.
-            "message": message[:1024],
+            # The API server caps an Event's message at 1 KiB. Control and format characters (a U+202E in a
+            # rank's error) are shown as escapes, as in status.
+            "message": formats.visible(message)[:1024],
             "source": {"component": EVENT_SOURCE},
             "reportingComponent": EVENT_SOURCE,
             "firstTimestamp": now,

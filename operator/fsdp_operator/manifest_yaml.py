@@ -12,12 +12,19 @@ boolean and ``2001-01-01`` a string. Here:
   count and byte size of each document as if every alias were expanded, before anything is built;
 - plain scalars resolve as Go's yaml.v2 resolves them (sigs.k8s.io/yaml, which kubectl uses);
 - mapping keys must be scalars and unique; they become strings, as in the JSON the API server gets;
-- tags outside the JSON data model (``!!binary``, ``!!set``, ``!!timestamp``, Python tags) are refused.
+- tags outside the JSON data model (``!!binary``, ``!!set``, ``!!timestamp``, Python tags) are refused;
+- a stream holds at most `MAX_DOCUMENTS` documents, counted as the parser reaches them;
+- a stream that starts with ``{`` is JSON, as kubectl's YAMLOrJSONDecoder decides: JSON's escapes, the
+  surrogate pairs Python's ``json.dumps`` writes for characters beyond U+FFFF included, which YAML's
+  ``\\u`` escapes cannot spell; the same bounds and duplicate-key rule apply (a YAML flow mapping that
+  is not JSON is read as YAML).
 """
 
 from __future__ import annotations
 
 import codecs
+import json
+import math
 import re
 from typing import Any
 
@@ -29,6 +36,8 @@ MAX_OBJECT_BYTES = 1536 * 1024
 # An FSDPTrainingJob is about 6 levels deep and has a few hundred nodes (kopf's metadata included).
 MAX_DEPTH = 100
 MAX_NODES = 100_000
+# fsdpctl reads one document; a stream of many empty ones ("---" lines) costs parse time and means nothing.
+MAX_DOCUMENTS = 100
 
 _Base: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser when present: same events, faster
 
@@ -60,6 +69,8 @@ def decode(data: bytes) -> str:
 
 def load_all(text: str) -> list[Any]:
     """Every document of a YAML stream, as the JSON objects Kubernetes would decode them into."""
+    if text.lstrip(" \t\r\n").startswith("{") and (documents := _load_json_stream(text)) is not None:
+        return documents
     try:
         _check_bounds(text)
         return list(yaml.load_all(text, Loader=_Loader))
@@ -75,6 +86,89 @@ def load_all(text: str) -> list[Any]:
         raise ManifestError(f"not valid YAML: {_first_line(str(e))}") from e
 
 
+def _load_json_stream(text: str) -> list[Any] | None:
+    """The JSON objects of a stream (kubectl's decoder takes one after another), under the YAML bounds.
+
+    None when the first object is not JSON at all: a YAML flow mapping (``{apiVersion: v1, ...}``) starts
+    with ``{`` too, and is read as YAML (kubectl would refuse it; nothing is gained by doing the same).
+    """
+    decoder = json.JSONDecoder(object_pairs_hook=_json_object, parse_constant=_json_constant)
+    documents: list[Any] = []
+    at = _skip_space(text, 0)
+    while at < len(text):
+        if len(documents) >= MAX_DOCUMENTS:
+            raise ManifestError(f"holds more than {MAX_DOCUMENTS} documents; no manifest file needs that")
+        start = at
+        try:
+            document, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError as e:
+            if not documents:
+                return None
+            raise ManifestError(f"not valid JSON: line {e.lineno}, column {e.colno}: {e.msg}") from e
+        except RecursionError as e:
+            raise ManifestError(f"nested deeper than {MAX_DEPTH} levels; no manifest needs that") from e
+        except ValueError as e:  # a duplicate key, NaN, an integer too long to convert
+            if isinstance(e, ManifestError):
+                raise
+            raise ManifestError(f"not valid JSON: {_first_line(str(e))}") from e
+        if at - start > MAX_OBJECT_BYTES:
+            raise ManifestError(f"larger than {MAX_OBJECT_BYTES} bytes, the most Kubernetes stores")
+        _check_json_value(document)
+        documents.append(document)
+        at = _skip_space(text, at)
+    return documents
+
+
+def _skip_space(text: str, at: int) -> int:
+    while at < len(text) and text[at] in " \t\r\n":
+        at += 1
+    return at
+
+
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    mapping: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in mapping:
+            raise ManifestError(f"not valid JSON: duplicate key {key[:60]!r} (kubectl refuses it too)")
+        mapping[key] = value
+    return mapping
+
+
+def _json_constant(name: str) -> Any:
+    raise ManifestError(f"not valid JSON: {name} is not a JSON number")
+
+
+def _check_json_value(document: Any) -> None:
+    """Depth and node count as for YAML; no lone surrogate (``\\ud800`` alone has no UTF-8 form), no infinity."""
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    nodes = 0
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise ManifestError(f"holds more than {MAX_NODES} values; no manifest needs that")
+        if depth > MAX_DEPTH:
+            raise ManifestError(f"nested deeper than {MAX_DEPTH} levels; no manifest needs that")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _no_lone_surrogate(key)
+                stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value)
+        elif isinstance(value, str):
+            _no_lone_surrogate(value)
+        elif isinstance(value, float) and not math.isfinite(value):  # 1e400: Go's decoder refuses it too
+            raise ManifestError("not valid JSON: a number out of range")
+
+
+def _no_lone_surrogate(text: str) -> None:
+    if not text.isascii() and _SURROGATE.search(text):
+        raise ManifestError("not valid JSON: a \\u escape of a lone surrogate (half of a pair) has no UTF-8 form")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _first_line(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else "cannot be read"
     return line[:200]
@@ -86,8 +180,12 @@ def _check_bounds(text: str) -> None:
     stack: list[list[Any]] = []
     anchors: dict[str, tuple[int, int]] = {}
     open_anchors: set[str] = set()
+    documents = 0
     for event in yaml.parse(text, Loader=_Base):
         if isinstance(event, yaml.DocumentStartEvent):
+            documents += 1
+            if documents > MAX_DOCUMENTS:
+                raise ManifestError(f"holds more than {MAX_DOCUMENTS} documents; no manifest file needs that")
             anchors.clear()
             continue
         if isinstance(event, yaml.CollectionStartEvent):
@@ -253,6 +351,9 @@ class _Loader(_Base):  # type: ignore[misc]
 
 for _tag in (INT, FLOAT, BOOL, NULL):
     _Loader.add_constructor(_tag, _Loader.construct_go_scalar)
+# `<<` is a merge key only as a key (PyYAML's flatten_mapping takes it there before construction); as a
+# value it is the string "<<", as go-yaml reads it.
+_Loader.add_constructor(MERGE, lambda loader, node: node.value)
 for _tag in ("binary", "timestamp", "set", "omap", "pairs"):
     _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _Loader.refuse_tag)
 _Loader.add_constructor(None, _Loader.refuse_tag)

@@ -1,7 +1,8 @@
 """Pure builders: the RayCluster manifest and the Ray job submission for a job. No I/O here.
 
 Every pod-level decision of the reference setup (EFA request, NCCL environment, Guaranteed QoS,
-/dev/shm, ray stop on preStop) is made in this one module, from the typed spec.
+/dev/shm, ray stop on preStop) and of locking the pods down (security contexts, the ServiceAccount token,
+the NetworkPolicy; docs/security.md) is made in this one module, from the typed spec.
 """
 
 from __future__ import annotations
@@ -125,11 +126,50 @@ def _auth_env(job: Job) -> list[dict[str, Any]]:
     return [{"name": "RAY_AUTH_MODE", "value": "token"}, {"name": "RAY_AUTH_TOKEN", "valueFrom": ref}]
 
 
+# Egress of a job's pods (docs/security.md). A policy cannot name S3 or the Hugging Face Hub, so HTTPS goes
+# anywhere but link-local addresses, where the instance metadata service (IMDS) and EKS Pod Identity's agent
+# answer with the node's or a role's credentials. EFA traffic bypasses the kernel's IP stack: no policy sees it.
+LINK_LOCAL = ("169.254.0.0/16", "fe80::/10")
+INSTANCE_METADATA = ("169.254.169.254/32", "fd00:ec2::254/128")
+POD_IDENTITY_AGENT = ("169.254.170.23/32", "fd00:ec2::23/128")
+"""EKS Pod Identity's node agent (its documented addresses), reached over HTTP port 80."""
+
+
+def _egress(job: Job, own_pods: dict[str, Any]) -> list[dict[str, Any]]:
+    """DNS anywhere (NodeLocal DNSCache listens on a link-local address), the job's own pods on any port,
+    HTTPS to anything but link-local addresses; IMDS when the job opts in, Pod Identity's agent when it names
+    a ServiceAccount (whose credentials it serves)."""
+
+    def blocks(*cidrs: str) -> list[dict[str, Any]]:
+        return [{"ipBlock": {"cidr": cidr}} for cidr in cidrs]
+
+    http = [{"protocol": "TCP", "port": 80}]
+    rules: list[dict[str, Any]] = [
+        {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+        {"to": [own_pods]},
+        {
+            "to": [
+                {"ipBlock": {"cidr": "0.0.0.0/0", "except": [LINK_LOCAL[0]]}},
+                {"ipBlock": {"cidr": "::/0", "except": [LINK_LOCAL[1], INSTANCE_METADATA[1], POD_IDENTITY_AGENT[1]]}},
+            ],
+            "ports": [{"protocol": "TCP", "port": 443}],
+        },
+    ]
+    if job.spec.network.allow_instance_metadata:
+        rules.append({"to": blocks(*INSTANCE_METADATA), "ports": http})
+    if job.spec.service_account_name:
+        rules.append({"to": blocks(*POD_IDENTITY_AGENT), "ports": http})
+    return rules
+
+
 def network_policy(job: Job, security: Security) -> dict[str, Any]:
-    """Ingress to the job's Ray pods only from the job's own pods (any port) and from the operator (Ray's ports).
+    """Ingress to the job's Ray pods only from the job's own pods (any port) and from the operator (Ray's ports);
+    egress only to DNS, the job's own pods and HTTPS outside link-local addresses (`_egress`).
 
     The head's GCS (6379), dashboard and job API (8265) and Ray client (10001) accept arbitrary code from
-    anyone who reaches them; without this, any pod in the cluster could run code on the GPU workers.
+    anyone who reaches them; without this, any pod in the cluster could run code on the GPU workers. The
+    job's code in turn must not reach the node's credentials (instance metadata) or other services on
+    their own ports.
     """
     own_pods = {"podSelector": {"matchLabels": {RAY_CLUSTER_LABEL: raycluster_name(job.name)}}}
     namespaces: dict[str, Any] = (
@@ -149,11 +189,12 @@ def network_policy(job: Job, security: Security) -> dict[str, Any]:
         },
         "spec": {
             "podSelector": {"matchLabels": {RAY_CLUSTER_LABEL: raycluster_name(job.name)}},
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
             "ingress": [
                 {"from": [own_pods]},
                 {"from": [operator], "ports": [{"protocol": "TCP", "port": port} for _, port in HEAD_PORTS]},
             ],
+            "egress": _egress(job, own_pods),
         },
     }
 
@@ -188,11 +229,43 @@ def _resources(cpu: str, memory: str, extra: dict[str, str]) -> dict[str, Any]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def _container(name: str, spec: Spec, resources: dict[str, Any], env: list[dict[str, Any]]) -> dict[str, Any]:
+# EFA registers (pins) the buffers NCCL sends from; pinned memory counts against RLIMIT_MEMLOCK unless the
+# process holds CAP_IPC_LOCK (mlock(2), libfabric's efa provider). Nothing else the DLC runs needs a capability.
+EFA_CAPABILITIES = ("IPC_LOCK",)
+
+
+def container_security(*, efa: bool) -> dict[str, Any]:
+    """A container that cannot gain privileges: every capability dropped but IPC_LOCK for EFA workers."""
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if efa:
+        capabilities["add"] = list(EFA_CAPABILITIES)
+    return {"allowPrivilegeEscalation": False, "privileged": False, "capabilities": capabilities}
+
+
+def pod_security(spec: Spec) -> dict[str, Any]:
+    """The pod's securityContext: the runtime's default seccomp profile; the user when the spec names one."""
+    context: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    if spec.run_as_user is not None:
+        context["runAsUser"] = spec.run_as_user
+        context["runAsNonRoot"] = spec.run_as_user != 0
+    return context
+
+
+def _pod_identity(spec: Spec) -> dict[str, Any]:
+    """The named ServiceAccount and its token, or no token at all (Ray never talks to the API server)."""
+    if spec.service_account_name:
+        return {"serviceAccountName": spec.service_account_name}
+    return {"automountServiceAccountToken": False}
+
+
+def _container(
+    name: str, spec: Spec, resources: dict[str, Any], env: list[dict[str, Any]], *, efa: bool = False
+) -> dict[str, Any]:
     return {
         "name": name,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
+        "securityContext": container_security(efa=efa),
         "env": env,
         "resources": resources,
         "volumeMounts": [
@@ -243,7 +316,9 @@ def raycluster(job: Job, security: Security | None = None, *, chosen_zone: str =
     if spec.efa_requested:
         extra[EFA_RESOURCE] = str(workers.efa_per_worker)
     worker_env = [*nccl_env(spec), *_downward_env(), *(_auth_env(job) if auth else []), *spec.network.env]
-    worker = _container("ray-worker", spec, _resources(workers.cpu, workers.memory, extra), worker_env)
+    worker = _container(
+        "ray-worker", spec, _resources(workers.cpu, workers.memory, extra), worker_env, efa=spec.efa_requested
+    )
 
     selector = dict(workers.node_selector)
     if workers.instance_type:
@@ -258,12 +333,22 @@ def raycluster(job: Job, security: Security | None = None, *, chosen_zone: str =
     if spec.efa_requested:
         tolerations.append({"key": EFA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
 
-    worker_pod: dict[str, Any] = {"containers": [worker], "volumes": _volumes(workers.shared_memory)}
+    worker_pod: dict[str, Any] = {
+        **_pod_identity(spec),
+        "securityContext": pod_security(spec),
+        "containers": [worker],
+        "volumes": _volumes(workers.shared_memory),
+    }
     if selector:
         worker_pod["nodeSelector"] = selector
     if tolerations:
         worker_pod["tolerations"] = tolerations
-    head_pod: dict[str, Any] = {"containers": [head], "volumes": _volumes("2Gi")}
+    head_pod: dict[str, Any] = {
+        **_pod_identity(spec),
+        "securityContext": pod_security(spec),
+        "containers": [head],
+        "volumes": _volumes("2Gi"),
+    }
     if spec.head.node_selector:
         head_pod["nodeSelector"] = dict(spec.head.node_selector)
     if spec.head.tolerations:

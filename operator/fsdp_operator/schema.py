@@ -29,9 +29,15 @@ Schema = dict[str, Any]
 def spec_schema() -> Schema:
     """The OpenAPI schema of `spec`, generated from the declarations in spec.py."""
     # Imported here: spec.py reads this module's names (group, kind, defaults) at import time.
-    from fsdp_operator import fields, spec
+    from fsdp_operator import fields, model_configs, spec
 
-    return fields.openapi(spec.Spec, spec.Spec.__doc__ or "")
+    generated = fields.openapi(spec.Spec, spec.Spec.__doc__ or "")
+    overrides = generated["properties"]["model"]["properties"]["overrides"]
+    # Typed per config field, so the API server refuses `num_hidden_layers: "2"` and prunes (or, with strict
+    # field validation, refuses) `trust_remote_code`; the family check is the operator's (model_configs).
+    overrides.pop("additionalProperties")
+    overrides["properties"] = model_configs.openapi_properties()
+    return generated
 
 
 MESSAGE_LIMIT = 2048
@@ -296,7 +302,7 @@ def crd() -> Schema:
 
 def api_reference() -> str:
     """docs/api.md: every spec field (from the declarations) and status field (from STATUS_SCHEMA)."""
-    from fsdp_operator import fields, spec
+    from fsdp_operator import fields, model_configs, spec
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
@@ -319,6 +325,20 @@ def api_reference() -> str:
     ]
     for path, kind, default, doc in fields.reference(spec.Spec, "spec"):
         lines.append(f"| `{path}` | {cell(kind)} | {cell(default)} | {cell(doc)} |")
+    lines += [
+        "",
+        "### Model config overrides",
+        "",
+        "`spec.model.overrides` may set only these fields of the model's Hugging Face config, in these types. "
+        "The family comes from `spec.model.name` (a name with `Qwen2`/`Qwen2.5` in it: qwen2; `llama`: llama); "
+        "for a name that says neither, a field must be one every family has. Loader options such as "
+        "`trust_remote_code` or `token` are refused.",
+        "",
+        "| field | type | families |",
+        "|---|---|---|",
+    ]
+    for name, kind, families in model_configs.reference_rows():
+        lines.append(f"| `{name}` | {cell(kind)} | {families} |")
     lines += ["", "## status", "", "Written by the operator only.", "", "| field | type | description |"]
     lines.append("|---|---|---|")
 

@@ -35,7 +35,7 @@ from typing import Any, Literal
 from fsdp_train import catalog
 from fsdp_train.config import ConfigError, TrainConfig
 
-from fsdp_operator import fields, formats, schema
+from fsdp_operator import fields, formats, model_configs, schema
 from fsdp_operator.fields import Problems, Quantity, show, show_key
 from fsdp_operator.fields import field as declare
 from fsdp_operator.formats import parse_quantity
@@ -236,15 +236,20 @@ class Model:
         default="pretrained",
         train="model_init",
     )
-    overrides: dict[str, int | str] = declare(
-        "Model config overrides (Hugging Face config keys), e.g. a tiny model for a CPU run.",
+    overrides: dict[str, Any] = declare(
+        "Model config overrides, e.g. a tiny model for a CPU run: only the config fields of the model's family, "
+        "in their types (the table in docs/api.md, 'Model config overrides').",
         factory=dict,
         keys=formats.CONFIG_KEY,
         max_items=64,
-        minimum=-INT32_MAX - 1,
-        maximum=INT32_MAX,
         train="model_overrides",
     )
+
+    @staticmethod
+    def _rules(v: dict[str, Any], path: str, problems: Problems) -> None:
+        # The overrides become keyword arguments of the Hugging Face config: anything else there is a loader
+        # option (trust_remote_code, token) or an attribute, so only the family's typed config fields pass.
+        v["overrides"] = model_configs.check_overrides(v["name"], v["overrides"], f"{path}.overrides", problems)
 
 
 _NODE_SELECTOR = {"keys": formats.QUALIFIED_NAME, "values": formats.LABEL_VALUE, "max_items": 64}
@@ -391,6 +396,11 @@ class Network:
         factory=list,
         shape=EnvVar,
         max_items=128,
+    )
+    allow_instance_metadata: bool = declare(
+        "Let the job's pods reach the EC2 instance metadata service (169.254.169.254, fd00:ec2::254), and with it "
+        "the node's IAM role. false: the job's NetworkPolicy leaves it out (docs/security.md).",
+        default=False,
     )
 
 
@@ -683,6 +693,18 @@ class Spec:
         default=schema.DEFAULT_RAY_VERSION,
         grammar=formats.RAY_VERSION,
     )
+    service_account_name: str = declare(
+        "The ServiceAccount of the Ray pods (for cloud credentials: IRSA or EKS Pod Identity); its token is "
+        "mounted. Empty: the namespace's default ServiceAccount, with no token mounted.",
+        default="",
+        grammar=formats.or_empty(formats.DNS1123_SUBDOMAIN),
+    )
+    run_as_user: int | None = declare(
+        "The user id the Ray containers run as; other than 0 it also sets runAsNonRoot. Unset: the image's own "
+        "user (root in the Ray Train DLC; docs/security.md).",
+        minimum=0,
+        maximum=INT32_MAX,
+    )
     model: Model = declare(Model.__doc__ or "", factory=Model)
     head: Head = declare(Head.__doc__ or "", factory=Head)
     workers: Workers = declare(Workers.__doc__ or "", factory=Workers)
@@ -738,10 +760,32 @@ class Spec:
                 f"{path}.workers.nodeSelector.{ZONE_LABEL}: {show(chosen)} contradicts "
                 f"{path}.placement.availabilityZone ({zone}); choose the zone with placement.availabilityZone"
             )
+        for group in ("head", "workers"):
+            _refuse_control_plane(s[group], f"{path}.{group}", problems)
         for i, env in enumerate(n["env"]):
             _refuse_operator_env(env["name"], f"{path}.network.env[{i}].name", problems)
         for name in s["runtime_env"]["env_vars"]:
             _refuse_operator_env(name, f"{path}.runtimeEnv.envVars.{show_key(name)}", problems)
+
+
+# The taints and labels of control-plane nodes (kubeadm's and older clusters'): a job runs arbitrary code,
+# as root in the DLC, and has no business next to the API server and etcd (docs/security.md).
+CONTROL_PLANE_KEYS = ("node-role.kubernetes.io/control-plane", "node-role.kubernetes.io/master")
+
+
+def _refuse_control_plane(group: dict[str, Any], path: str, problems: Problems) -> None:
+    for key in group["node_selector"]:
+        if key in CONTROL_PLANE_KEYS:
+            problems.append(f"{path}.nodeSelector.{key}: job pods may not be placed on control-plane nodes")
+    for i, toleration in enumerate(group["tolerations"]):
+        key, operator = toleration.get("key", ""), toleration.get("operator", "") or "Equal"
+        if key in CONTROL_PLANE_KEYS:
+            problems.append(f"{path}.tolerations[{i}].key: job pods may not tolerate the control-plane taint {key}")
+        elif not key and operator == "Exists":
+            problems.append(
+                f"{path}.tolerations[{i}]: an empty key with operator Exists tolerates every taint, the "
+                "control-plane taints included; name the taints to tolerate"
+            )
 
 
 def _refuse_operator_env(name: str, path: str, problems: Problems) -> None:
@@ -795,7 +839,7 @@ class ObjectMeta:
         "Annotations.",
         factory=dict,
         keys=formats.QUALIFIED_NAME,
-        values=formats.TEXT,
+        values=formats.ANNOTATION_TEXT,
         secret=True,
         max_length=ANNOTATIONS_MAX_BYTES,
     )

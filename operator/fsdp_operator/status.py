@@ -34,6 +34,7 @@ from fsdp_train.events import (
     TransportName,
 )
 
+from fsdp_operator import formats
 from fsdp_operator import transport as transport_mod
 from fsdp_operator.schema import MESSAGE_LIMIT
 from fsdp_operator.spec import Job
@@ -838,6 +839,21 @@ def _cut(text: Any, limit: int) -> Any:
     return text
 
 
+def _visible(value: Any) -> Any:
+    """A copy of `value` whose strings show their control and format characters as escapes.
+
+    Messages carry text from outside (a rank's exception, a user's output, an API answer): a U+202E
+    there would make `kubectl get` show a reason that reads backwards.
+    """
+    if isinstance(value, str):
+        return formats.visible(value)
+    if isinstance(value, dict):
+        return {_visible(k): _visible(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_visible(item) for item in value]
+    return value
+
+
 def within_budget(status: Mapping[str, Any]) -> dict[str, Any]:
     """`status` (a `JobStatus.to_dict()`) cut to its size budget, with `truncated` saying what was cut.
 
@@ -845,7 +861,7 @@ def within_budget(status: Mapping[str, Any]) -> dict[str, Any]:
     lines, host names, pod names, device UUIDs), then rank entries beyond the first N; the job-level
     verdicts (`transport.summary`, `transport.evidence`, conditions, progress, result) always stay.
     """
-    out = copy.deepcopy(dict(status))
+    out: dict[str, Any] = _visible(dict(status))
     out.pop("truncated", None)
     if "message" in out:
         out["message"] = _cut(out["message"], MESSAGE_LIMIT)

@@ -120,6 +120,20 @@ def test_a_submission_ray_rejects_fails_the_job(apiserver: ThreadedApiServer) ->
     scenario(apiserver, body)
 
 
+def test_format_characters_from_ray_reach_neither_status_nor_events(apiserver: ThreadedApiServer) -> None:
+    """A U+202E in Ray's answer made `kubectl get` and `kubectl describe` show a reason that reads backwards."""
+
+    async def body(w: World, loop: JobLoop) -> None:
+        w.apply(manifest())
+        w.ray.reject[w.sid(1)] = "pip package 'ok\u202e==0' \u2066not\u2069 found\x1b[2J"
+        status = await step_until(loop, at(w, "Failed", "SubmissionFailed"))
+        assert status["message"] == "pip package 'ok\\u202e==0' \\u2066not\\u2069 found\\u001b[2J"
+        messages = [e["message"] for e in apiserver.store.find("events") if e["reason"] == "SubmissionFailed"]
+        assert messages and all(m.endswith("\\u001b[2J") and "\u202e" not in m for m in messages), messages
+
+    scenario(apiserver, body)
+
+
 def test_a_rejected_submission_is_retried_under_a_new_id(apiserver: ThreadedApiServer) -> None:
     async def body(w: World, loop: JobLoop) -> None:
         w.apply(manifest(runPolicy={"backoffLimit": 1}))

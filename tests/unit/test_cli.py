@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,31 @@ def test_run_local_refuses_an_invalid_job_before_starting_anything(
     code, out, err = run(capsys, "run-local", "-f", str(bad))
     assert code == 2 and out == ""
     assert "spec.workers.replicas: must be at least 1, got 0" in err
+
+
+def test_standard_input_closed_is_a_message_not_a_traceback(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started with `<&-`, Python sets sys.stdin to None: reading it raised AttributeError."""
+    monkeypatch.setattr(sys, "stdin", None)
+    code, out, err = run(capsys, "validate", "-f", "-")
+    assert code == 2 and out == ""
+    assert err == "error: -: standard input is closed; give a file, or pipe the manifest in\n"
+
+
+def test_standard_input_closed_from_the_shell() -> None:
+    """The real case: `fsdpctl validate -f - <&-` in a shell."""
+    command = f"'{sys.executable}' -m fsdp_operator.cli validate -f - <&-"
+    proc = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "standard input is closed" in proc.stderr
+
+
+def test_a_stream_of_many_empty_documents_is_refused_early(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """3 MiB of `---` lines (786,432 empty documents) took 13.6 s to read before being refused as "found 0"."""
+    path = tmp_path / "empty-docs.yaml"
+    path.write_text("---\n" * (3 * 2**20 // 4 - 1))
+    started = time.process_time()
+    code, _, err = run(capsys, "validate", "-f", str(path))
+    assert code == 2 and "holds more than 100 documents" in err
+    assert time.process_time() - started < 3  # refused after the first hundred, not after all of them

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fsdp_operator import schema
+from fsdp_operator import model_configs, schema
 from fsdp_operator.spec import SpecError, parse_job
 
 
@@ -65,32 +65,66 @@ def overrides(value: Any) -> list[str]:
         ("x", ["spec.model.overrides: expected object, got string 'x'"]),
         ({1: 2}, ["spec.model.overrides: keys must be strings, got integer 1"]),
         ({"a" * 65: 1}, ["spec.model.overrides: a key is longer than 64 characters"]),
-        ({"a" * 64: 1}, []),
-        ({"layers": True}, ["spec.model.overrides.layers: expected integer or string, got boolean true"]),
-        ({"layers": 1.5}, ["spec.model.overrides.layers: expected integer or string, got number 1.5"]),
-        ({"layers": [2]}, ["spec.model.overrides.layers: expected integer or string, got array"]),
-        ({"layers": 2**31}, ["spec.model.overrides.layers: must be at most 2147483647, got 2147483648"]),
-        ({"layers": -(2**31) - 1}, ["spec.model.overrides.layers: must be at least -2147483648, got -2147483649"]),
-        ({"layers": 2**31 - 1, "act": "silu"}, []),
-        ({f"k{i}": i for i in range(64)}, []),
+        ({"num_hidden_layers": True}, ["spec.model.overrides.num_hidden_layers: expected integer, got boolean true"]),
+        ({"num_hidden_layers": 1.5}, ["spec.model.overrides.num_hidden_layers: expected integer, got number 1.5"]),
+        ({"num_hidden_layers": [2]}, ["spec.model.overrides.num_hidden_layers: expected integer, got array"]),
+        ({"num_hidden_layers": 2**31}, ["spec.model.overrides.num_hidden_layers: must be at most 2147483647, got"]),
+        ({"num_hidden_layers": 0}, ["spec.model.overrides.num_hidden_layers: must be at least 1, got 0"]),
+        ({"rms_norm_eps": 0}, ["spec.model.overrides.rms_norm_eps: must be greater than 0, got 0.0"]),
+        ({"rms_norm_eps": float("nan")}, ["spec.model.overrides.rms_norm_eps: must be a finite number, got nan"]),
+        ({"attention_dropout": 2}, ["spec.model.overrides.attention_dropout: must be at most 1, got 2.0"]),
+        ({"tie_word_embeddings": 0}, ["spec.model.overrides.tie_word_embeddings: expected boolean, got integer 0"]),
+        ({"hidden_act": "evil"}, ["spec.model.overrides.hidden_act: 'evil' is not one of silu, swish, gelu"]),
+        ({"num_hidden_layers": 2**31 - 1, "hidden_act": "silu", "tie_word_embeddings": False}, []),
+        ({"num_hidden_layers": 2.0, "rms_norm_eps": 1, "initializer_range": 0.5}, []),
         ({f"k{i}": i for i in range(65)}, ["spec.model.overrides: more than 64 entries (65)"]),
     ],
 )
-def test_a_map_of_integers_or_strings(value: Any, expected: list[str]) -> None:
-    assert overrides(value) == expected
+def test_overrides_are_config_fields_in_their_types(value: Any, expected: list[str]) -> None:
+    got = overrides(value)
+    assert len(got) == len(expected) and all(g.startswith(e) for g, e in zip(got, expected, strict=True)), got
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["trust_remote_code", "token", "return_unused_kwargs", "__class__", "__init__", "revision", "cache_dir", "layers"],
+)
+def test_an_override_that_is_not_a_config_field_is_refused(key: str) -> None:
+    """Keyword arguments of AutoConfig.from_pretrained that are loader options, attributes, or nothing."""
+    assert overrides({key: 1}) == [
+        f"spec.model.overrides.{key}: not a config field of Qwen2Config (the qwen2 family); overrides may set only: "
+        + ", ".join(sorted(model_configs.FAMILIES["qwen2"]))
+    ]
+
+
+def test_an_override_is_checked_against_the_family_of_the_model() -> None:
+    llama = problems({"model": {"name": "meta-llama/Llama-3.2-1B", "overrides": {"head_dim": 64, "sliding_window": 8}}})
+    assert [p.split(";")[0] for p in llama] == [
+        "spec.model.overrides.sliding_window: not a config field of LlamaConfig (the llama family)"
+    ]
+    # A name that says no family: the fields every family has, typed alike.
+    other = problems({"model": {"name": "/models/mine", "overrides": {"hidden_size": 64, "token": "x"}}})
+    assert [p.split(";")[0] for p in other] == [
+        "spec.model.overrides.token: not a config field of the supported model families"
+    ]
 
 
 def test_every_bad_key_and_value_of_a_map_is_reported_and_the_good_ones_stay_quiet() -> None:
-    assert overrides({1: 2, "ok": 3, "bad": True, 2: "x"}) == [
+    got = overrides({1: 2, "vocab_size": 3, "hidden_size": True, 2: "x"})
+    assert got == [
         "spec.model.overrides: keys must be strings, got integer 1",
-        "spec.model.overrides.bad: expected integer or string, got boolean true",
         "spec.model.overrides: keys must be strings, got integer 2",
+    ]
+    assert overrides({"vocab_size": 3, "hidden_size": True, "num_hidden_layers": "2"}) == [
+        "spec.model.overrides.hidden_size: expected integer, got boolean true",
+        "spec.model.overrides.num_hidden_layers: expected integer, got string '2'",
     ]
 
 
 def test_a_string_value_in_a_map_is_bounded() -> None:
-    long = problems({"model": {"overrides": {"name": "x" * 5000}}})
-    assert len(long) == 1 and long[0].startswith("spec.model.overrides.name: longer than ")
+    long = problems({"model": {"overrides": {"hidden_act": "x" * 5000}}})
+    assert len(long) == 1 and long[0].startswith("spec.model.overrides.hidden_act: 'xxxx")
+    assert len(long[0]) < 300
 
 
 def test_a_list_field_at_and_past_its_item_bound() -> None:
@@ -113,7 +147,11 @@ def test_toleration_rules_as_kubernetes_has_them() -> None:
     assert tolerations({"value": "x"}) == [
         f"{path}.operator: must be Exists when key is empty (that tolerates every taint)"
     ]
-    assert tolerations({"operator": "Exists"}) == []
+    # Kubernetes takes it (it tolerates every taint); a job may not, as it tolerates control-plane taints too.
+    assert tolerations({"operator": "Exists"}) == [
+        f"{path}: an empty key with operator Exists tolerates every taint, the control-plane taints included; "
+        "name the taints to tolerate"
+    ]
     assert tolerations({"key": "k", "value": "v"}) == []
     assert tolerations({"key": "k", "operator": "Exists", "value": "v"}) == [
         f"{path}.value: must be empty when operator is Exists"
@@ -183,5 +221,5 @@ def test_evaluation_without_validation_data_is_refused_with_the_field_named() ->
 
 
 def test_a_null_inside_a_map_or_a_list_is_named_as_null() -> None:
-    assert overrides({"layers": None}) == ["spec.model.overrides.layers: expected integer or string, got null"]
+    assert overrides({"hidden_size": None}) == ["spec.model.overrides.hidden_size: expected integer, got null"]
     assert problems({"runtimeEnv": {"pip": [None]}}) == ["spec.runtimeEnv.pip[0]: expected string, got null"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from fsdp_operator import schema
+from fsdp_operator import formats, schema
 from fsdp_operator.spec import parse_job
 from fsdp_operator.status import JobStatus, fold_events, status_budget, within_budget
 from fsdp_train.events import MALFORMED, Event, Failure, Placement, Transport, clean_text, parse_event, parse_log
@@ -237,3 +237,15 @@ def test_a_huge_world_cuts_rank_entries_and_names_how_many() -> None:
 def test_messages_are_cut_to_what_the_crd_declares() -> None:
     status = within_budget(JobStatus(message="m" * 50_000).to_dict())
     assert len(status["message"]) == schema.MESSAGE_LIMIT and status["message"].endswith("…")
+
+
+@pytest.mark.parametrize("hidden", ["\u202e", "\u2066", "\u200b", "\u00ad", "\U000e0041", "\x1b"])
+def test_format_and_control_characters_never_reach_a_status_message(hidden: str) -> None:
+    """A rank's failure message reversed by U+202E made `kubectl get` show a reason that reads backwards."""
+    failure = Failure(rank=1, message=f"out of memory{hidden}yromem fo tuo", reason="")
+    folded = fold_events(job(), JobStatus(), [failure], now=NOW).status.to_dict()
+    folded["conditions"] = [{"type": "Failed", "status": "True", "reason": "X", "message": f"rank 1{hidden}"}]
+    status = within_budget(folded)
+    text = json.dumps(status, ensure_ascii=False)
+    assert hidden not in text
+    assert status["conditions"][0]["message"] == f"rank 1{formats.visible(hidden)}" != f"rank 1{hidden}"

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 from fsdp_operator import render, schema
-from fsdp_operator.spec import Job, parse_job
+from fsdp_operator.spec import Job, SpecError, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"
@@ -86,6 +86,7 @@ SPECS = {
         "network": {"failFast": True},
         "workers": {"tolerations": [{"key": "a", "operator": "Exists"}]},
     },
+    "service-account": {"serviceAccountName": "trainer", "runAsUser": 1000},
 }
 
 
@@ -279,3 +280,69 @@ def test_submission_carries_the_training_parameters() -> None:
 def test_cpu_submission_asks_for_cpus() -> None:
     sub = render.submission(job(SPECS["cpu"]), "sid", "/p")
     assert sub.config["scaling"] == {"num_workers": 4, "use_gpu": False, "resources_per_worker": {"CPU": 1}}
+
+
+# --- locked-down pods -------------------------------------------------------------------------------------
+
+
+def pods(rc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [head(rc)["template"]["spec"], group(rc)["template"]["spec"]]
+
+
+@pytest.mark.parametrize("case", sorted(SPECS))
+def test_no_container_can_gain_privileges(case: str) -> None:
+    """Ray pods ran as the image's root with every default capability and no seccomp profile."""
+    rc = render.raycluster(job(SPECS[case]))
+    for pod in pods(rc):
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        (c,) = pod["containers"]
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["privileged"] is False
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+
+
+def test_only_efa_workers_keep_ipc_lock() -> None:
+    """EFA pins the buffers it sends from (RLIMIT_MEMLOCK); nothing else needs a capability."""
+    efa = render.raycluster(job())
+    assert container(group(efa)["template"])["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert "add" not in container(head(efa)["template"])["securityContext"]["capabilities"]
+    for case in ("socket", "cpu"):
+        rc = render.raycluster(job(SPECS[case]))
+        assert all("add" not in p["containers"][0]["securityContext"]["capabilities"] for p in pods(rc))
+
+
+def test_no_service_account_token_unless_one_is_named() -> None:
+    for pod in pods(render.raycluster(job())):
+        assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    for pod in pods(render.raycluster(job({"serviceAccountName": "trainer"}))):
+        assert pod["serviceAccountName"] == "trainer" and "automountServiceAccountToken" not in pod
+
+
+@pytest.mark.parametrize(("user", "expected"), [(None, {}), (1000, {"runAsUser": 1000, "runAsNonRoot": True}),
+                                                 (0, {"runAsUser": 0, "runAsNonRoot": False})])  # fmt: skip
+def test_the_user_is_the_images_unless_the_spec_names_one(user: int | None, expected: dict[str, Any]) -> None:
+    spec = {} if user is None else {"runAsUser": user}
+    for pod in pods(render.raycluster(job(spec))):
+        assert {k: v for k, v in pod["securityContext"].items() if k != "seccompProfile"} == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ({"head": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}},
+         "spec.head.nodeSelector.node-role.kubernetes.io/control-plane: job pods may not be placed on control-plane"),
+        ({"head": {"tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}]}},
+         "spec.head.tolerations[0].key: job pods may not tolerate the control-plane taint"),
+        ({"workers": {"tolerations": [{"key": "node-role.kubernetes.io/master", "effect": "NoSchedule",
+                                       "operator": "Exists"}]}},
+         "spec.workers.tolerations[0].key: job pods may not tolerate the control-plane taint"),
+        ({"head": {"tolerations": [{"operator": "Exists"}]}},
+         "spec.head.tolerations[0]: an empty key with operator Exists tolerates every taint"),
+        ({"serviceAccountName": "Not_A_Name"}, "spec.serviceAccountName: 'Not_A_Name' must be a DNS-1123 subdomain"),
+        ({"runAsUser": -1}, "spec.runAsUser: must be at least 0"),
+    ],
+)  # fmt: skip
+def test_pods_stay_off_control_plane_nodes(spec: dict[str, Any], problem: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        job(spec)
+    assert any(line.strip().startswith(problem) for line in str(refused.value).splitlines()), str(refused.value)

@@ -102,7 +102,7 @@ def test_the_network_policy_admits_only_the_jobs_pods_and_the_operator_on_rays_p
         "metadata": {"name": "tiny-cpu-ray-ports", "namespace": "ml", "labels": LABELS, "ownerReferences": [OWNER]},
         "spec": {
             "podSelector": {"matchLabels": {"ray.io/cluster": "tiny-cpu-ray"}},
-            "policyTypes": ["Ingress"],
+            "policyTypes": ["Ingress", "Egress"],
             "ingress": [
                 {"from": [{"podSelector": {"matchLabels": {"ray.io/cluster": "tiny-cpu-ray"}}}]},
                 {
@@ -111,8 +111,45 @@ def test_the_network_policy_admits_only_the_jobs_pods_and_the_operator_on_rays_p
                               {"protocol": "TCP", "port": 10001}],
                 },
             ],
+            "egress": EGRESS,
         },
     }  # fmt: skip
+
+
+# DNS, the job's own pods, HTTPS anywhere but link-local (IMDS, Pod Identity's agent): nothing else.
+EGRESS = [
+    {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+    {"to": [{"podSelector": {"matchLabels": {"ray.io/cluster": "tiny-cpu-ray"}}}]},
+    {
+        "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.0.0/16"]}},
+               {"ipBlock": {"cidr": "::/0", "except": ["fe80::/10", "fd00:ec2::254/128", "fd00:ec2::23/128"]}}],
+        "ports": [{"protocol": "TCP", "port": 443}],
+    },
+]  # fmt: skip
+IMDS = {"to": [{"ipBlock": {"cidr": "169.254.169.254/32"}}, {"ipBlock": {"cidr": "fd00:ec2::254/128"}}],
+        "ports": [{"protocol": "TCP", "port": 80}]}  # fmt: skip
+POD_IDENTITY = {"to": [{"ipBlock": {"cidr": "169.254.170.23/32"}}, {"ipBlock": {"cidr": "fd00:ec2::23/128"}}],
+                "ports": [{"protocol": "TCP", "port": 80}]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra"),
+    [
+        ({}, []),
+        ({"network": {"transport": "socket", "allowInstanceMetadata": True}}, [IMDS]),
+        ({"serviceAccountName": "trainer"}, [POD_IDENTITY]),
+        ({"serviceAccountName": "trainer", "network": {"transport": "socket", "allowInstanceMetadata": True}},
+         [IMDS, POD_IDENTITY]),
+    ],
+)  # fmt: skip
+def test_egress_reaches_instance_metadata_only_when_the_job_opts_in(
+    spec: dict[str, object], extra: list[object]
+) -> None:
+    manifest = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
+    manifest["metadata"].update(uid=UID, namespace="ml", generation=1)
+    manifest["spec"].update(spec)
+    policy = render.network_policy(parse_job(manifest), render.Security())
+    assert policy["spec"]["egress"] == EGRESS + extra
 
 
 @pytest.mark.parametrize(

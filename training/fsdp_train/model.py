@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 from typing import Any, cast
 
 import torch
 from torch import nn
 
-from fsdp_train.config import TrainConfig
+from fsdp_train.config import ConfigError, TrainConfig
 
 # Qwen/Qwen2.5-1.5B's config.json, kept in code so that ``model_init: random`` needs no network access.
 QWEN25_1_5B: dict[str, Any] = {
@@ -37,12 +38,28 @@ QWEN25_1_5B: dict[str, Any] = {
 KNOWN_CONFIGS: dict[str, dict[str, Any]] = {"Qwen/Qwen2.5-1.5B": QWEN25_1_5B}
 
 
+def _refuse_non_fields(config_class: type | None, overrides: dict[str, Any], model_type: str) -> None:
+    """The overrides become keyword arguments of the config: a key that is none of its class's fields is a
+    loader option (``trust_remote_code``, ``token``) or nothing at all. The operator refuses these first
+    (fsdp_operator.model_configs); this holds for every other way a TrainConfig arrives."""
+    if not overrides:
+        return
+    if config_class is None:
+        raise ConfigError("model_overrides", f"cannot be checked: transformers knows no model type {model_type!r}.")
+    allowed = set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+    if unknown := sorted(key for key in overrides if key not in allowed):
+        raise ConfigError(
+            "model_overrides", f"may set only fields of {config_class.__name__}; not: {', '.join(unknown)}."
+        )
+
+
 def hf_config(cfg: TrainConfig) -> Any:
     """The Hugging Face config of the model to train, with ``model_overrides`` applied."""
-    from transformers import AutoConfig, Qwen2Config
+    from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig, Qwen2Config
 
     overrides = dict(cfg.model_overrides)
     if cfg.model in KNOWN_CONFIGS and cfg.model_init == "random":
+        _refuse_non_fields(Qwen2Config, overrides, "qwen2")
         merged = {k: v for k, v in KNOWN_CONFIGS[cfg.model].items() if k != "model_type"} | overrides
         for token in ("bos_token_id", "eos_token_id"):
             # A shrunken vocabulary (tests) no longer holds the special tokens; they play no part here.
@@ -50,6 +67,10 @@ def hf_config(cfg: TrainConfig) -> Any:
                 merged[token] = None
         config = Qwen2Config(**merged)
     else:
+        if overrides:
+            model_type = str(PretrainedConfig.get_config_dict(cfg.model)[0].get("model_type", ""))
+            known = model_type in CONFIG_MAPPING  # a lazy mapping: `.get` misses what it has not loaded yet
+            _refuse_non_fields(CONFIG_MAPPING[model_type] if known else None, overrides, model_type)
         config = AutoConfig.from_pretrained(cfg.model, **overrides)
     config.use_cache = False
     return config

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import pytest
 import torch
-from fsdp_train.config import TrainConfig
+from fsdp_train.config import ConfigError, TrainConfig
 from fsdp_train.model import build_meta_model, hf_config, init_weights
+from support.tiny_hf import save_tiny_model
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}
 
@@ -30,3 +35,18 @@ def test_untied_head_gets_its_own_values_and_init_is_reproducible() -> None:
     again, other = built(0, tie_word_embeddings=False), built(1, tie_word_embeddings=False)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters(), strict=True))
     assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, other.model.layers[0].mlp.up_proj.weight)
+
+
+@pytest.mark.parametrize("key", ["trust_remote_code", "token", "return_unused_kwargs", "__class__", "revision"])
+def test_overrides_that_are_no_config_field_are_refused(key: str, tmp_path: Path) -> None:
+    """The second layer under the operator's check: Qwen2Config(**...) and AutoConfig.from_pretrained(name, **...)
+    took them as loader options (`trust_remote_code` ran the model repository's code)."""
+    with pytest.raises(ConfigError, match=f"may set only fields of Qwen2Config; not: {re.escape(key)}"):
+        hf_config(TrainConfig(model_overrides={**TINY, key: 1}))
+    directory = save_tiny_model(tmp_path / "tiny")
+    with pytest.raises(ConfigError, match=f"may set only fields of Qwen2Config; not: {re.escape(key)}"):
+        hf_config(TrainConfig(model=str(directory), model_init="pretrained", model_overrides={key: 1}))
+    config = hf_config(
+        TrainConfig(model=str(directory), model_init="pretrained", model_overrides={"num_hidden_layers": 1})
+    )
+    assert config.num_hidden_layers == 1

@@ -1,0 +1,229 @@
+"""What `spec.model.overrides` may set: the config fields of each supported model family, typed and bounded.
+
+The overrides become keyword arguments of the model's Hugging Face config (`Qwen2Config(**...)`, or
+`AutoConfig.from_pretrained(name, **...)`). There a key that is not a config field is not ignored: it
+is a loader option (`trust_remote_code` runs the model repository's Python, `token` puts a credential
+into the entrypoint Ray prints, `return_unused_kwargs` changes what the call returns) or an attribute
+(`__class__`). So only the fields below pass, with their type and a range that can build a model.
+
+The operator never imports transformers; tests/unit/test_model_overrides.py does, and holds this table
+to the `__init__` signature of each config class (names and types), so it cannot drift from the
+transformers version the training image pins.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fsdp_operator.fields import Problems, show, show_key, type_name
+
+ConfigType = Literal["int", "float", "bool", "str"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigField:
+    """One config field an override may set."""
+
+    type: ConfigType
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    choices: tuple[str, ...] = ()
+
+
+_COUNT = ConfigField("int", minimum=1, maximum=2**31 - 1)
+_TOKEN_ID = ConfigField("int", minimum=0, maximum=2**31 - 1)
+_PROBABILITY = ConfigField("float", minimum=0, maximum=1)
+_POSITIVE = ConfigField("float", minimum=0, exclusive_minimum=True, maximum=1e12)
+# The activations the decoder MLPs of these families accept (transformers' ACT2FN; the test checks them).
+ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "tanh")
+
+_DECODER_FIELDS: dict[str, ConfigField] = {
+    "vocab_size": _COUNT,
+    "hidden_size": _COUNT,
+    "intermediate_size": _COUNT,
+    "num_hidden_layers": _COUNT,
+    "num_attention_heads": _COUNT,
+    "num_key_value_heads": _COUNT,
+    "hidden_act": ConfigField("str", choices=ACTIVATIONS),
+    "max_position_embeddings": _COUNT,
+    "initializer_range": ConfigField("float", minimum=0, maximum=10),
+    "rms_norm_eps": _POSITIVE,
+    "tie_word_embeddings": ConfigField("bool"),
+    "attention_dropout": _PROBABILITY,
+    "pad_token_id": _TOKEN_ID,
+    "bos_token_id": _TOKEN_ID,
+    "eos_token_id": _TOKEN_ID,
+}
+
+FAMILIES: dict[str, dict[str, ConfigField]] = {
+    # transformers.Qwen2Config
+    "qwen2": {
+        **_DECODER_FIELDS,
+        "use_sliding_window": ConfigField("bool"),
+        "sliding_window": _COUNT,
+        "max_window_layers": ConfigField("int", minimum=0, maximum=2**31 - 1),
+    },
+    # transformers.LlamaConfig
+    "llama": {
+        **_DECODER_FIELDS,
+        "pretraining_tp": _COUNT,
+        "attention_bias": ConfigField("bool"),
+        "mlp_bias": ConfigField("bool"),
+        "head_dim": _COUNT,
+    },
+}
+"""Config fields per family (the `model_type` of the config); a family's config class is `CONFIG_CLASSES`."""
+
+CONFIG_CLASSES = {"qwen2": "Qwen2Config", "llama": "LlamaConfig"}
+
+# Fields of these classes deliberately left out, and why (the test requires every field to be here or above).
+LEFT_OUT = {
+    "use_cache": "the training function sets it (False): a KV cache has no use in training",
+    "rope_parameters": "a nested object (RoPE scaling); not a scalar override",
+    "layer_types": "a list, derived from use_sliding_window and max_window_layers",
+}
+
+# Known model ids and name patterns -> family; a name that matches none is checked against every family.
+_FAMILY_OF_NAME = (
+    (re.compile(r"qwen2(?![0-9])|qwen-?2\.5", re.IGNORECASE), "qwen2"),
+    (re.compile(r"llama", re.IGNORECASE), "llama"),
+)
+
+
+def family_of(model_name: str) -> str | None:
+    """The family of a model id or path, when its name says it (Qwen/Qwen2.5-1.5B: qwen2); else None."""
+    for pattern, family in _FAMILY_OF_NAME:
+        if pattern.search(model_name):
+            return family
+    return None
+
+
+def allowed_fields(model_name: str) -> dict[str, ConfigField]:
+    """The fields an override of `model_name` may set: its family's, or those every family agrees on."""
+    family = family_of(model_name)
+    if family is not None:
+        return FAMILIES[family]
+    merged: dict[str, ConfigField] = {}
+    for fields_ in FAMILIES.values():
+        for name, declared in fields_.items():
+            if merged.get(name, declared) == declared:
+                merged[name] = declared
+    return merged
+
+
+def check_overrides(model_name: str, overrides: dict[str, Any], path: str, problems: Problems) -> dict[str, Any]:
+    """`overrides` with each value in its field's type (an integral float for an integer field becomes one).
+
+    Every key that is not a config field of the model's family, every value of the wrong type or out of
+    range is a problem at `path.<key>`.
+    """
+    allowed = allowed_fields(model_name)
+    family = family_of(model_name)
+    scope = f"{CONFIG_CLASSES[family]} (the {family} family)" if family else "the supported model families"
+    checked: dict[str, Any] = {}
+    for key, value in overrides.items():
+        sub = f"{path}.{show_key(key)}"
+        declared = allowed.get(key)
+        if declared is None:
+            problems.append(
+                f"{sub}: not a config field of {scope}; overrides may set only: {', '.join(sorted(allowed))}"
+            )
+            continue
+        typed = _typed(declared, value, sub, problems)
+        if typed is not None:
+            checked[key] = typed
+    return checked
+
+
+def _typed(declared: ConfigField, value: Any, path: str, problems: Problems) -> Any:
+    if declared.type == "bool":
+        if not isinstance(value, bool):
+            problems.append(f"{path}: expected boolean, got {_shown(value)}")
+            return None
+        return value
+    if declared.type == "str":
+        if not isinstance(value, str):
+            problems.append(f"{path}: expected string, got {_shown(value)}")
+            return None
+        if declared.choices and value not in declared.choices:
+            problems.append(f"{path}: {show(value)} is not one of {', '.join(declared.choices)}")
+            return None
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        expected = "integer" if declared.type == "int" else "number"
+        problems.append(f"{path}: expected {expected}, got {_shown(value)}")
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        problems.append(f"{path}: must be a finite number, got {show(value)}")
+        return None
+    if declared.type == "int":
+        if isinstance(value, float):
+            if not value.is_integer():
+                problems.append(f"{path}: expected integer, got number {show(value)}")
+                return None
+            value = int(value)
+    else:
+        value = float(value)
+    if declared.minimum is not None:
+        if declared.exclusive_minimum and value <= declared.minimum:
+            problems.append(f"{path}: must be greater than {_num(declared.minimum)}, got {show(value)}")
+            return None
+        if value < declared.minimum:
+            problems.append(f"{path}: must be at least {_num(declared.minimum)}, got {show(value)}")
+            return None
+    if declared.maximum is not None and value > declared.maximum:
+        problems.append(f"{path}: must be at most {_num(declared.maximum)}, got {show(value)}")
+        return None
+    return value
+
+
+def _shown(value: Any) -> str:
+    scalar = not isinstance(value, dict | list) and value is not None
+    return f"{type_name(value)} {show(value)}" if scalar else type_name(value)
+
+
+def _num(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else repr(bound)
+
+
+def openapi_properties() -> dict[str, dict[str, Any]]:
+    """The CRD schema of every field some family has (a field two families share is declared alike)."""
+    properties: dict[str, dict[str, Any]] = {}
+    for fields_ in FAMILIES.values():
+        for name, declared in sorted(fields_.items()):
+            families = ", ".join(f for f, other in FAMILIES.items() if name in other)
+            schema: dict[str, Any] = {
+                "type": {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}[declared.type],
+                "description": f"The model config's {name} ({families}).",
+            }
+            if declared.choices:
+                schema["enum"] = list(declared.choices)
+            if declared.minimum is not None:
+                schema["minimum"] = int(declared.minimum) if declared.type == "int" else declared.minimum
+                if declared.exclusive_minimum:
+                    schema["exclusiveMinimum"] = True
+            if declared.maximum is not None:
+                schema["maximum"] = int(declared.maximum) if declared.type == "int" else declared.maximum
+            if properties.setdefault(name, schema) != schema:
+                raise ValueError(f"model config field {name} is declared differently in two families")
+    return dict(sorted(properties.items()))
+
+
+def reference_rows() -> list[tuple[str, str, str]]:
+    """(field, type and range, families) for the field reference (docs/api.md)."""
+    rows = []
+    names = sorted({name for fields_ in FAMILIES.values() for name in fields_})
+    for name in names:
+        families = [f for f, fields_ in FAMILIES.items() if name in fields_]
+        declared = FAMILIES[families[0]][name]
+        words = declared.type if declared.type != "str" else f"one of {', '.join(declared.choices)}"
+        if declared.minimum is not None:
+            words += f", {'>' if declared.exclusive_minimum else '>='} {_num(declared.minimum)}"
+        if declared.maximum is not None:
+            words += f", <= {_num(declared.maximum)}"
+        rows.append((name, words, ", ".join(families)))
+    return rows
