@@ -167,7 +167,14 @@ def test_kubectl_apply_of_a_non_structural_crd_prints_the_real_servers_refusal(
     node was fixed, and what it prints here now for that node; the CRD as generated today applies."""
     crd = yaml.safe_load((REPO / "crds" / "fsdptrainingjob.yaml").read_text())
     model = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["model"]
-    model["properties"]["overrides"]["additionalProperties"]["anyOf"][0]["minimum"] = -2147483648
+    # The overrides node as it was then: an open map, bounds inside the typed anyOf.
+    model["properties"]["overrides"] = {
+        "type": "object",
+        "additionalProperties": {
+            "anyOf": [{"type": "integer", "minimum": -2147483648}, {"type": "string"}],
+            "x-kubernetes-int-or-string": True,
+        },
+    }
     broken = tmp_path / "broken.yaml"
     broken.write_text(yaml.safe_dump(crd))
     result = run_kubectl(kubeconfig, "apply", "-f", str(broken), check=False)
