@@ -21,6 +21,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -29,7 +30,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdp_train.events import parse_log
+from fsdp_train.events import KEY_ENV, Verifier, attempt_key, parse_log
 
 from fsdp_operator import render
 from fsdp_operator.capacity import NoCredentials, ZoneAdvisor, ZoneChoice
@@ -182,6 +183,23 @@ def _token(secret: Mapping[str, Any]) -> str:
         return ""
 
 
+def _events_key(secret: Mapping[str, Any]) -> bytes:
+    data = secret.get("data")
+    raw = data.get(render.EVENTS_KEY_KEY) if isinstance(data, Mapping) else None
+    try:
+        return base64.b64decode(str(raw or ""), validate=True)
+    except binascii.Error:
+        return b""
+
+
+async def job_events_key(runtime: Runtime, namespace: str, job_name: str, uid: str) -> bytes:
+    """The job's event-signing key from its own Secret; b'' before the Secret exists or when it is not the job's."""
+    secret = await runtime.kube.get_secret(namespace, render.auth_secret_name(job_name))
+    if secret is None or (uid and not _owned_by(secret, uid)):
+        return b""
+    return _events_key(secret)
+
+
 async def cluster_token(runtime: Runtime, namespace: str, job_name: str, uid: str) -> tuple[str, str]:
     """(Ray auth token of the job's cluster, name of its Secret when that Secret is not the job's own).
 
@@ -231,6 +249,10 @@ class JobLoop:
         self.uid = ""
         self.token = ""
         """Ray's auth token for the job's cluster, read from the job's Secret ('' until it exists)."""
+        self.events_key = b""
+        """The job's event-signing key, read from the job's Secret (b'' until it exists)."""
+        self.verifier: tuple[str, Verifier] | None = None
+        """(submission id, the verifier of its event lines): sequence numbers seen, for this attempt only."""
         self.discarding_line = False
         """The log chunk last read ended inside a line longer than a whole chunk: skip to its end."""
         self.first_pass_due = False
@@ -318,6 +340,7 @@ class JobLoop:
         if uid != self.uid:
             # A new object under the same name: forget what the previous one's loop knew.
             self.uid, self.status, self.pending_write, self.token = uid, None, False, ""
+            self.events_key, self.verifier = b"", None
         raw_status = obj.get("status")
         stored = dict(raw_status) if isinstance(raw_status, Mapping) else {}
         status = self._current(stored)
@@ -331,7 +354,8 @@ class JobLoop:
             observed, failure = Observed(now=self.rt.clock()), _describe(e)
         if not failure:
             try:
-                decision = reconcile(
+                decide = functools.partial(
+                    reconcile,
                     obj,
                     status,
                     observed,
@@ -339,6 +363,8 @@ class JobLoop:
                     security=self.rt.config.security,
                     ray_unreachable_timeout=self.rt.config.ray_unreachable_timeout,
                 )
+                # Folding many events is CPU work: off the event loop, as the parse is (docs/reliability.md).
+                decision = await asyncio.to_thread(decide) if len(observed.events) > 64 else decide()
             except Exception as e:  # contained: becomes the ReconcileError condition
                 self.log.exception("reconcile failed")
                 failure = _describe(e)
@@ -442,7 +468,9 @@ class JobLoop:
             self.rt.metrics.ray_api_errors.labels("job").inc()
             return Observed(now=now, cluster=cluster, ray_error=str(e))
         text, consumed, over_long = self._complete_lines(chunk, full=len(chunk) >= LOG_CHUNK, final=final)
-        parsed = parse_log(text.splitlines())
+        verifier = await self._verifier(status.submission_id)
+        # In a worker thread: a chunk full of event lines must not hold the loop every other job's pass needs.
+        parsed = await asyncio.to_thread(parse_log, text.splitlines(), verifier) if text else parse_log((), verifier)
         return Observed(
             now=now,
             cluster=cluster,
@@ -450,8 +478,22 @@ class JobLoop:
             events=parsed.events,
             log_offset=status.log_offset + consumed,
             skipped_lines=parsed.malformed + over_long,
+            forged_lines=parsed.forged,
             log_pending=len(chunk) >= LOG_CHUNK,
         )
+
+    async def _events_key(self) -> bytes:
+        if not self.events_key:
+            self.events_key = await job_events_key(self.rt, self.namespace, self.name, self.uid)
+        return self.events_key
+
+    async def _verifier(self, submission_id: str) -> Verifier:
+        """The verifier of this attempt's lines. Without the job's key (a Secret made before keys, or not the
+        job's) nothing verifies: every event line is refused, and the `EventsAuthentic` condition says so."""
+        if self.verifier is None or self.verifier[0] != submission_id:
+            key = await self._events_key()
+            self.verifier = (submission_id, Verifier(attempt_key(key, submission_id) if key else b""))
+        return self.verifier[1]
 
     def _complete_lines(self, chunk: str, *, full: bool, final: bool) -> tuple[str, int, int]:
         """(whole lines to parse, characters consumed, over-long lines skipped) of one log chunk.
@@ -572,7 +614,9 @@ class JobLoop:
         match action:
             case CreateAuthSecret(manifest=manifest):
                 token = base64.b64encode(secrets.token_urlsafe(32).encode()).decode()
-                created = await self.rt.kube.create_secret({**manifest, "data": {render.AUTH_TOKEN_KEY: token}})
+                events_key = base64.b64encode(secrets.token_bytes(32)).decode()
+                data = {render.AUTH_TOKEN_KEY: token, render.EVENTS_KEY_KEY: events_key}
+                created = await self.rt.kube.create_secret({**manifest, "data": data})
                 self.log.info(f"Secret {manifest['metadata']['name']} " + ("created" if created else "exists"))
             case ApplyNetworkPolicy(manifest=manifest):
                 created = await self.rt.kube.create_network_policy(manifest)
@@ -603,8 +647,17 @@ class JobLoop:
     async def _submit(self, submission_id: str, decision: Decision, action: SubmitJob) -> None:
         if not self.address:
             return
+        # The attempt's key goes in here, at the last moment: never in a decision, a status or a log line. Without
+        # one (a Secret from before event keys) the ranks print unsigned lines, which are refused, and said so.
+        submission = action.submission
+        key = await self._events_key()
+        if key:
+            env_vars = {**submission.runtime_env.get("env_vars", {}), KEY_ENV: attempt_key(key, submission_id).hex()}
+            submission = replace(submission, runtime_env={**submission.runtime_env, "env_vars": env_vars})
+        else:
+            self.log.warning(f"submission {submission_id}: the job's Secret holds no event key; no event will verify")
         try:
-            created = await self._ray().submit(action.submission)
+            created = await self._ray().submit(submission)
         except SubmissionRejected as e:
             self.rt.metrics.submissions.labels("rejected").inc()
             self.submit_error = str(e)
