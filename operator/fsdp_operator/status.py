@@ -833,8 +833,8 @@ def _loss(value: float) -> bool:
 def _possible(event: Event, total_steps: int) -> bool:
     """Whether the event's numbers are ones a run of this job can produce (docs/reliability.md, "Threat model").
 
-    Steps within the run (step <= totalSteps <= the most a spec may ask for), MFU a fraction, rates, times and losses not negative. NaN and infinities
-    stay possible (a diverged loss, a zero-time step) and become null in the status.
+    Steps within the run (step <= totalSteps <= the most a spec may ask for), MFU a fraction, rates, times and
+    losses not negative. NaN and infinities stay possible (a diverged loss, a zero-time step) and become null.
     """
     if isinstance(event, Step):
         return (

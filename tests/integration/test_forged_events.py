@@ -57,7 +57,7 @@ FORGED_CASES: dict[str, list[str]] = {
                 "tokens_per_second": 1e6,
                 "mfu": 0.99,
             }
-        ),  # fmt: skip
+        ),
         forged(step()),
     ],
     "a huge step": [forged(step(step=9007199254740991, total_steps=9007199254740991))],
