@@ -252,7 +252,11 @@ class JobLoop:
         self.events_key = b""
         """The job's event-signing key, read from the job's Secret (b'' until it exists)."""
         self.verifier: tuple[str, Verifier] | None = None
-        """(submission id, the verifier of its event lines): sequence numbers seen, for this attempt only."""
+        """(submission id, the verifier of its event lines): the sequence numbers of the lines up to the log offset
+        of `self.status`, for this attempt only."""
+        self.pending_verifier: tuple[str, Verifier] | None = None
+        """The verifier after this pass's lines: it replaces `verifier` only once the status that records their
+        offset is written (a failed write re-reads the same lines, which must verify again)."""
         self.discarding_line = False
         """The log chunk last read ended inside a line longer than a whole chunk: skip to its end."""
         self.first_pass_due = False
@@ -344,6 +348,7 @@ class JobLoop:
         raw_status = obj.get("status")
         stored = dict(raw_status) if isinstance(raw_status, Mapping) else {}
         status = self._current(stored)
+        self.pending_verifier = None
         failure = ""
         try:
             observed = await self.observe(obj, status)
@@ -408,7 +413,8 @@ class JobLoop:
         overwrite it: a `Succeeded` followed by a deleted RayCluster became `ClusterLost`."""
         if self.status is not None and progress_only(stored, self.written):
             return self.status
-        self.status, self.written, self.pending_write = None, {}, False
+        # From the stored offset on: the verifier starts again (the lines before it are never read again).
+        self.status, self.written, self.pending_write, self.verifier = None, {}, False, None
         return JobStatus.from_dict(stored)
 
     # --- observing ---
@@ -488,12 +494,20 @@ class JobLoop:
         return self.events_key
 
     async def _verifier(self, submission_id: str) -> Verifier:
-        """The verifier of this attempt's lines. Without the job's key (a Secret made before keys, or not the
-        job's) nothing verifies: every event line is refused, and the `EventsAuthentic` condition says so."""
+        """A copy of the verifier of this attempt's lines, for this pass (`write` keeps it once the pass lands).
+
+        Without the job's key (a Secret made before keys, or not the job's) nothing verifies: every event line
+        is refused, and the `EventsAuthentic` condition says so."""
         if self.verifier is None or self.verifier[0] != submission_id:
             key = await self._events_key()
             self.verifier = (submission_id, Verifier(attempt_key(key, submission_id) if key else b""))
-        return self.verifier[1]
+        pending = self.verifier[1].copy()
+        self.pending_verifier = (submission_id, pending)
+        return pending
+
+    def _status_moved_on(self) -> None:
+        if self.pending_verifier is not None:
+            self.verifier, self.pending_verifier = self.pending_verifier, None
 
     def _complete_lines(self, chunk: str, *, full: bool, final: bool) -> tuple[str, int, int]:
         """(whole lines to parse, characters consumed, over-long lines skipped) of one log chunk.
@@ -573,10 +587,12 @@ class JobLoop:
         new = within_budget(status.to_dict())
         if new == stored:
             self.status, self.written, self.pending_write = status, new, False
+            self._status_moved_on()
             return
         now = time.monotonic()
         if progress_only(stored, new) and now - self.last_write < self.rt.config.progress_write_interval:
             self.status, self.written, self.pending_write = status, new, True  # the loop comes back when it is due
+            self._status_moved_on()
             self.rt.metrics.status_writes.labels("deferred").inc()
             return
         try:
@@ -586,6 +602,7 @@ class JobLoop:
             raise
         self.rt.metrics.status_writes.labels("written").inc()
         self.status, self.written, self.pending_write, self.last_write = status, new, False, now
+        self._status_moved_on()
 
     # --- acting ---
     async def act(self, obj: Obj, decision: Decision) -> None:
