@@ -47,8 +47,9 @@ def measure(tree: Path, lines: int, samples: int) -> dict[str, Any]:
             if i % 20 == 19:  # a failure in 20: folding them was quadratic
                 out.append({"v": 1, "kind": "failure", "rank": i % 8, "time": 1e9, "message": f"worker {i} lost"})
             else:
-                out.append({"v": 1, "kind": "step", "rank": 0, "time": 1e9, "step": 1 + i % 99, "total_steps": 100,
-                            "loss": 2.0, "tokens_per_second": 1000.0, "tokens_per_second_per_device": 125.0})  # fmt: skip
+                out.append({"v": 1, "kind": "step", "rank": 0, "time": 1e9, "step": 1 + i % 99,
+                            "total_steps": 100, "loss": 2.0, "tokens_per_second": 1000.0,
+                            "tokens_per_second_per_device": 125.0})  # fmt: skip
         return out
 
     def log_of(submission: Any, items: list[dict[str, Any]]) -> str:

@@ -63,7 +63,7 @@ from fsdp_operator.reconcile import (
     pass_failed,
     reconcile,
 )
-from fsdp_operator.render import INSTANCE_TYPE_LABEL, raycluster_name
+from fsdp_operator.render import INSTANCE_TYPE_LABEL, Submission, raycluster_name
 from fsdp_operator.settings import OperatorConfig
 from fsdp_operator.spec import ZONE_LABEL, Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.status import JobStatus, Phase, merge_patch, progress_only, within_budget, without_rank_detail
@@ -190,6 +190,15 @@ def _events_key(secret: Mapping[str, Any]) -> bytes:
         return base64.b64decode(str(raw or ""), validate=True)
     except binascii.Error:
         return b""
+
+
+def with_event_key(submission: Submission, job_key: bytes) -> Submission:
+    """The submission with its attempt's signing key in the job's environment (as is, without a job key)."""
+    if not job_key:
+        return submission
+    key = attempt_key(job_key, submission.submission_id).hex()
+    env_vars = {**submission.runtime_env.get("env_vars", {}), KEY_ENV: key}
+    return replace(submission, runtime_env={**submission.runtime_env, "env_vars": env_vars})
 
 
 async def job_events_key(runtime: Runtime, namespace: str, job_name: str, uid: str) -> bytes:
@@ -666,12 +675,9 @@ class JobLoop:
             return
         # The attempt's key goes in here, at the last moment: never in a decision, a status or a log line. Without
         # one (a Secret from before event keys) the ranks print unsigned lines, which are refused, and said so.
-        submission = action.submission
         key = await self._events_key()
-        if key:
-            env_vars = {**submission.runtime_env.get("env_vars", {}), KEY_ENV: attempt_key(key, submission_id).hex()}
-            submission = replace(submission, runtime_env={**submission.runtime_env, "env_vars": env_vars})
-        else:
+        submission = with_event_key(action.submission, key)
+        if not key:
             self.log.warning(f"submission {submission_id}: the job's Secret holds no event key; no event will verify")
         try:
             created = await self._ray().submit(submission)
