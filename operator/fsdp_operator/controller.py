@@ -23,14 +23,16 @@ import binascii
 import contextlib
 import functools
 import logging
+import multiprocessing
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
+from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdp_train.events import KEY_ENV, Verifier, attempt_key, parse_log
+from fsdp_train.events import KEY_ENV, PREFIX, Verifier, attempt_key, parse_log
 
 from fsdp_operator import render
 from fsdp_operator.capacity import NoCredentials, ZoneAdvisor, ZoneChoice
@@ -100,6 +102,14 @@ class Runtime:
         """Loops whose first pass has not ended yet."""
         self._no_first_passes = asyncio.Event()
         self._no_first_passes.set()
+        self._log_worker: ProcessPoolExecutor | None = None
+
+    def log_worker(self) -> ProcessPoolExecutor:
+        """The process that parses and folds large log chunks (started on first use; `spawn`: this process has
+        threads, which `fork` would copy mid-flight)."""
+        if self._log_worker is None:
+            self._log_worker = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        return self._log_worker
 
     @property
     def kube(self) -> Kube:
@@ -156,6 +166,12 @@ class Runtime:
     async def close(self) -> None:
         if self._kube is not None:
             await self._kube.close()
+        self.drop_log_worker()
+
+    def drop_log_worker(self) -> None:
+        if self._log_worker is not None:
+            self._log_worker.shutdown(wait=False, cancel_futures=True)
+            self._log_worker = None
 
 
 def _describe(error: BaseException) -> str:
@@ -190,6 +206,39 @@ def _events_key(secret: Mapping[str, Any]) -> bytes:
         return base64.b64decode(str(raw or ""), validate=True)
     except binascii.Error:
         return b""
+
+
+OFF_PROCESS_EVENTS = 64
+"""A log chunk with more event lines than this is parsed and folded in the log worker process, not in the
+operator's: parsing 256 KiB of event lines takes ~140 ms of CPU, which in a thread would still hold the GIL the
+event loop needs (docs/reliability.md, "Log flood")."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    """Whole lines of one log chunk waiting to be parsed, and the verifier state they are checked against."""
+
+    text: str
+    key: bytes
+    last_seq: dict[int, int]
+
+
+def parse_and_reconcile(
+    chunk: LogChunk, obj: Obj, status: JobStatus, observed: Observed, settings: dict[str, Any]
+) -> tuple[Decision, Observed, dict[int, int]]:
+    """Parse `chunk` into `observed` and decide: (the decision, what was observed without the events, the
+    verifier's state after the chunk). Pure; run in the log worker process for large chunks."""
+    verifier = Verifier(chunk.key)
+    verifier.last_seq = dict(chunk.last_seq)
+    parsed = parse_log(chunk.text.splitlines(), verifier)
+    observed = replace(
+        observed,
+        events=parsed.events,
+        skipped_lines=observed.skipped_lines + parsed.malformed,
+        forged_lines=observed.forged_lines + parsed.forged,
+    )
+    decision = reconcile(obj, status, observed, **settings)
+    return decision, replace(observed, events=()), verifier.last_seq
 
 
 def with_event_key(submission: Submission, job_key: bytes) -> Submission:
@@ -263,6 +312,8 @@ class JobLoop:
         self.verifier: tuple[str, Verifier] | None = None
         """(submission id, the verifier of its event lines): the sequence numbers of the lines up to the log offset
         of `self.status`, for this attempt only."""
+        self.pending_chunk: LogChunk | None = None
+        """This pass's log lines when there are too many event lines to parse here (`OFF_PROCESS_EVENTS`)."""
         self.pending_verifier: tuple[str, Verifier] | None = None
         """The verifier after this pass's lines: it replaces `verifier` only once the status that records their
         offset is written (a failed write re-reads the same lines, which must verify again)."""
@@ -357,7 +408,7 @@ class JobLoop:
         raw_status = obj.get("status")
         stored = dict(raw_status) if isinstance(raw_status, Mapping) else {}
         status = self._current(stored)
-        self.pending_verifier = None
+        self.pending_verifier, self.pending_chunk = None, None
         failure = ""
         try:
             observed = await self.observe(obj, status)
@@ -367,18 +418,20 @@ class JobLoop:
             self.log.exception("observing the job failed")
             observed, failure = Observed(now=self.rt.clock()), _describe(e)
         if not failure:
+            settings: dict[str, Any] = {
+                "training_package": self.rt.config.training_package,
+                "security": self.rt.config.security,
+                "ray_unreachable_timeout": self.rt.config.ray_unreachable_timeout,
+            }
             try:
-                decide = functools.partial(
-                    reconcile,
-                    obj,
-                    status,
-                    observed,
-                    training_package=self.rt.config.training_package,
-                    security=self.rt.config.security,
-                    ray_unreachable_timeout=self.rt.config.ray_unreachable_timeout,
-                )
-                # Folding many events is CPU work: off the event loop, as the parse is (docs/reliability.md).
-                decision = await asyncio.to_thread(decide) if len(observed.events) > 64 else decide()
+                if self.pending_chunk is not None:
+                    decision, observed, last_seq = await self._parse_and_reconcile(
+                        self.pending_chunk, obj, status, observed, settings
+                    )
+                    if self.pending_verifier is not None:
+                        self.pending_verifier[1].last_seq = last_seq
+                else:
+                    decision = reconcile(obj, status, observed, **settings)
             except Exception as e:  # contained: becomes the ReconcileError condition
                 self.log.exception("reconcile failed")
                 failure = _describe(e)
@@ -484,8 +537,11 @@ class JobLoop:
             return Observed(now=now, cluster=cluster, ray_error=str(e))
         text, consumed, over_long = self._complete_lines(chunk, full=len(chunk) >= LOG_CHUNK, final=final)
         verifier = await self._verifier(status.submission_id)
-        # In a worker thread: a chunk full of event lines must not hold the loop every other job's pass needs.
-        parsed = await asyncio.to_thread(parse_log, text.splitlines(), verifier) if text else parse_log((), verifier)
+        if text.count(PREFIX) > OFF_PROCESS_EVENTS:
+            # Parsed with the decision, in the log worker: a flood of event lines must not hold this event loop.
+            self.pending_chunk = LogChunk(text, verifier.key, verifier.last_seq)
+            text = ""
+        parsed = parse_log(text.splitlines(), verifier)
         return Observed(
             now=now,
             cluster=cluster,
@@ -496,6 +552,20 @@ class JobLoop:
             forged_lines=parsed.forged,
             log_pending=len(chunk) >= LOG_CHUNK,
         )
+
+    async def _parse_and_reconcile(
+        self, chunk: LogChunk, obj: Obj, status: JobStatus, observed: Observed, settings: dict[str, Any]
+    ) -> tuple[Decision, Observed, dict[int, int]]:
+        """Many event lines: parsed and folded in the log worker, off this process's event loop and its GIL."""
+        loop = asyncio.get_running_loop()
+        try:
+            work = functools.partial(parse_and_reconcile, chunk, obj, status, observed, settings)
+            return await loop.run_in_executor(self.rt.log_worker(), work)
+        except BrokenExecutor:
+            # The worker died (killed, out of memory): a new one next time; this chunk here, slower but not lost.
+            self.rt.drop_log_worker()
+            self.log.warning("the log worker process died; this chunk is parsed in the operator's process")
+            return parse_and_reconcile(chunk, obj, status, observed, settings)
 
     async def _events_key(self) -> bytes:
         if not self.events_key:
