@@ -561,8 +561,9 @@ class JobLoop:
         try:
             work = functools.partial(parse_and_reconcile, chunk, obj, status, observed, settings)
             return await loop.run_in_executor(self.rt.log_worker(), work)
-        except BrokenExecutor:
-            # The worker died (killed, out of memory): a new one next time; this chunk here, slower but not lost.
+        except (BrokenExecutor, RuntimeError, OSError):
+            # No worker (it died, or could not start): a new one next time; this chunk here, slower but not lost. A
+            # RuntimeError of the decision itself raises again here and becomes the ReconcileError condition.
             self.rt.drop_log_worker()
             self.log.warning("the log worker process died; this chunk is parsed in the operator's process")
             return parse_and_reconcile(chunk, obj, status, observed, settings)

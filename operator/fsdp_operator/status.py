@@ -608,9 +608,9 @@ class Folded:
 RANK_FAILURES_KEPT = 16
 """`status.rankFailures` keeps the newest this many distinct failures."""
 TRANSPORT_DEADLINE_SECONDS = 60.0
-"""`requireEFA`: every rank must have reported a verified transport this long after rank 0's first step (or
-when the Ray job ends, whichever is first). Each rank reports it before its first collective of training, so
-only log delivery from other nodes stands between; docs/reliability.md."""
+"""`requireEFA`: every rank must have reported a verified transport this long after the operator read rank 0's
+first step (or when the Ray job ends, whichever is first). Each rank reports it before its first collective of
+training, so only log delivery from other nodes stands between; docs/reliability.md."""
 
 
 def fold_events(
@@ -695,7 +695,8 @@ def fold_events(
                 continue  # an older line re-read after a restart
             history = _with_loss_point(progress.get("lossHistory"), event.step, _round(event.loss))
             evaluation: dict[str, Any] = {k: progress[k] for k in ("evalLoss", "evalStep") if k in progress}
-            first_step = progress.get("firstStepTime") or _time_text(event.time)
+            # The operator's clock, not the rank's: the requireEFA deadline counts from when the step was seen.
+            first_step = progress.get("firstStepTime") or format_time(now)
             progress = {
                 "step": event.step,
                 "totalSteps": event.total_steps,
@@ -811,11 +812,6 @@ def fold_events(
 
 def _failure_key(failure: Mapping[str, Any]) -> tuple[Any, ...]:
     return (failure.get("rank"), failure.get("message"), failure.get("reason"))
-
-
-def _time_text(seconds: float) -> str:
-    moment = _moment(seconds)
-    return format_time(moment) if moment is not None else ""
 
 
 def _finite(value: float, *, upper: float = math.inf) -> bool:
