@@ -21,15 +21,18 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import logging
+import multiprocessing
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import replace
+from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdp_train.events import parse_log
+from fsdp_train.events import KEY_ENV, PREFIX, Verifier, attempt_key, parse_log
 
 from fsdp_operator import render
 from fsdp_operator.capacity import NoCredentials, ZoneAdvisor, ZoneChoice
@@ -62,7 +65,7 @@ from fsdp_operator.reconcile import (
     pass_failed,
     reconcile,
 )
-from fsdp_operator.render import INSTANCE_TYPE_LABEL, raycluster_name
+from fsdp_operator.render import INSTANCE_TYPE_LABEL, Submission, raycluster_name
 from fsdp_operator.settings import OperatorConfig
 from fsdp_operator.spec import ZONE_LABEL, Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.status import JobStatus, Phase, merge_patch, progress_only, within_budget, without_rank_detail
@@ -99,6 +102,14 @@ class Runtime:
         """Loops whose first pass has not ended yet."""
         self._no_first_passes = asyncio.Event()
         self._no_first_passes.set()
+        self._log_worker: ProcessPoolExecutor | None = None
+
+    def log_worker(self) -> ProcessPoolExecutor:
+        """The process that parses and folds large log chunks (started on first use; `spawn`: this process has
+        threads, which `fork` would copy mid-flight)."""
+        if self._log_worker is None:
+            self._log_worker = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        return self._log_worker
 
     @property
     def kube(self) -> Kube:
@@ -155,6 +166,12 @@ class Runtime:
     async def close(self) -> None:
         if self._kube is not None:
             await self._kube.close()
+        self.drop_log_worker()
+
+    def drop_log_worker(self) -> None:
+        if self._log_worker is not None:
+            self._log_worker.shutdown(wait=False, cancel_futures=True)
+            self._log_worker = None
 
 
 def _describe(error: BaseException) -> str:
@@ -180,6 +197,65 @@ def _token(secret: Mapping[str, Any]) -> str:
         return base64.b64decode(str(raw or ""), validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
         return ""
+
+
+def _events_key(secret: Mapping[str, Any]) -> bytes:
+    data = secret.get("data")
+    raw = data.get(render.EVENTS_KEY_KEY) if isinstance(data, Mapping) else None
+    try:
+        return base64.b64decode(str(raw or ""), validate=True)
+    except binascii.Error:
+        return b""
+
+
+OFF_PROCESS_EVENTS = 64
+"""A log chunk with more event lines than this is parsed and folded in the log worker process, not in the
+operator's: parsing 256 KiB of event lines takes ~140 ms of CPU, which in a thread would still hold the GIL the
+event loop needs (docs/reliability.md, "Log flood")."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    """Whole lines of one log chunk waiting to be parsed, and the verifier state they are checked against."""
+
+    text: str
+    key: bytes
+    last_seq: dict[int, int]
+
+
+def parse_and_reconcile(
+    chunk: LogChunk, obj: Obj, status: JobStatus, observed: Observed, settings: dict[str, Any]
+) -> tuple[Decision, Observed, dict[int, int]]:
+    """Parse `chunk` into `observed` and decide: (the decision, what was observed without the events, the
+    verifier's state after the chunk). Pure; run in the log worker process for large chunks."""
+    verifier = Verifier(chunk.key)
+    verifier.last_seq = dict(chunk.last_seq)
+    parsed = parse_log(chunk.text.splitlines(), verifier)
+    observed = replace(
+        observed,
+        events=parsed.events,
+        skipped_lines=observed.skipped_lines + parsed.malformed,
+        forged_lines=observed.forged_lines + parsed.forged,
+    )
+    decision = reconcile(obj, status, observed, **settings)
+    return decision, replace(observed, events=()), verifier.last_seq
+
+
+def with_event_key(submission: Submission, job_key: bytes) -> Submission:
+    """The submission with its attempt's signing key in the job's environment (as is, without a job key)."""
+    if not job_key:
+        return submission
+    key = attempt_key(job_key, submission.submission_id).hex()
+    env_vars = {**submission.runtime_env.get("env_vars", {}), KEY_ENV: key}
+    return replace(submission, runtime_env={**submission.runtime_env, "env_vars": env_vars})
+
+
+async def job_events_key(runtime: Runtime, namespace: str, job_name: str, uid: str) -> bytes:
+    """The job's event-signing key from its own Secret; b'' before the Secret exists or when it is not the job's."""
+    secret = await runtime.kube.get_secret(namespace, render.auth_secret_name(job_name))
+    if secret is None or (uid and not _owned_by(secret, uid)):
+        return b""
+    return _events_key(secret)
 
 
 async def cluster_token(runtime: Runtime, namespace: str, job_name: str, uid: str) -> tuple[str, str]:
@@ -231,6 +307,16 @@ class JobLoop:
         self.uid = ""
         self.token = ""
         """Ray's auth token for the job's cluster, read from the job's Secret ('' until it exists)."""
+        self.events_key = b""
+        """The job's event-signing key, read from the job's Secret (b'' until it exists)."""
+        self.verifier: tuple[str, Verifier] | None = None
+        """(submission id, the verifier of its event lines): the sequence numbers of the lines up to the log offset
+        of `self.status`, for this attempt only."""
+        self.pending_chunk: LogChunk | None = None
+        """This pass's log lines when there are too many event lines to parse here (`OFF_PROCESS_EVENTS`)."""
+        self.pending_verifier: tuple[str, Verifier] | None = None
+        """The verifier after this pass's lines: it replaces `verifier` only once the status that records their
+        offset is written (a failed write re-reads the same lines, which must verify again)."""
         self.discarding_line = False
         """The log chunk last read ended inside a line longer than a whole chunk: skip to its end."""
         self.first_pass_due = False
@@ -318,9 +404,11 @@ class JobLoop:
         if uid != self.uid:
             # A new object under the same name: forget what the previous one's loop knew.
             self.uid, self.status, self.pending_write, self.token = uid, None, False, ""
+            self.events_key, self.verifier = b"", None
         raw_status = obj.get("status")
         stored = dict(raw_status) if isinstance(raw_status, Mapping) else {}
         status = self._current(stored)
+        self.pending_verifier, self.pending_chunk = None, None
         failure = ""
         try:
             observed = await self.observe(obj, status)
@@ -330,15 +418,20 @@ class JobLoop:
             self.log.exception("observing the job failed")
             observed, failure = Observed(now=self.rt.clock()), _describe(e)
         if not failure:
+            settings: dict[str, Any] = {
+                "training_package": self.rt.config.training_package,
+                "security": self.rt.config.security,
+                "ray_unreachable_timeout": self.rt.config.ray_unreachable_timeout,
+            }
             try:
-                decision = reconcile(
-                    obj,
-                    status,
-                    observed,
-                    training_package=self.rt.config.training_package,
-                    security=self.rt.config.security,
-                    ray_unreachable_timeout=self.rt.config.ray_unreachable_timeout,
-                )
+                if self.pending_chunk is not None:
+                    decision, observed, last_seq = await self._parse_and_reconcile(
+                        self.pending_chunk, obj, status, observed, settings
+                    )
+                    if self.pending_verifier is not None:
+                        self.pending_verifier[1].last_seq = last_seq
+                else:
+                    decision = reconcile(obj, status, observed, **settings)
             except Exception as e:  # contained: becomes the ReconcileError condition
                 self.log.exception("reconcile failed")
                 failure = _describe(e)
@@ -382,7 +475,8 @@ class JobLoop:
         overwrite it: a `Succeeded` followed by a deleted RayCluster became `ClusterLost`."""
         if self.status is not None and progress_only(stored, self.written):
             return self.status
-        self.status, self.written, self.pending_write = None, {}, False
+        # From the stored offset on: the verifier starts again (the lines before it are never read again).
+        self.status, self.written, self.pending_write, self.verifier = None, {}, False, None
         return JobStatus.from_dict(stored)
 
     # --- observing ---
@@ -442,7 +536,12 @@ class JobLoop:
             self.rt.metrics.ray_api_errors.labels("job").inc()
             return Observed(now=now, cluster=cluster, ray_error=str(e))
         text, consumed, over_long = self._complete_lines(chunk, full=len(chunk) >= LOG_CHUNK, final=final)
-        parsed = parse_log(text.splitlines())
+        verifier = await self._verifier(status.submission_id)
+        if text.count(PREFIX) > OFF_PROCESS_EVENTS:
+            # Parsed with the decision, in the log worker: a flood of event lines must not hold this event loop.
+            self.pending_chunk = LogChunk(text, verifier.key, verifier.last_seq)
+            text = ""
+        parsed = parse_log(text.splitlines(), verifier)
         return Observed(
             now=now,
             cluster=cluster,
@@ -450,8 +549,45 @@ class JobLoop:
             events=parsed.events,
             log_offset=status.log_offset + consumed,
             skipped_lines=parsed.malformed + over_long,
+            forged_lines=parsed.forged,
             log_pending=len(chunk) >= LOG_CHUNK,
         )
+
+    async def _parse_and_reconcile(
+        self, chunk: LogChunk, obj: Obj, status: JobStatus, observed: Observed, settings: dict[str, Any]
+    ) -> tuple[Decision, Observed, dict[int, int]]:
+        """Many event lines: parsed and folded in the log worker, off this process's event loop and its GIL."""
+        loop = asyncio.get_running_loop()
+        try:
+            work = functools.partial(parse_and_reconcile, chunk, obj, status, observed, settings)
+            return await loop.run_in_executor(self.rt.log_worker(), work)
+        except (BrokenExecutor, RuntimeError, OSError):
+            # No worker (it died, or could not start): a new one next time; this chunk here, slower but not lost. A
+            # RuntimeError of the decision itself raises again here and becomes the ReconcileError condition.
+            self.rt.drop_log_worker()
+            self.log.warning("the log worker process died; this chunk is parsed in the operator's process")
+            return parse_and_reconcile(chunk, obj, status, observed, settings)
+
+    async def _events_key(self) -> bytes:
+        if not self.events_key:
+            self.events_key = await job_events_key(self.rt, self.namespace, self.name, self.uid)
+        return self.events_key
+
+    async def _verifier(self, submission_id: str) -> Verifier:
+        """A copy of the verifier of this attempt's lines, for this pass (`write` keeps it once the pass lands).
+
+        Without the job's key (a Secret made before keys, or not the job's) nothing verifies: every event line
+        is refused, and the `EventsAuthentic` condition says so."""
+        if self.verifier is None or self.verifier[0] != submission_id:
+            key = await self._events_key()
+            self.verifier = (submission_id, Verifier(attempt_key(key, submission_id) if key else b""))
+        pending = self.verifier[1].copy()
+        self.pending_verifier = (submission_id, pending)
+        return pending
+
+    def _status_moved_on(self) -> None:
+        if self.pending_verifier is not None:
+            self.verifier, self.pending_verifier = self.pending_verifier, None
 
     def _complete_lines(self, chunk: str, *, full: bool, final: bool) -> tuple[str, int, int]:
         """(whole lines to parse, characters consumed, over-long lines skipped) of one log chunk.
@@ -531,10 +667,12 @@ class JobLoop:
         new = within_budget(status.to_dict())
         if new == stored:
             self.status, self.written, self.pending_write = status, new, False
+            self._status_moved_on()
             return
         now = time.monotonic()
         if progress_only(stored, new) and now - self.last_write < self.rt.config.progress_write_interval:
             self.status, self.written, self.pending_write = status, new, True  # the loop comes back when it is due
+            self._status_moved_on()
             self.rt.metrics.status_writes.labels("deferred").inc()
             return
         try:
@@ -544,6 +682,7 @@ class JobLoop:
             raise
         self.rt.metrics.status_writes.labels("written").inc()
         self.status, self.written, self.pending_write, self.last_write = status, new, False, now
+        self._status_moved_on()
 
     # --- acting ---
     async def act(self, obj: Obj, decision: Decision) -> None:
@@ -572,7 +711,9 @@ class JobLoop:
         match action:
             case CreateAuthSecret(manifest=manifest):
                 token = base64.b64encode(secrets.token_urlsafe(32).encode()).decode()
-                created = await self.rt.kube.create_secret({**manifest, "data": {render.AUTH_TOKEN_KEY: token}})
+                events_key = base64.b64encode(secrets.token_bytes(32)).decode()
+                data = {render.AUTH_TOKEN_KEY: token, render.EVENTS_KEY_KEY: events_key}
+                created = await self.rt.kube.create_secret({**manifest, "data": data})
                 self.log.info(f"Secret {manifest['metadata']['name']} " + ("created" if created else "exists"))
             case ApplyNetworkPolicy(manifest=manifest):
                 created = await self.rt.kube.create_network_policy(manifest)
@@ -603,8 +744,14 @@ class JobLoop:
     async def _submit(self, submission_id: str, decision: Decision, action: SubmitJob) -> None:
         if not self.address:
             return
+        # The attempt's key goes in here, at the last moment: never in a decision, a status or a log line. Without
+        # one (a Secret from before event keys) the ranks print unsigned lines, which are refused, and said so.
+        key = await self._events_key()
+        submission = with_event_key(action.submission, key)
+        if not key:
+            self.log.warning(f"submission {submission_id}: the job's Secret holds no event key; no event will verify")
         try:
-            created = await self._ray().submit(action.submission)
+            created = await self._ray().submit(submission)
         except SubmissionRejected as e:
             self.rt.metrics.submissions.labels("rejected").inc()
             self.submit_error = str(e)

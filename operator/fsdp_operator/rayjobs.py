@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from fsdp_train import events
+
 from fsdp_operator.reconcile import RAY_FAILED, RAY_PENDING, RAY_RUNNING, RAY_STOPPED, RAY_SUCCEEDED, RAY_TERMINAL
 from fsdp_operator.reconcile import RayJobInfo as RayJobInfo
 from fsdp_operator.reconcile import RayNodes as RayNodes
@@ -360,6 +362,23 @@ class FakeJob:
     status: str = RAY_PENDING
     message: str = ""
     log: str = ""
+    signer: events.Signer | None = None
+    """Signs what `FakeRay.emit` prints, as the bundled emitter of this attempt does."""
+
+
+def _signed(line: str, signer: events.Signer) -> str:
+    """`line` with its unsigned event (if any) signed; other lines, and ones whose JSON does not parse, as they are."""
+    start = line.find(events.PREFIX + " {")
+    if start < 0:
+        return line
+    begin = start + len(events.PREFIX) + 1
+    try:
+        payload, end = json.JSONDecoder().raw_decode(line, begin)
+    except (ValueError, RecursionError):
+        return line
+    if not isinstance(payload, dict):
+        return line
+    return line[:start] + signer.line(payload) + line[end:]
 
 
 @dataclass
@@ -428,6 +447,17 @@ class FakeRay:
         raise KeyError(submission_id)
 
     def emit(self, submission_id: str, *lines: str) -> None:
+        """The bundled training function prints `lines`: each event line in them is signed with the attempt's key
+        (from the submission, as `fsdp_train.events.take_key` reads it), as the real emitter signs it."""
+        job = self.job(submission_id)
+        key = bytes.fromhex(str(job.submission.runtime_env.get("env_vars", {}).get(events.KEY_ENV, "")))
+        if key and job.signer is None:
+            job.signer = events.Signer(key)
+        signer = job.signer
+        self.print(submission_id, *(_signed(line, signer) if signer else line for line in lines))
+
+    def print(self, submission_id: str, *lines: str) -> None:
+        """Other code of the job prints `lines` verbatim (a user's print, a dependency): nothing is signed."""
         job = self.job(submission_id)
         if job.status == RAY_PENDING:
             job.status = RAY_RUNNING

@@ -140,6 +140,8 @@ class Observed:
     """Ray rejected the submission of `status.submissionId` (not a transient error)."""
     skipped_lines: int = 0
     """Event lines in the log read this pass that did not parse (malformed, over-long)."""
+    forged_lines: int = 0
+    """Event lines in the log read this pass that failed the signature check (never folded)."""
     log_pending: bool = False
     """More of the job log is waiting than one pass reads: the next pass comes at once."""
     foreign_secret: str = ""
@@ -174,7 +176,7 @@ class StopJob:
 
 @dataclass(frozen=True, slots=True)
 class CreateAuthSecret:
-    """The per-job Secret for Ray's auth token (the controller draws the token); 409 means it exists."""
+    """The per-job Secret for Ray's auth token and the event key (the controller draws both); 409: it exists."""
 
     manifest: dict[str, Any]
 
@@ -416,9 +418,8 @@ def _name_taken(job: Job, status: JobStatus, obs: Observed) -> Decision | None:
 
 def _cluster_actions(job: Job, status: JobStatus, security: render.Security) -> tuple[Action, ...]:
     """Create (idempotently) what the RayCluster needs first, then the cluster itself."""
-    actions: tuple[Action, ...] = ()
-    if security.token_auth:
-        actions += (CreateAuthSecret(render.auth_secret(job)),)
+    # Always: besides Ray's token it holds the key the job's events are signed with (docs/reliability.md).
+    actions: tuple[Action, ...] = (CreateAuthSecret(render.auth_secret(job)),)
     if security.network_policy:
         actions += (ApplyNetworkPolicy(render.network_policy(job, security)),)
     return (*actions, _raycluster(job, status, security))
@@ -754,17 +755,24 @@ def _track_job(
         return decision
 
     if obs.events or obs.log_offset is not None:
-        folded = fold_events(job, status, obs.events, now=obs.now)
+        # The requireEFA deadline at the latest: the Ray job succeeded and its whole log is folded.
+        ended = obs.ray_job is not None and obs.ray_job.status == RAY_SUCCEEDED and not obs.log_pending
+        folded = fold_events(job, status, obs.events, now=obs.now, forged=obs.forged_lines, job_ended=ended)
         status = folded.status
         if obs.log_offset is not None:
             status = replace(
                 status, log_offset=obs.log_offset, skipped_events=status.skipped_events + obs.skipped_lines
             )
+        running = obs.ray_job is not None and obs.ray_job.status not in RAY_TERMINAL
         if folded.transport_failure:
-            running = obs.ray_job is not None and obs.ray_job.status not in RAY_TERMINAL
             return _finish(
                 job, status, obs, Phase.FAILED, Reason.TRANSPORT_FALLBACK, folded.transport_failure, stop_job=running
             )
+        if folded.unverified_transport:
+            return _finish(
+                job, status, obs, Phase.FAILED, Reason.TRANSPORT_UNVERIFIED, folded.unverified_transport,
+                stop_job=running,
+            )  # fmt: skip
     unreadable = _data_unavailable(status)
     if unreadable:
         # Not retried: another attempt would read the same source. The ranks still waiting stop now.

@@ -37,6 +37,8 @@ WORKER_GROUP_CPU = "cpu-workers"
 RAY_LOGS = "/tmp/ray"
 AUTH_TOKEN_KEY = "token"
 """The key of the per-job Secret that holds Ray's auth token."""
+EVENTS_KEY_KEY = "events-key"
+"""The key of the per-job Secret that holds the job's event-signing key (each attempt's key derives from it)."""
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 
 
@@ -106,7 +108,7 @@ def network_policy_name(job_name: str) -> str:
 
 
 def auth_secret(job: Job) -> dict[str, Any]:
-    """The Secret for Ray's token, without its data: the controller draws the random token when it creates it."""
+    """The job's Secret, without its data: the controller draws Ray's token and the event-signing key into it."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -426,6 +428,8 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
         json.dumps(config, separators=(",", ":"), sort_keys=True)
     )
     env_vars = {
+        **spec.runtime_env.env_vars,
+        # Last, so that these win even over a value the spec check missed: the event channel depends on them.
         # Per-rank lines must reach the job log unmerged and printed once (see docs/operations.md).
         "RAY_DEDUP_LOGS": "0",
         "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
@@ -434,7 +438,7 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
         # Each rank reads its own NCCL log back to report the transport; set here, before Ray Train
         # creates the process group, so no NCCL call can precede it. /tmp/ray is the pods' Ray volume.
         "NCCL_DEBUG_FILE": f"{RAY_LOGS}/nccl.%h.%p.log",
-        **spec.runtime_env.env_vars,
+        "PYTHONIOENCODING": "utf-8",
     }
     runtime_env: dict[str, Any] = {"py_modules": [training_package], "env_vars": env_vars}
     if spec.runtime_env.pip:

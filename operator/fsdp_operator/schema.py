@@ -163,6 +163,11 @@ STATUS_SCHEMA: Schema = {
             "type": "integer",
             "description": "Event lines skipped: malformed, over-long, or naming a rank the job does not have.",
         },
+        "forgedEvents": {
+            "type": "integer",
+            "description": "Event lines refused by the signature check (not from this attempt's training function); "
+            "never folded.",
+        },
         "truncated": {
             "type": "string",
             "description": "What was left out of this status to keep it within its size budget (absent: nothing).",

@@ -37,7 +37,7 @@ from fsdp_train.events import (
 from fsdp_operator import formats
 from fsdp_operator import transport as transport_mod
 from fsdp_operator.schema import MESSAGE_LIMIT
-from fsdp_operator.spec import Job
+from fsdp_operator.spec import MAX_STEPS, Job
 
 
 class Phase(StrEnum):
@@ -84,6 +84,8 @@ class Reason(StrEnum):
     CLUSTER_NAME_TAKEN = "ClusterNameTaken"
     """A RayCluster (or the job's auth Secret) under the job's name exists and was not created for this job."""
     TRANSPORT_FALLBACK = transport_mod.FAILURE_REASON
+    TRANSPORT_UNVERIFIED = transport_mod.UNVERIFIED_REASON
+    """`requireEFA`: a rank had no verified transport by the first training step (or when the Ray job ended)."""
     SUSPENDED = "Suspended"
     DATA_UNAVAILABLE = "DataUnavailable"
     """spec.data.source cannot be read, holds no documents, or too few for one global batch."""
@@ -107,6 +109,8 @@ class ConditionType(StrEnum):
     RECONCILE_ERROR = "ReconcileError"
     """True while the operator's own passes over the job fail (the message names the error)."""
     ZONE_PLACED = "ZonePlaced"
+    EVENTS_AUTHENTIC = "EventsAuthentic"
+    """False once an event line of the current attempt failed the signature check (docs/reliability.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +142,7 @@ _FAILURE_REASONS = frozenset(
         Reason.CLUSTER_LOST,
         Reason.CLUSTER_NAME_TAKEN,
         Reason.TRANSPORT_FALLBACK,
+        Reason.TRANSPORT_UNVERIFIED,
         Reason.DATA_UNAVAILABLE,
     }
 )
@@ -168,7 +173,7 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
         doc="The Ray job of the current attempt runs (phase Running); False with the phase's reason otherwise.",
     ),
     ConditionType.TRANSPORT_VERIFIED: ConditionRule(
-        reasons=frozenset({"Verified", "SocketFallback", "PluginMissing", "NotObserved"}),
+        reasons=frozenset({"Verified", "SocketFallback", "PluginMissing", "NotObserved", "Unverified"}),
         resets_on_new_attempt=True,
         warning_when_false=True,
         doc="Every networked rank's NCCL log shows the requested transport.",
@@ -205,6 +210,13 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
         warning_when_false=False,  # not an error: the workers run, only without a zone constraint
         doc="placement.availabilityZone: auto picked a zone (status.placement says which and why); False: "
         "the workers run without a zone constraint, and the message says why.",
+    ),
+    ConditionType.EVENTS_AUTHENTIC: ConditionRule(
+        reasons=frozenset({"AllSigned", "UnsignedLines"}),
+        resets_on_new_attempt=True,
+        warning_when_false=True,
+        doc="Every event line of the current attempt carried a valid signature of its emitter; False: some did "
+        "not (printed by other code, or replayed), were never folded, and are counted in forgedEvents.",
     ),
 }
 
@@ -308,6 +320,8 @@ class JobStatus:
     """How much of the current submission's log has been folded in."""
     skipped_events: int = 0
     """Event lines of the current submission skipped: malformed, or naming a rank the job does not have."""
+    forged_events: int = 0
+    """Event lines of the current submission refused by the signature check (never folded)."""
     dashboard_url: str = ""
     """Ray's dashboard (and job API) of the job's RayCluster, as KubeRay's RayJob reports `dashboardURL`."""
     placement: dict[str, Any] = field(default_factory=dict)
@@ -352,6 +366,7 @@ class JobStatus:
             "rayJobStatus": self.ray_job_status,
             "logOffset": self.log_offset,
             "skippedEvents": self.skipped_events,
+            "forgedEvents": self.forged_events,
             "dashboardURL": self.dashboard_url,
             "placement": self.placement,
             "conditions": self.conditions,
@@ -405,6 +420,7 @@ class JobStatus:
             ray_job_status=str(raw.get("rayJobStatus") or ""),
             log_offset=integer("logOffset"),
             skipped_events=integer("skippedEvents"),
+            forged_events=integer("forgedEvents"),
             dashboard_url=str(raw.get("dashboardURL") or ""),
             placement=mapping("placement"),
             conditions=listing("conditions"),
@@ -462,6 +478,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
         ray_unreachable_since=None,
         log_offset=0,
         skipped_events=0,
+        forged_events=0,
         conditions=kept,
         ranks=[],
         progress={},
@@ -584,11 +601,34 @@ class Folded:
     transport_failure: str | None
     """The failure message when `requireEFA` is set and a rank is not on EFA; None otherwise."""
     rejected: int = 0
-    """Events refused for naming a rank (or rank count) outside the job's world size."""
+    """Events refused for naming a rank outside the job's world size, or a number no run can produce."""
+    unverified_transport: str | None = None
+    """`requireEFA` and its deadline passed with a rank on no verified transport: the failure message."""
 
 
-def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: datetime) -> Folded:
-    """Fold the ranks' structured events into `status` (idempotent: re-reading a log gives the same result)."""
+RANK_FAILURES_KEPT = 16
+"""`status.rankFailures` keeps the newest this many distinct failures."""
+TRANSPORT_DEADLINE_SECONDS = 60.0
+"""`requireEFA`: every rank must have reported a verified transport this long after the operator read rank 0's
+first step (or when the Ray job ends, whichever is first). Each rank reports it before its first collective of
+training, so only log delivery from other nodes stands between; docs/reliability.md."""
+
+
+def fold_events(
+    job: Job,
+    status: JobStatus,
+    events: Iterable[Event],
+    *,
+    now: datetime,
+    forged: int = 0,
+    job_ended: bool = False,
+) -> Folded:
+    """Fold the ranks' structured events into `status` (idempotent: re-reading a log gives the same result).
+
+    Linear in the events, with bounded state. `forged` event lines (refused by the signature check) are
+    counted and turn `EventsAuthentic` False; none of them reaches the fold. `job_ended`: the Ray job ended
+    and its whole log is read (the `requireEFA` deadline).
+    """
     ranks = _Ranks(status.ranks)
     progress = dict(status.progress)
     result = dict(status.result)
@@ -596,16 +636,21 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
     output = dict(status.output)
     timings = dict(status.timings)
     probes = [dict(p) for p in status.probes]
-    failures = [dict(f) for f in status.rank_failures]
+    # A dict keyed by the failure itself: dedup in constant time, insertion order kept, at most a bound kept.
+    failures: dict[tuple[Any, ...], dict[str, Any]] = {_failure_key(f): dict(f) for f in status.rank_failures}
     restarts, group_start = status.worker_restarts, status.worker_group_start
     transports = _transport_events(status)
     saw_transport = saw_probe = False
     world_size = job.spec.workers.world_size
+    # The configured steps bound every step number; the spec's maximum, not its current value, which an edit of
+    # the spec can change under a running attempt.
+    total_steps = MAX_STEPS
+    max_restarts = job.spec.run_policy.max_worker_restarts
     rejected = 0
 
     for event in events:
-        if not _fits_world(event, world_size):
-            # A rank the job does not have: a line of another program, or a forged one. Never a status entry.
+        if not _fits_world(event, world_size) or not _possible(event, total_steps):
+            # A rank the job does not have, or a number no run of this job produces. Never a status entry.
             rejected += 1
             continue
         if isinstance(event, Placement):
@@ -614,7 +659,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 # Train restarted the worker group.
                 started = _moment(event.time)  # None: a time no clock shows (NaN, past year 9999)
                 if started is not None and group_start is not None and started > group_start:
-                    restarts += 1
+                    # Ray Train restarts a group at most maxWorkerRestarts times in an attempt: more is no restart.
+                    restarts = min(restarts + 1, max(max_restarts, 0))
                 if started is not None and (group_start is None or started > group_start):
                     group_start = started
             entry = ranks.entry(event.rank)
@@ -650,6 +696,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 continue  # an older line re-read after a restart
             history = _with_loss_point(progress.get("lossHistory"), event.step, _round(event.loss))
             evaluation: dict[str, Any] = {k: progress[k] for k in ("evalLoss", "evalStep") if k in progress}
+            # The operator's clock, not the rank's: the requireEFA deadline counts from when the step was seen.
+            first_step = progress.get("firstStepTime") or format_time(now)
             progress = {
                 "step": event.step,
                 "totalSteps": event.total_steps,
@@ -670,6 +718,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             if event.samples_seen:  # a data source (random tokens have no epochs)
                 progress.update(epoch=event.epoch, samplesSeen=event.samples_seen, tokensSeen=event.tokens_seen)
             progress.update(evaluation)
+            if first_step:
+                progress["firstStepTime"] = first_step
         elif isinstance(event, Evaluation):
             if event.step >= _int(progress.get("evalStep")):
                 progress.update(evalLoss=_round(event.loss), evalStep=event.step)
@@ -713,8 +763,9 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
             failure = {"rank": event.rank, "message": event.message[:1000]}
             if event.reason:
                 failure["reason"] = event.reason[:64]
-            if failure not in failures:
-                failures.append(failure)
+            failures.setdefault(_failure_key(failure), failure)
+            while len(failures) > RANK_FAILURES_KEPT:
+                del failures[next(iter(failures))]
 
     new = replace(
         status,
@@ -725,7 +776,7 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         output=output,
         timings=timings,
         probes=probes,
-        rank_failures=failures[-16:],
+        rank_failures=list(failures.values())[-RANK_FAILURES_KEPT:],
         worker_restarts=restarts,
         worker_group_start=group_start,
     )
@@ -739,12 +790,112 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
         new = replace(new, transport=seen.to_status())
         conditions = _apply(conditions, seen.condition, now=now, generation=job.generation)
         verdict = seen.failure_message if seen.fail else None
+    unverified = _transport_unverified(job, new, transports, now=now, job_ended=job_ended) if not verdict else None
+    if unverified:
+        condition = {"type": ConditionType.TRANSPORT_VERIFIED, "status": "False", "reason": "Unverified"}
+        conditions = _apply(conditions, {**condition, "message": unverified}, now=now, generation=job.generation)
     if saw_probe or status.interconnect:
         link = transport_mod.interconnect_status(_probe_events(new), spec.network.min_cross_node_gbps)
         new = replace(new, interconnect=link.to_status())
         conditions = _apply(conditions, link.condition, now=now, generation=job.generation)
+    if forged or status.forged_events:
+        total = status.forged_events + forged
+        authentic = {"type": ConditionType.EVENTS_AUTHENTIC, "status": "False", "reason": "UnsignedLines"}
+        message = (
+            f"{total} event line(s) of this attempt failed the signature check (printed by other code than the "
+            "bundled training function, or replayed); none was folded into this status"
+        )
+        conditions = _apply(conditions, {**authentic, "message": message}, now=now, generation=job.generation)
     skipped = status.skipped_events + rejected
-    return Folded(replace(new, conditions=conditions, skipped_events=skipped), verdict, rejected)
+    new = replace(new, conditions=conditions, skipped_events=skipped, forged_events=status.forged_events + forged)
+    return Folded(new, verdict, rejected, unverified)
+
+
+def _failure_key(failure: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (failure.get("rank"), failure.get("message"), failure.get("reason"))
+
+
+def _finite(value: float, *, upper: float = math.inf) -> bool:
+    """Within [0, upper], or NaN, or (with no finite upper bound) infinite: a zero-time step or a diverged run
+    reports those honestly, and the status shows them as null. A negative number, or one past `upper`, no run
+    produces."""
+    return math.isnan(value) or 0 <= value <= upper
+
+
+def _loss(value: float) -> bool:
+    """Not negative (cross-entropy never is); NaN and infinities pass: a diverged run reports them."""
+    return not (math.isfinite(value) and value < 0)
+
+
+def _possible(event: Event, total_steps: int) -> bool:
+    """Whether the event's numbers are ones a run of this job can produce (docs/reliability.md, "Threat model").
+
+    Steps within the run (step <= totalSteps <= the most a spec may ask for), MFU a fraction, rates, times and
+    losses not negative. NaN and infinities stay possible (a diverged loss, a zero-time step) and become null.
+    """
+    if isinstance(event, Step):
+        return (
+            1 <= event.step <= event.total_steps <= total_steps
+            and _loss(event.loss)
+            and _finite(event.tokens_per_second)
+            and _finite(event.tokens_per_second_per_device)
+            and (event.mfu is None or _finite(event.mfu, upper=1.0))
+            and _finite(event.step_seconds)
+            and event.samples_seen >= 0
+        )
+    if isinstance(event, Summary):
+        return (
+            event.steps <= total_steps
+            and event.resumed_from_step <= total_steps
+            and _loss(event.final_loss)
+            and _loss(event.first_loss)
+            and (event.eval_loss is None or _loss(event.eval_loss))
+            and _finite(event.tokens_per_second)
+            and (event.mfu is None or _finite(event.mfu, upper=1.0))
+            and _finite(event.seconds)
+        )
+    if isinstance(event, Evaluation):
+        return event.step <= total_steps and _loss(event.loss) and _finite(event.seconds)
+    if isinstance(event, Export | Checkpoint):
+        return event.step <= total_steps and _finite(event.seconds)
+    if isinstance(event, Probe):
+        return _finite(event.allreduce_busbw_gbps) and _finite(event.allgather_busbw_gbps)
+    if isinstance(event, Timings):
+        times = (event.to_first_step_seconds, event.startup_seconds, event.probe_seconds, event.build_seconds)
+        return all(_finite(t) for t in (*times, event.first_step_seconds))
+    return True
+
+
+def _transport_unverified(
+    job: Job, status: JobStatus, transports: list[Transport], *, now: datetime, job_ended: bool
+) -> str | None:
+    """`requireEFA` fails closed: the message when its deadline passed with a rank on no verified transport.
+
+    The deadline: the Ray job's end, or `TRANSPORT_DEADLINE_SECONDS` after rank 0's first step. Verified is
+    `efa`; `none` (intra-node peers only) counts only in a single-node job, where nothing crosses the network.
+    """
+    spec = job.spec
+    if not spec.network.require_efa or spec.network.transport == "socket":
+        return None
+    first_step = parse_time(_text(status.progress.get("firstStepTime")))
+    due = first_step is not None and (now - first_step).total_seconds() >= TRANSPORT_DEADLINE_SECONDS
+    if not (job_ended or due):
+        return None
+    accepted = {"efa", "none"} if spec.workers.replicas == 1 else {"efa"}
+    latest = {t.rank: t.transport for t in transports}
+    missing = [r for r in range(spec.workers.world_size) if latest.get(r) not in accepted]
+    if not missing:
+        return None
+    shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+    when = "when the Ray job ended" if job_ended else f"{TRANSPORT_DEADLINE_SECONDS:.0f}s after the first step"
+    return (
+        f"EFA required but {len(missing)} of {spec.workers.world_size} ranks (rank {shown}) had reported no verified "
+        f"EFA transport {when}"
+    )
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def without_rank_detail(status: JobStatus) -> JobStatus:

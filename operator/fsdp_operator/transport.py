@@ -34,6 +34,8 @@ TRANSPORT_CONDITION = "TransportVerified"
 INTERCONNECT_CONDITION = "InterconnectHealthy"
 FAILURE_REASON = "TransportFallback"
 """The job's failure reason when ``requireEFA`` is set and a rank is not on EFA."""
+UNVERIFIED_REASON = "TransportUnverified"
+"""The job's failure reason when ``requireEFA`` is set and a rank reported no verified transport in time."""
 
 Condition = dict[str, str]
 """A ``metav1.Condition`` without ``lastTransitionTime``: type, status, reason, message."""

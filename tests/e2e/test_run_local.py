@@ -86,6 +86,8 @@ def test_tiny_cpu_job_succeeds_and_the_status_tells_what_happened(tmp_path: Path
     assert status["progress"]["step"] == status["progress"]["totalSteps"] == 20
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions["WorkersReady"] == "True" and conditions["TransportVerified"] == "True"
+    # Every line above came signed by the real emitter under this attempt's key, and none was refused.
+    assert "forgedEvents" not in status and "EventsAuthentic" not in conditions
     assert "tiny-cpu" in proc.stdout and "Succeeded" in proc.stdout
 
 

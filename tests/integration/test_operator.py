@@ -7,6 +7,7 @@ and submissions Ray accepted as new jobs.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 from fsdp_operator import render, schema
-from fsdp_operator.controller import Runtime
+from fsdp_operator.controller import Runtime, with_event_key
 from fsdp_operator.handlers import build_registry
 from fsdp_operator.kube import AioKube
 from fsdp_operator.local import ThreadedApiServer
@@ -309,7 +310,9 @@ def test_restart_in_every_phase_never_duplicates(apiserver: ThreadedApiServer, p
                     job = w.job()
                     assert job is not None
                     submission = render.submission(parse_job(job), w.sid(1), FAST.training_package)
-                    await w.ray.client(address, w.ray.tokens[address]).submit(submission)
+                    (secret,) = w.api.store.find("secrets")  # what the operator adds at submission: the attempt key
+                    job_key = base64.b64decode(secret["data"][render.EVENTS_KEY_KEY])
+                    await w.ray.client(address, w.ray.tokens[address]).submit(with_event_key(submission, job_key))
         w.script.hold = w.kuberay.never_ready = False
         async with w.operator():
             await w.phase("Succeeded", timeout=15)

@@ -309,6 +309,7 @@ def comparable(status: dict[str, Any], w: World) -> dict[str, Any]:
     text = json.dumps({k: v for k, v in status.items() if k not in varying})
     text = text.replace(w.sid(1), "<submission 1>")
     out: dict[str, Any] = json.loads(text)
+    out.get("progress", {}).pop("firstStepTime", None)  # the first step's wall-clock time
     out["conditions"] = sorted(
         ({k: v for k, v in c.items() if k != "lastTransitionTime"} for c in out.get("conditions", [])),
         key=lambda c: str(c["type"]),

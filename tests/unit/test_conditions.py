@@ -25,10 +25,12 @@ def test_every_condition_type_has_a_rule() -> None:
     assert {t for t, rule in CONDITIONS.items() if rule.warning_when_false} == {
         "TransportVerified",
         "InterconnectHealthy",
+        "EventsAuthentic",
     }
     assert {t for t, rule in CONDITIONS.items() if rule.resets_on_new_attempt} == {
         "TransportVerified",
         "InterconnectHealthy",
+        "EventsAuthentic",
     }
 
 
@@ -79,7 +81,7 @@ def test_new_attempt_drops_exactly_the_conditions_the_table_resets() -> None:
         for t in ConditionType
     ]
     kept = {c["type"] for c in cleared_run_data(JobStatus(conditions=conditions)).conditions}
-    assert kept == {t.value for t in ConditionType} - {"TransportVerified", "InterconnectHealthy"}
+    assert kept == {t.value for t in ConditionType} - {"TransportVerified", "InterconnectHealthy", "EventsAuthentic"}
 
 
 def test_waiting_for_workers_posts_normal_events() -> None:

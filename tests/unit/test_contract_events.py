@@ -421,7 +421,7 @@ def test_optional_fields_left_out_are_left_out_of_the_status() -> None:
     status = one_pass(wire(bare))
     assert "deviceUUID" not in status["ranks"][0]
     assert set(status["progress"]) == {"step", "totalSteps", "stepOfTotal", "loss", "tokensPerSecond",
-                                       "tokensPerSecondPerDevice", "lossHistory"}  # fmt: skip
+                                       "tokensPerSecondPerDevice", "lossHistory", "firstStepTime"}  # fmt: skip
     assert set(status["result"]) == {"steps", "firstLoss", "finalLoss", "tokensPerSecond", "seconds"}
 
 

@@ -104,8 +104,8 @@ def test_folding_the_whole_corpus_gives_a_status_the_crd_accepts() -> None:
     assert sorted(r["rank"] for r in status["ranks"]) == [1, 2]
     assert [r["rank"] for r in status["transport"]["ranks"]] == [2]
     assert status["progress"]["step"] == 3 and status["progress"]["tokensPerSecond"] == 1000
-    # Ranks 8, 9, 4095 and 2^20-1 (placement and transport each), local rank 1000.
-    assert folded.rejected == 9 and status["skippedEvents"] == 9
+    # Ranks 8, 9, 4095 and 2^20-1 (placement and transport each), local rank 1000; a negative loss.
+    assert folded.rejected == 10 and status["skippedEvents"] == 10
     assert len(json.dumps(status)) < status_budget(3)
 
 

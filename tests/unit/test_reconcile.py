@@ -356,6 +356,14 @@ def running(**observed: Any) -> dict[str, Any]:
     return {"cluster": cluster(), "ray_job": RayJobInfo(sid(1), "RUNNING"), "log_offset": 0, **observed}
 
 
+def on_efa(m: dict[str, Any] | None = None) -> tuple[Transport, ...]:
+    """Every rank's verified EFA transport: what a job under requireEFA (the default for efa) needs to succeed."""
+    from fsdp_operator.spec import parse_job
+
+    world = parse_job(m or manifest()).spec.workers.world_size
+    return tuple(Transport(rank=r, transport="efa", evidence="NET/OFI Selected provider is efa") for r in range(world))
+
+
 def test_running_folds_events_into_status() -> None:
     placement = Placement(
         rank=1, world_size=8, local_rank=1, local_world_size=4, node_rank=0, node_ip="10.0.1.5",
@@ -404,7 +412,8 @@ def test_running_without_news_changes_nothing() -> None:
 
 def test_success_records_result_and_cleans_up() -> None:
     summary = Summary(rank=0, steps=100, final_loss=1.25, first_loss=6.5, tokens_per_second=20000.4, seconds=300)
-    d = run(manifest(), at(Phase.RUNNING), **running(ray_job=RayJobInfo(sid(1), "SUCCEEDED"), events=(summary,)))
+    succeeded = RayJobInfo(sid(1), "SUCCEEDED")
+    d = run(manifest(), at(Phase.RUNNING), **running(ray_job=succeeded, events=(*on_efa(), summary)))
     assert (d.status.phase, d.status.reason) == (Phase.SUCCEEDED, Reason.COMPLETED)
     assert d.status.result["finalLoss"] == 1.25 and d.status.result["tokensPerSecond"] == 20000
     assert d.status.end_time == NOW and "100 steps" in d.status.message
@@ -640,7 +649,7 @@ def test_every_transition_of_a_happy_run_posts_one_event() -> None:
         {},
         {"cluster": cluster(ready=1, state="")},
         {"cluster": cluster(), "ray_nodes": ALL_NODES},
-        running(),
+        running(events=on_efa()),
         running(ray_job=RayJobInfo(sid(1), "SUCCEEDED")),
     ):
         d = run(m, status, **observed)

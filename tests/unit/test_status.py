@@ -38,7 +38,7 @@ NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 
 
 def job(**network: Any) -> Job:
-    spec: dict[str, Any] = {"workers": {"replicas": 2}}
+    spec: dict[str, Any] = {"workers": {"replicas": 2}, "runPolicy": {"maxWorkerRestarts": 3}}
     if network:
         spec["network"] = network
     return parse_job(
@@ -205,7 +205,7 @@ def test_non_finite_numbers_never_reach_the_api_server() -> None:
     nan, inf = float("nan"), float("inf")
     lines = [
         Step(
-            rank=0, step=1, total_steps=2, loss=nan, tokens_per_second=inf, tokens_per_second_per_device=nan
+            rank=0, step=1, total_steps=100, loss=nan, tokens_per_second=inf, tokens_per_second_per_device=nan
         ).to_line(),
         Probe(
             rank=0, scope="cross-node", ranks=2, size_bytes=1, allreduce_busbw_gbps=inf, allgather_busbw_gbps=nan

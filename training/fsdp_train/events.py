@@ -3,21 +3,35 @@
 Each event is one line on stdout: the fixed prefix, a space, then one JSON object. Ray prepends
 ``(RayTrainWorker pid=..., ip=...) `` to worker output, so the parser looks for the prefix anywhere
 in the line. This module is pure Python (no torch, no Kubernetes): the operator imports it too.
+
+Under the operator every line is signed: ``FSDP_EVENT <hmac> {json}``, the HMAC-SHA256 (hex) of the JSON
+text under the attempt's key, the JSON carrying a per-rank sequence number ``seq``. The key reaches the job
+in :data:`KEY_ENV`; :func:`take_key` reads it once and removes it from the environment. A :class:`Verifier`
+refuses lines without a valid MAC under its key, and replays (a ``seq`` not above the rank's last one).
+docs/reliability.md, "Threat model", says what this protects against and what it cannot.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
 import re
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, field, fields
 from types import UnionType
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 PREFIX = "FSDP_EVENT"
 SCHEMA_VERSION = 1
+KEY_ENV = "FSDP_EVENT_KEY"
+"""The attempt's signing key (hex) as the operator hands it to the job; :func:`take_key` removes it."""
+_MAC_CONTEXT = b"fsdp-event-v1\n"
+"""Prepended to the JSON text before the MAC: a key used for anything else cannot sign an event line."""
+_MAC_HEX = 64
 
 TransportName = Literal["efa", "socket", "ib", "none", "init-failed", "unknown"]
 
@@ -32,9 +46,12 @@ class Event:
     time: float = field(default_factory=time.time)
     """Unix time when the event was emitted."""
 
-    def to_line(self) -> str:
+    def to_line(self, signer: Signer | None = None) -> str:
+        """The event's log line; signed (with the next sequence number of this rank) when `signer` is given."""
         payload = {"v": SCHEMA_VERSION, "kind": self.kind, **asdict(self)}
-        return f"{PREFIX} {json.dumps(payload, separators=(',', ':'), sort_keys=True)}"
+        if signer is None:
+            return f"{PREFIX} {json.dumps(payload, separators=(',', ':'), sort_keys=True)}"
+        return signer.line(payload)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -293,8 +310,99 @@ class Malformed:
 MALFORMED = Malformed()
 
 
-def parse_event(line: str) -> Event | Malformed | None:
+class Forged:
+    """Marks an event line a :class:`Verifier` refused: unsigned, a MAC that does not verify, or a replay."""
+
+    __slots__ = ()
+
+
+FORGED = Forged()
+
+
+# --- signing: only the bundled emitter of this attempt holds the key ---------------------------------------
+
+
+def attempt_key(job_key: bytes, submission_id: str) -> bytes:
+    """The key of one attempt: lines signed for another attempt (another submission id) do not verify under it."""
+    return hmac.new(job_key, b"fsdp-event-attempt\n" + submission_id.encode(), hashlib.sha256).digest()
+
+
+def line_mac(key: bytes, text: str) -> str:
+    return hmac.new(key, _MAC_CONTEXT + text.encode(), hashlib.sha256).hexdigest()
+
+
+class Signer:
+    """Signs one process's event lines; sequence numbers are microseconds of the wall clock, never repeating.
+
+    A clock-based number lets a restarted process (Ray Train's new worker group) continue above its
+    predecessor's numbers without knowing them, so the verifier keeps one number per rank.
+    """
+
+    def __init__(self, key: bytes, clock_ns: Any = time.time_ns) -> None:
+        self._key = key
+        self._clock_ns = clock_ns
+        self._last = 0
+
+    def line(self, payload: dict[str, Any]) -> str:
+        self._last = max(self._last + 1, int(self._clock_ns()) // 1000)
+        text = json.dumps({**payload, "seq": self._last}, separators=(",", ":"), sort_keys=True)
+        return f"{PREFIX} {line_mac(self._key, text)} {text}"
+
+
+class Verifier:
+    """Accepts the lines of one attempt's emitter only: a valid MAC under its key, each rank's ``seq`` rising.
+
+    State is one number per rank that ever sent a verified line (bounded by the parser's rank bound).
+    """
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.last_seq: dict[int, int] = {}
+
+    def copy(self) -> Verifier:
+        twin = Verifier(self.key)
+        twin.last_seq = dict(self.last_seq)
+        return twin
+
+    def authentic(self, mac: str, text: str) -> bool:
+        return len(mac) == _MAC_HEX and hmac.compare_digest(mac, line_mac(self.key, text))
+
+    def fresh(self, rank: int, seq: Any) -> bool:
+        """Whether `seq` is a new number for `rank` (and remember it)."""
+        if isinstance(seq, bool) or not isinstance(seq, int) or not 0 < seq <= MAX_COUNT:
+            return False
+        if seq <= self.last_seq.get(rank, 0):
+            return False
+        self.last_seq[rank] = seq
+        return True
+
+
+_signer: Signer | None = None
+
+
+def take_key(environ: MutableMapping[str, str] | None = None) -> bool:
+    """Read the attempt's key from :data:`KEY_ENV` once, remove it from the environment, sign from now on.
+
+    Called first thing in every process that emits (the Ray driver and each training worker), before any
+    user-influenced code (data, a dependency, a model's config) runs. False when no (valid) key was given.
+    """
+    global _signer
+    env = os.environ if environ is None else environ
+    raw = env.pop(KEY_ENV, "")
+    try:
+        key = bytes.fromhex(raw)
+    except ValueError:
+        key = b""
+    if len(key) >= 16:
+        _signer = Signer(key)
+    return _signer is not None
+
+
+def parse_event(line: str, verifier: Verifier | None = None) -> Event | Malformed | Forged | None:
     """The event on this log line; :data:`MALFORMED` for an event line that does not parse; None for other lines.
+
+    With a `verifier`, an event line it does not accept is :data:`FORGED`. Without one (local tools reading
+    their own logs) signed and unsigned lines are both read, unchecked.
 
     Never raises, for any input: every field is type-checked and bounded, strings are cleaned, and
     unknown fields are ignored (a newer emitter may add some).
@@ -304,11 +412,21 @@ def parse_event(line: str) -> Event | Malformed | None:
     start = line.find(PREFIX + " ")
     if start < 0:
         return None
+    begin = start + len(PREFIX) + 1
+    mac = ""
+    if not line.startswith("{", begin):
+        mac, begin = line[begin : begin + _MAC_HEX], begin + _MAC_HEX + 1
+        if not line.startswith(" {", begin - 1):
+            return FORGED if verifier is not None else MALFORMED
+    elif verifier is not None:
+        return FORGED  # unsigned: anything can print such a line
     try:
         # raw_decode: what follows the object (a terminal's colour reset, a stray CR) does not spoil it.
-        payload, _ = _DECODER.raw_decode(line, start + len(PREFIX) + 1)
+        payload, end = _DECODER.raw_decode(line, begin)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the interpreter's stack
-        return MALFORMED
+        return FORGED if verifier is not None else MALFORMED
+    if verifier is not None and not verifier.authentic(mac, line[begin:end]):
+        return FORGED
     if not isinstance(payload, dict):
         return MALFORMED
     kind = payload.get("kind")
@@ -317,9 +435,12 @@ def parse_event(line: str) -> Event | Malformed | None:
     cls = EVENT_TYPES[kind]
     try:
         values = {name: _check(name, hint, payload[name]) for name, hint in _HINTS[kind].items() if name in payload}
-        return cls(**values)
+        event = cls(**values)
     except (_Refused, TypeError):  # TypeError: a required field is missing
         return MALFORMED
+    if verifier is not None and not verifier.fresh(event.rank, payload.get("seq")):
+        return FORGED  # a replay of a line this attempt's emitter printed before
+    return event
 
 
 def parse_line(line: str) -> Event | None:
@@ -342,29 +463,41 @@ class ParsedLog:
 
     events: tuple[Event, ...]
     malformed: int
+    forged: int = 0
+    """Event lines the verifier refused (unsigned, a MAC that does not verify, a replay)."""
 
 
-def parse_log(lines: Iterable[str]) -> ParsedLog:
-    """Every well-formed event in the lines, and the count of event lines that were skipped as malformed."""
+def parse_log(lines: Iterable[str], verifier: Verifier | None = None) -> ParsedLog:
+    """Every well-formed (and, with a `verifier`, verified) event in the lines, and counts of those refused."""
     events: list[Event] = []
-    malformed = 0
+    malformed = forged = 0
     for line in lines:
-        event = parse_event(line)
+        event = parse_event(line, verifier)
         if isinstance(event, Event):
             events.append(event)
         elif event is MALFORMED:
             malformed += 1
-    return ParsedLog(tuple(events), malformed)
+        elif event is FORGED:
+            forged += 1
+    return ParsedLog(tuple(events), malformed, forged)
 
 
 def emit(event: Event) -> None:
-    """Print one event as a single line, flushed at once so log tailing sees it.
+    """Print one event as a single line (signed once :func:`take_key` found a key), flushed at once.
 
     Line and newline go out in one write: ranks share one stdout pipe (torchrun, Ray), and with
     ``PYTHONUNBUFFERED=1`` ``print`` writes them separately, so lines of two ranks could interleave.
+    The line is ASCII written as bytes past the text layer, so a ``PYTHONIOENCODING`` cannot garble it.
     """
-    sys.stdout.write(event.to_line() + "\n")
-    sys.stdout.flush()
+    line = event.to_line(_signer) + "\n"
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a replaced stdout (a test's capture): text is all it takes
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        return
+    sys.stdout.flush()  # what was printed before goes out before this line
+    buffer.write(line.encode("ascii", "backslashreplace"))
+    buffer.flush()
 
 
 def as_dict(event: Event) -> dict[str, Any]:

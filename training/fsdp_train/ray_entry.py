@@ -90,6 +90,9 @@ class RayJobConfig:
 
 def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """What each Ray Train worker runs: the torchrun loop with Ray's topology and checkpoints."""
+    from fsdp_train.events import take_key
+
+    take_key()  # first: no data, dependency or model config has run in this process yet
     from fsdp_train.startup import use_bytecode_cache
 
     use_bytecode_cache(str(loop_config["train"].get("compile_cache_dir", "")))  # before the heavy imports
@@ -187,6 +190,9 @@ def driver_datasets(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from fsdp_train.events import take_key
+
+    take_key()  # the driver's own events (a data failure) are signed too; the key leaves its environment
     # Before Ray is imported: it reads RAY_DEDUP_LOGS once, at import.
     os.environ.update(RAY_LOG_ENV)
     parser = argparse.ArgumentParser(prog="python -m fsdp_train.ray_entry", description=__doc__)

@@ -1,0 +1,52 @@
+"""Real Ray: the attempt key of a job's runtime environment reaches its worker processes, `take_key` removes it,
+and the signed lines come through Ray's log forwarding intact (docs/reliability.md, "Threat model").
+
+A local Ray (no dashboard: its fixed port may be taken on a shared host) runs tasks as the bundled emitter does;
+what they print is read back from the driver's output and verified as the operator verifies it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fsdp_train.events import Verifier, attempt_key, parse_log
+from support.ray_cluster import ray_available, ray_env
+
+pytestmark = pytest.mark.e2e
+
+TRAINING = Path(__file__).resolve().parents[2] / "training"
+DRIVER = """
+import os, ray
+from fsdp_train.events import KEY_ENV
+ray.init(include_dashboard=False, num_cpus=2, runtime_env={"env_vars": {KEY_ENV: KEY, "RAY_DEDUP_LOGS": "0"}})
+
+@ray.remote
+def rank(r):
+    from fsdp_train import events
+    took = events.take_key()
+    events.emit(events.Step(rank=r, step=1, total_steps=2, loss=1.0, tokens_per_second=1.0,
+                            tokens_per_second_per_device=1.0))
+    print('FSDP_EVENT {"v":1,"kind":"failure","rank":0,"message":"printed by other code"}', flush=True)
+    return took, KEY_ENV in os.environ
+
+print("RESULT", ray.get([rank.remote(r) for r in range(2)]), flush=True)
+ray.shutdown()
+"""
+
+
+def test_the_real_emitters_lines_verify_through_ray_and_a_print_does_not(tmp_path: Path) -> None:
+    if not ray_available():
+        pytest.skip("the ray command is not installed next to this Python")
+    key = attempt_key(b"k" * 32, "job-1a2b3c4d-1")
+    script = tmp_path / "driver.py"
+    script.write_text(f"KEY = {key.hex()!r}\n" + DRIVER)
+    env = ray_env(PYTHONPATH=str(TRAINING))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert "RESULT [(True, False), (True, False)]" in output  # each worker took the key, none kept it
+    parsed = parse_log(output.splitlines(), Verifier(key))
+    assert sorted(e.rank for e in parsed.events) == [0, 1] and parsed.forged == 2, output[-3000:]

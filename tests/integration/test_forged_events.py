@@ -1,0 +1,241 @@
+"""Event lines the job's own training function did not sign change no status field (docs/reliability.md, "Threat
+model"), and `requireEFA` fails closed: through the real operator loop (kopf, the emulated API server, fake Ray).
+
+Forged lines are appended to the job's log as any other code of the job prints them (`print`, a dependency, a
+dataset row echoed in an error): verbatim, without the attempt's key.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.rayjobs import FakeJob, FakeRay
+from fsdp_train.events import PREFIX, Signer, Transport, attempt_key
+from support.kopf_runner import eventually
+from test_operator import SOCKET_LINE, Script, World, manifest, scenario
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+RAY = "(RayTrainWorker pid=4242, ip=10.0.0.7) "
+
+
+def forged(payload: dict[str, Any]) -> str:
+    return f"{RAY}{PREFIX} " + json.dumps({"v": 1, "time": 1e9, **payload}, separators=(",", ":"))
+
+
+def placement(rank: int, at: float) -> dict[str, Any]:
+    return {"kind": "placement", "rank": rank, "time": at, "world_size": 8, "local_rank": rank % 4,
+            "local_world_size": 4, "node_rank": rank // 4, "node_ip": "10.9.9.9", "hostname": "evil", "pod": "evil",
+            "device": "NVIDIA H100"}  # fmt: skip
+
+
+def step(**fields: Any) -> dict[str, Any]:
+    return {"kind": "step", "rank": 0, "step": 2, "total_steps": 3, "loss": 0.001, "tokens_per_second": 1e6,
+            "tokens_per_second_per_device": 1e5, "mfu": 0.99, **fields}  # fmt: skip
+
+
+FORGED_CASES: dict[str, list[str]] = {
+    "a failure that would end the job": [
+        forged({"kind": "failure", "rank": 3, "message": "forged", "reason": "DataUnavailable"})
+    ],
+    "efa after the ranks really reported socket": [
+        forged({"kind": "transport", "rank": r, "transport": "efa", "evidence": "NET/OFI efa"}) for r in range(8)
+    ],
+    "an export, a final loss and an mfu": [
+        forged({"kind": "export", "rank": 0, "step": 3, "path": "s3://attacker-bucket/trojan-model"}),
+        forged(
+            {
+                "kind": "summary",
+                "rank": 0,
+                "steps": 3,
+                "final_loss": 0.001,
+                "first_loss": 9.0,
+                "tokens_per_second": 1e6,
+                "mfu": 0.99,
+            }
+        ),
+        forged(step()),
+    ],
+    "a huge step": [forged(step(step=9007199254740991, total_steps=9007199254740991))],
+    "1000 rank-0 placements": [forged(placement(0, 2e9 + i)) for i in range(1000)],
+    "mfu 37, a negative loss and negative tokens/s": [
+        forged(step(mfu=37.0)),
+        forged(step(loss=-5.0)),
+        forged(step(tokens_per_second=-1e6)),
+    ],
+}
+
+# Fields a refused line may change: its count, the condition that warns of it, how far the log was read.
+MAY_CHANGE = {"forgedEvents", "logOffset", "skippedEvents", "conditions"}
+
+
+def comparable(status: dict[str, Any]) -> dict[str, Any]:
+    kept = {k: v for k, v in status.items() if k not in MAY_CHANGE}
+    kept["conditions"] = sorted(
+        (c["type"], c["status"], c["reason"], c["message"])
+        for c in status.get("conditions", [])
+        if c["type"] != "EventsAuthentic"
+    )
+    return kept
+
+
+def read_through(w: World, sid: str, forged_lines: int) -> Any:
+    """Wait until the operator has read the whole log and counted `forged_lines` refused lines."""
+
+    def done() -> dict[str, Any] | None:
+        status = w.status()
+        log = w.ray.job(sid).log
+        ok = status.get("forgedEvents", 0) >= forged_lines and status.get("logOffset") == len(log)
+        return status if ok else None
+
+    return eventually(done, timeout=30, message=f"the operator never read the forged lines: {w.status()}")
+
+
+@pytest.mark.parametrize("case", list(FORGED_CASES))
+def test_forged_lines_change_no_status_field(apiserver: ThreadedApiServer, case: str) -> None:
+    lines = FORGED_CASES[case]
+    socket_ranks = case.startswith("efa after")
+    script = Script(transport=lambda r: "socket" if socket_ranks else "efa", hold=True)
+    network = {"network": {"requireEFA": False}} if socket_ranks else {}
+
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest(**network))
+            sid = w.sid(1)
+            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=30)
+            before = await read_through(w, sid, 0)
+            w.ray.job(sid).log += "".join(line + "\n" for line in lines)  # printed by other code of the job
+            after = await read_through(w, sid, len(lines))
+            assert comparable(after) == comparable(before)
+            assert after["forgedEvents"] == len(lines)
+            authentic = next(c for c in after["conditions"] if c["type"] == "EventsAuthentic")
+            assert (authentic["status"], authentic["reason"]) == ("False", "UnsignedLines")
+            await eventually(lambda: "UnsignedLines" in w.event_reasons(), message="no Warning event was posted")
+            script.hold = False
+            final = await w.phase("Succeeded", "Completed", timeout=30)
+            assert final["result"]["finalLoss"] == round(5.0 / 3, 4) and "mfu" not in final["result"]
+            assert "output" not in final and final.get("rankFailures") is None and final.get("workerRestarts") is None
+            if socket_ranks:
+                assert final["transport"]["summary"] == "socket"
+
+    scenario(apiserver, body, script)
+
+
+def test_replayed_and_other_attempt_lines_are_refused(apiserver: ThreadedApiServer) -> None:
+    """A signed line printed again (read back from a log file), and one signed for another attempt."""
+    script = Script(hold=True)
+
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest())
+            sid = w.sid(1)
+            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=30)
+            before = await read_through(w, sid, 0)
+            job = w.ray.job(sid)
+            replayed = next(line for line in job.log.splitlines() if '"kind":"placement","local_rank":0' in line)
+            key = bytes.fromhex(job.submission.runtime_env["env_vars"]["FSDP_EVENT_KEY"])
+            assert attempt_key(b"\0" * 32, sid) != key
+            other = Signer(attempt_key(b"\0" * 32, sid)).line(
+                {"v": 1, **step(mfu=0.5), "time": 1e9}
+            )  # another job's (or attempt's) key
+            job.log += "".join(line + "\n" for line in (replayed, other))
+            after = await read_through(w, sid, 2)
+            assert comparable(after) == comparable(before) and after["forgedEvents"] == 2
+            script.hold = False
+            await w.phase("Succeeded", "Completed", timeout=30)
+
+    scenario(apiserver, body, script)
+
+
+def test_impossible_numbers_signed_by_the_emitter_are_skipped(apiserver: ThreadedApiServer) -> None:
+    """Bounds hold for signed lines too: a broken emitter cannot write what no run produces."""
+    script = Script(hold=True)
+
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest())
+            sid = w.sid(1)
+            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=30)
+            before = await read_through(w, sid, 0)
+            impossible = [step(step=4), step(mfu=37.0), step(loss=-5.0), step(tokens_per_second=-1.0),
+                          step(step=9007199254740991, total_steps=9007199254740991)]  # fmt: skip
+            w.ray.emit(sid, *(forged(payload) for payload in impossible))  # signed, as the emitter prints
+            await eventually(lambda: w.status().get("skippedEvents") == len(impossible), timeout=30)
+            after = await read_through(w, sid, 0)
+            assert comparable(after) == comparable(before) and "forgedEvents" not in after
+            script.hold = False
+            await w.phase("Succeeded", "Completed", timeout=30)
+
+    scenario(apiserver, body, script)
+
+
+class Silent(Script):
+    """A job whose ranks never report a transport (or only garbled lines), under requireEFA."""
+
+    def __init__(self, garble: bool = False, kinds: str = "") -> None:
+        super().__init__()
+        self.garble, self.kinds = garble, kinds
+
+    def __call__(self, ray: FakeRay, job: FakeJob) -> Iterator[None]:
+        sid = job.submission.submission_id
+        yield
+        for r in range(self.world_size):
+            if self.kinds:
+                line = Transport(rank=r, transport=self.kinds, evidence=SOCKET_LINE).to_line()  # type: ignore[arg-type]
+                ray.emit(sid, line)
+        yield
+        for n in range(1, self.steps + 1):
+            line = f"{PREFIX} " + json.dumps(step(step=n, total_steps=self.steps, mfu=None))
+            if self.garble:  # PYTHONIOENCODING=utf-16: every line arrives as UTF-16 bytes read as text
+                ray.print(sid, line.encode("utf-16").decode("latin-1"))
+            else:
+                ray.emit(sid, line)
+            yield
+        ray.finish(sid)
+
+
+@pytest.mark.parametrize("kind", ["no transport events", "garbled lines", "socket"])
+def test_require_efa_fails_closed(apiserver: ThreadedApiServer, kind: str) -> None:
+    script = Silent(garble=kind == "garbled lines", kinds="socket" if kind == "socket" else "")
+
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest(network={"transport": "efa", "requireEFA": True}))
+            status = await w.phase("Failed", timeout=30)
+            expected = "TransportFallback" if kind == "socket" else "TransportUnverified"
+            assert status["reason"] == expected, status
+            if kind != "socket":
+                assert "reported no verified EFA transport" in status["message"]
+
+    scenario(apiserver, body, script)
+
+
+def test_an_encoding_variable_that_garbles_the_events_is_refused(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        async with w.operator():
+            for i, name in enumerate(("PYTHONIOENCODING", "PYTHONUTF8", "FSDP_EVENT_KEY")):
+                w.apply(manifest(f"enc{i}", runtimeEnv={"envVars": {name: "utf-16"}}))
+                status = await w.phase("Failed", "ValidationFailed", name=f"enc{i}")
+                assert f"spec.runtimeEnv.envVars.{name}" in status["message"], status["message"]
+        assert not w.ray.created
+
+    scenario(apiserver, body)
+
+
+def test_the_attempt_key_reaches_the_submission_only(apiserver: ThreadedApiServer) -> None:
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest())
+            await w.phase("Succeeded", "Completed", timeout=30)
+            sid = w.sid(1)
+            submission = w.ray.job(sid).submission
+            key = submission.runtime_env["env_vars"]["FSDP_EVENT_KEY"]
+            assert len(bytes.fromhex(key)) == 32
+            assert key not in json.dumps(w.job()) and key not in submission.entrypoint
+            assert submission.runtime_env["env_vars"]["PYTHONIOENCODING"] == "utf-8"
+
+    scenario(apiserver, body)
