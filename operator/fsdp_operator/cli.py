@@ -109,7 +109,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
-    from fsdp_operator.local.run import cannot_run_locally, run_local
+    from fsdp_operator.local.run import cannot_run_locally, default_timeout, run_local
 
     manifest = load_manifest(args.file)  # read once: `-` is stdin
     try:
@@ -121,7 +121,8 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     if reason := cannot_run_locally(job):
         print(f"{args.file}: cannot run on this machine: {reason}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return run_local(manifest, keep=args.keep, timeout=args.timeout, status_out=args.status_out)
+    timeout = default_timeout(job) if args.timeout is None else args.timeout
+    return run_local(manifest, keep=args.keep, timeout=timeout, status_out=args.status_out)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -171,6 +172,16 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return capacity_cli.run(
         args.instance_type, args.count, regions=regions, probe=args.probe, output=args.output, profile=args.profile
     )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
@@ -238,8 +249,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run-local", help="run a job end to end on this machine (emulated API server, local Ray)")
     p.add_argument("-f", "--file", required=True, help="FSDPTrainingJob YAML")
-    p.add_argument("--keep", action="store_true", help="leave everything running and print a kubeconfig path")
-    p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the job's RayCluster (runPolicy.cleanup: Keep) and everything else running until Ctrl-C; "
+        "print a kubeconfig path",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="stop waiting and stop everything after this many seconds (default: the job's "
+        "runPolicy.activeDeadlineSeconds + 120, when the operator has failed it anyway; no limit without one)",
+    )
     p.add_argument("--status-out", metavar="FILE", help="also write the final FSDPTrainingJob (JSON) to FILE")
     p.set_defaults(func=cmd_run_local)
     return parser

@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from fsdp_operator import render
-from fsdp_operator.local.kuberay import _container_env, _cpus, kill_marked, marked_processes, secret_refs
+from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.kuberay import (
+    RAYCLUSTER_CRD,
+    LocalCluster,
+    LocalKubeRay,
+    RayNode,
+    _container_env,
+    _cpus,
+    kill_marked,
+    marked_processes,
+    secret_refs,
+)
 from fsdp_operator.spec import parse_job
 
 
@@ -56,3 +70,43 @@ def test_marked_processes_are_found_and_killed() -> None:
         assert marked_processes(marker) == []
     finally:
         child.kill()
+
+
+def test_a_head_whose_ray_process_exits_is_reported_not_ready_as_a_kubelet_would(
+    apiserver: ThreadedApiServer, tmp_path: Path
+) -> None:
+    """Not a silent Ready head: the pod Failed and not Ready, the RayCluster's HeadPodReady False, with the exit."""
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        kuberay = LocalKubeRay(apiserver.url, tmp_path)
+        try:
+            await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
+            rc = await kuberay._request(
+                "POST",
+                "/apis/ray.io/v1/namespaces/default/rayclusters",
+                {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": {}},
+            )
+            cluster = LocalCluster("default", "rc", rc["metadata"]["uid"], tmp_path / "c")
+            await kuberay._put_pod(cluster, "rc-head", {"ray.io/node-type": "head"}, "127.0.0.2", ready=True)
+            ready = {"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady"}
+            provisioned = {"type": "RayClusterProvisioned", "status": "True", "reason": "AllPodRunningAndReady"}
+            await kuberay._patch_status(cluster, {"state": "ready", "conditions": [ready, provisioned]})
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", "raise SystemExit(3)")
+            head = RayNode("rc-head", "127.0.0.2", process, tmp_path / "head.log", tmp_path / "n0")
+            await asyncio.wait_for(kuberay.watch_head(cluster, head), 60)
+            assert cluster.failure.startswith("the Ray head of RayCluster rc exited with code 3")
+            pod = await kuberay._request("GET", "/api/v1/namespaces/default/pods/rc-head")
+            found = await kuberay._request("GET", "/apis/ray.io/v1/namespaces/default/rayclusters/rc")
+            return pod, found
+        finally:
+            await kuberay.close()
+
+    pod, rc = asyncio.run(scenario())
+    assert pod["status"]["phase"] == "Failed"
+    (ready,) = pod["status"]["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "ContainersNotReady")
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
+    conditions = {c["type"]: c for c in rc["status"]["conditions"]}
+    assert conditions["HeadPodReady"]["status"] == "False"
+    assert "Ray exited with code 3" in conditions["HeadPodReady"]["message"]
+    assert conditions["RayClusterProvisioned"]["status"] == "True"  # the other conditions stay as they were

@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 import pytest
+import yaml
 from fsdp_operator.cli import main
 from fsdp_operator.local.run import Progress
 from fsdp_operator.summary import loss_curve, summary_lines
@@ -56,3 +57,56 @@ def test_summary_of_a_failed_job_and_no_curve_without_history() -> None:
     ]
     assert loss_curve(status) == ""
     assert loss_curve({"progress": {"lossHistory": [[1, 2.0]]}}) == ""
+
+
+def test_without_a_terminal_step_lines_come_although_no_exact_tenth_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Status is read twice a second and holds the latest step only: step 10, 20, ... may never be seen."""
+    clock = [0.0]
+    monkeypatch.setattr("fsdp_operator.local.run.time.monotonic", lambda: clock[0])
+    out = io.StringIO()  # not a terminal
+    progress = Progress(out, started=0.0)
+    running = {"phase": "Running", "reason": "JobRunning", "message": "training is running"}
+    for step in (3, 7, 13, 17, 27, 33, 41, 43, 44, 99, 100):
+        clock[0] += 1.0
+        progress.show({**running, "progress": {"step": step, "totalSteps": 100, "loss": 5.0, "tokensPerSecond": 9}})
+    steps = [line.split("] ", 1)[1].split()[1] for line in out.getvalue().splitlines() if "] step " in line]
+    assert steps == ["3/100", "13/100", "27/100", "33/100", "41/100", "99/100", "100/100"]
+    # A slow run: no new tenth for minutes, still a line every STEP_LINE_SECONDS while it advances.
+    clock[0] += 31.0
+    progress.show({**running, "progress": {"step": 100, "totalSteps": 100, "loss": 5.0, "tokensPerSecond": 9}})
+    slow = Progress(out := io.StringIO(), started=clock[0])
+    for step in (1, 2, 3, 4):
+        clock[0] += 31.0
+        slow.show({**running, "progress": {"step": step, "totalSteps": 1000, "loss": 5.0, "tokensPerSecond": 9}})
+    assert [line.split("] ", 1)[1].split()[1] for line in out.getvalue().splitlines() if "] step " in line] == [
+        "1/1000", "2/1000", "3/1000", "4/1000"
+    ]  # fmt: skip
+
+
+def test_the_timeout_is_in_the_help_and_never_cuts_a_run_the_job_allows(capsys: pytest.CaptureFixture[str]) -> None:
+    from fsdp_operator.cli import build_parser
+    from fsdp_operator.local.run import DEADLINE_ALLOWANCE_SECONDS, default_timeout
+    from fsdp_operator.spec import parse_job
+
+    with pytest.raises(SystemExit):
+        main(["run-local", "--help"])
+    assert "--timeout SECONDS" in capsys.readouterr().out
+    assert build_parser().parse_args(["run-local", "-f", "job.yaml"]).timeout is None
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    assert default_timeout(parse_job(manifest)) is None  # no deadline in the spec: no limit either
+    manifest["spec"]["runPolicy"] = {"activeDeadlineSeconds": 7200}
+    assert default_timeout(parse_job(manifest)) == 7200 + DEADLINE_ALLOWANCE_SECONDS
+    for bad in ("0", "-5", "soon", "inf", "nan"):
+        with pytest.raises(SystemExit):
+            main(["run-local", "-f", "job.yaml", "--timeout", bad])
+        assert "--timeout" in capsys.readouterr().err
+
+
+def test_keep_applies_the_job_with_cleanup_keep_and_leaves_the_file_alone() -> None:
+    from fsdp_operator.local.run import manifest_to_apply
+
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    kept = manifest_to_apply(manifest, keep=True)
+    assert kept["spec"]["runPolicy"]["cleanup"] == "Keep"
+    assert "runPolicy" not in manifest["spec"]
+    assert manifest_to_apply(manifest, keep=False) == manifest

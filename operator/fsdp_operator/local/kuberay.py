@@ -9,6 +9,9 @@ Environment variables come from the container spec as a kubelet would fill them:
 downward API fields the operator uses, and `secretKeyRef`s read from the API server (Ray's auth token
 among them, so a cluster with token authentication really requires it).
 
+A head whose Ray process exits is reported as a kubelet and KubeRay would: the pod not Ready and
+Failed, the RayCluster's HeadPodReady condition False.
+
 What it does not reproduce: images (the Ray on this machine runs, not the container's), pod
 scheduling, resource limits (cgroups), GPUs (a worker gets CPUs in place of GPUs), restarts,
 NetworkPolicies (stored by the API server, enforced by nothing here: all nodes share loopback).
@@ -132,6 +135,10 @@ class LocalCluster:
     task: asyncio.Task[None] | None = None
     token: str = ""
     """Ray's auth token when the head runs with RAY_AUTH_MODE=token."""
+    head_watch: asyncio.Task[None] | None = None
+    """Reports the head pod not ready when its Ray process exits (see LocalKubeRay.watch_head)."""
+    failure: str = ""
+    """Why the cluster's head is gone (did not start, or its Ray process exited); empty while it is fine."""
 
 
 def _container_env(
@@ -389,7 +396,8 @@ class LocalKubeRay:
         await self._put_pod(cluster, head_name, {**base_labels, "ray.io/node-type": "head"}, head.ip, ready=False)
         head_up = await self._wait_for(cluster, {head.ip}, time.monotonic() + 90)
         if not head_up:
-            log.error("Ray head of %s did not start; see %s", cluster.name, head.log_path)
+            cluster.failure = f"the Ray head of RayCluster {cluster.name} did not start; see {head.log_path}"
+            log.error("%s", cluster.failure)
             await self._patch_status(cluster, {"state": "failed", "reason": f"head did not start, see {head.log_path}"})
             return
         await self._put_pod(cluster, head_name, {**base_labels, "ray.io/node-type": "head"}, head.ip, ready=True)
@@ -431,16 +439,51 @@ class LocalKubeRay:
             {**state, "readyWorkerReplicas": ready, "availableWorkerReplicas": ready, "conditions": conditions,
              "observedGeneration": rc["metadata"].get("generation", 1), "lastUpdateTime": now_rfc3339()},
         )  # fmt: skip
+        # Watched from here on, after the last write of HeadPodReady=True (a head that died earlier is seen at once).
+        cluster.head_watch = asyncio.get_running_loop().create_task(self.watch_head(cluster, head))
+
+    async def watch_head(self, cluster: LocalCluster, head: RayNode) -> None:
+        """When the head's Ray process exits, say so as a kubelet and KubeRay would: the pod's container terminated
+        and the pod not Ready (phase Failed: this stand-in restarts nothing, like restartPolicy: Never), and the
+        RayCluster's HeadPodReady condition False with the pod's reason (KubeRay copies the head pod's Ready
+        condition into it). Without this the head would stay Ready, and Ray's job API would just stop answering."""
+        code = await head.process.wait()
+        cluster.failure = f"the Ray head of RayCluster {cluster.name} exited with code {code}; see {head.log_path}"
+        log.error("%s", cluster.failure)
+        message = f"containers with unready status: [ray-head] (Ray exited with code {code}; see {head.log_path})"
+        now = now_rfc3339()
+        pod_status = {
+            "phase": "Failed",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady", "message": message,
+                            "lastTransitionTime": now}],
+            "containerStatuses": [{"name": "ray-head", "ready": False, "restartCount": 0,
+                                   "state": {"terminated": {"exitCode": code, "reason": "Error", "finishedAt": now}}}],
+        }  # fmt: skip
+        path = f"/api/v1/namespaces/{cluster.namespace}/pods/{head.pod_name}/status"
+        with contextlib.suppress(RuntimeError, aiohttp.ClientError):
+            await self._request("PATCH", path, {"status": pod_status}, "application/merge-patch+json")
+        rc = await self._request(
+            "GET", f"/apis/ray.io/v1/namespaces/{cluster.namespace}/rayclusters/{cluster.name}", allow_missing=True
+        )
+        conditions = [c for c in (rc.get("status") or {}).get("conditions") or [] if c.get("type") != "HeadPodReady"]
+        conditions.insert(0, {"type": "HeadPodReady", "status": "False", "reason": "ContainersNotReady",
+                              "message": message, "lastTransitionTime": now})  # fmt: skip
+        await self._patch_status(cluster, {"conditions": conditions, "lastUpdateTime": now})
 
     async def _teardown(self, cluster: LocalCluster) -> None:
-        if cluster.task is not None and not cluster.task.done():
-            cluster.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await cluster.task
+        for task in (cluster.head_watch, cluster.task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await stop_nodes(cluster.nodes)
         for node in cluster.nodes:
             with contextlib.suppress(RuntimeError, aiohttp.ClientError):
                 await self._request("DELETE", f"/api/v1/namespaces/{cluster.namespace}/pods/{node.pod_name}")
+
+    def failures(self) -> list[str]:
+        """Why heads of current clusters are gone (see LocalCluster.failure)."""
+        return [c.failure for c in self.clusters.values() if c.failure]
 
     @property
     def busy(self) -> bool:
