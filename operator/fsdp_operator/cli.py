@@ -125,6 +125,19 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     return run_local(manifest, keep=args.keep, timeout=timeout, status_out=args.status_out)
 
 
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from fsdp_operator.local.model import MakeModelError, make_model
+
+    try:
+        written = make_model(Path(args.directory), [Path(t) for t in args.text or []], vocab_size=args.vocab_size)
+    except MakeModelError as e:
+        raise InputError(str(e)) from e
+    for line in written:
+        print(line)
+    print(f"use it with model: {{name: {args.directory}, init: pretrained}} (see examples/tiny-finetune.yaml)")
+    return EXIT_OK
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """One job in the current cluster: the run-local summary, its conditions and its loss curve."""
     import kubernetes
@@ -265,6 +278,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--status-out", metavar="FILE", help="also write the final FSDPTrainingJob (JSON) to FILE")
     p.set_defaults(func=cmd_run_local)
+
+    p = sub.add_parser("local", help="helpers for trying jobs on this machine")
+    local = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+    m = local.add_parser(
+        "make-model",
+        help="make a tiny Qwen2 and a BPE tokenizer trained on your text, offline (model.init: pretrained loads it)",
+    )
+    m.add_argument("directory", metavar="DIR", help="where to save them (save_pretrained layout)")
+    m.add_argument(
+        "--text",
+        action="append",
+        metavar="FILE",
+        help="train the tokenizer on this text file (repeatable; default: a built-in corpus, also written as "
+        "DIR/sample.jsonl to train on)",
+    )
+    m.add_argument("--vocab-size", type=int, default=512, choices=range(300, 65537), metavar="N",
+                   help="tokenizer vocabulary size, 300..65536 (default: 512)")  # fmt: skip
+    m.set_defaults(func=cmd_make_model)
     return parser
 
 

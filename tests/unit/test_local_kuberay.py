@@ -19,11 +19,13 @@ from fsdp_operator.local.kuberay import (
     RayNode,
     _container_env,
     _cpus,
+    _memory_limit,
     kill_marked,
+    limited_command,
     marked_processes,
     secret_refs,
 )
-from fsdp_operator.spec import parse_job
+from fsdp_operator.spec import parse_job, parse_quantity
 
 
 def rendered_worker() -> dict[str, object]:
@@ -110,3 +112,25 @@ def test_a_head_whose_ray_process_exits_is_reported_not_ready_as_a_kubelet_would
     assert conditions["HeadPodReady"]["status"] == "False"
     assert "Ray exited with code 3" in conditions["HeadPodReady"]["message"]
     assert conditions["RayClusterProvisioned"]["status"] == "True"  # the other conditions stay as they were
+
+
+def test_a_containers_memory_limit_bounds_each_process_of_its_ray_node() -> None:
+    """`memory: 4Gi` holds locally too: past the limit an allocation fails instead of taking the machine's memory."""
+    limit = parse_quantity("256Mi")
+    assert _memory_limit({"resources": {"limits": {"memory": "256Mi"}}}) == limit
+    assert _memory_limit({}) is None
+    assert _memory_limit(rendered_worker()) == parse_quantity(render.raycluster(
+        parse_job({"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "metadata": {"name": "j"}, "spec": {}})
+    )["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"])  # fmt: skip
+    # A child process inherits the limit, as a rank started by the node's raylet does.
+    allocate = "import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', 'bytearray({})']).returncode)"
+    small = subprocess.run(
+        limited_command([sys.executable, "-c", allocate.format(64 * 2**20)], int(limit)), check=False
+    )
+    assert small.returncode == 0
+    big = subprocess.run(
+        limited_command([sys.executable, "-c", allocate.format(512 * 2**20)], int(limit)),
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert big.returncode != 0 and "MemoryError" in big.stderr
+    assert limited_command(["ray", "start"], None) == ["ray", "start"]

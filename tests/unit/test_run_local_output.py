@@ -110,3 +110,22 @@ def test_keep_applies_the_job_with_cleanup_keep_and_leaves_the_file_alone() -> N
     assert kept["spec"]["runPolicy"]["cleanup"] == "Keep"
     assert "runPolicy" not in manifest["spec"]
     assert manifest_to_apply(manifest, keep=False) == manifest
+
+
+def test_a_rerun_that_resumed_from_a_checkpoint_says_so_once() -> None:
+    out = io.StringIO()
+    progress = Progress(out, started=0.0)
+    done = {"phase": "Succeeded", "reason": "Completed", "message": "training finished after 40 steps",
+            "progress": {"step": 40, "totalSteps": 40}, "result": {"steps": 40, "resumedFromStep": 20}}  # fmt: skip
+    progress.show(done)
+    progress.show(done)
+    lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines.count("resumed from the checkpoint of step 20, not from the start") == 1
+    # A condition that names the resume (with its reason) is what is printed when the status has one.
+    out = io.StringIO()
+    resumed = {"type": "Resumed", "status": "True", "reason": "SameFingerprint", "message": "from step 20 of ckpt"}
+    Progress(out, started=0.0).show({**done, "conditions": [resumed]})
+    assert "resumed: from step 20 of ckpt" in out.getvalue()
+    out = io.StringIO()
+    Progress(out, started=0.0).show({**done, "result": {"steps": 40}})
+    assert "resumed" not in out.getvalue()

@@ -12,8 +12,11 @@ among them, so a cluster with token authentication really requires it).
 A head whose Ray process exits is reported as a kubelet and KubeRay would: the pod not Ready and
 Failed, the RayCluster's HeadPodReady condition False.
 
+A container's memory limit becomes RLIMIT_DATA of every process of its Ray node (see limited_command):
+per process, where a pod's cgroup limits the sum.
+
 What it does not reproduce: images (the Ray on this machine runs, not the container's), pod
-scheduling, resource limits (cgroups), GPUs (a worker gets CPUs in place of GPUs), restarts,
+scheduling, CPU limits and the memory cgroup (see above), GPUs (a worker gets CPUs in place of GPUs), restarts,
 NetworkPolicies (stored by the API server, enforced by nothing here: all nodes share loopback).
 """
 
@@ -46,6 +49,8 @@ Obj = dict[str, Any]
 RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
 STOP_GRACE_SECONDS = 5.0
+HEAD_START_SECONDS = 300
+"""How long a Ray head may take to come up (its dashboard's modules included) on a loaded machine."""
 
 # A minimal RayCluster definition of our own (KubeRay's real CRD is not shipped with the project):
 # enough for the API server to serve the kind, its status subresource and KubeRay-like columns.
@@ -165,6 +170,32 @@ def secret_refs(container: Obj) -> set[tuple[str, str]]:
     """(secret name, key) of every `valueFrom.secretKeyRef` in the container's env."""
     refs = (item.get("valueFrom", {}).get("secretKeyRef") for item in container.get("env", []))
     return {(ref["name"], ref["key"]) for ref in refs if ref and ref.get("name") and ref.get("key")}
+
+
+def _memory_limit(container: Obj) -> int | None:
+    """The container's memory limit in bytes; None when it has none."""
+    limits = container.get("resources", {}).get("limits", {})
+    return math.ceil(float(parse_quantity(limits["memory"]))) if "memory" in limits else None
+
+
+# Sets RLIMIT_DATA, then becomes the command (same pid, so process-group handling is unchanged). An rlimit needs
+# no root, unlike a cgroup; it is inherited by every process the Ray node starts (raylet, the ranks).
+_LIMIT_AND_EXEC = (
+    "import os, resource, sys; limit = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_DATA, (limit, limit)); os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+def limited_command(command: list[str], memory_limit: int | None) -> list[str]:
+    """`command`, run with each of its processes' data memory (heap, anonymous mappings) at most `memory_limit` bytes.
+
+    RLIMIT_DATA bounds every process on its own, not their sum as a pod's cgroup does: a rank that allocates past
+    the container's memory limit gets an allocation error (MemoryError, a failed torch allocation) instead of
+    taking the machine's memory, but two ranks of one pod may use up to twice the limit together.
+    """
+    if memory_limit is None:
+        return command
+    return [sys.executable, "-c", _LIMIT_AND_EXEC, str(memory_limit), *command]
 
 
 def _cpus(container: Obj, fallback: int) -> int:
@@ -294,7 +325,9 @@ class LocalKubeRay:
 
     # ------------------------------------------------------------------ Ray processes
 
-    async def _start_node(self, cluster: LocalCluster, pod_name: str, args: list[str], env: dict[str, str]) -> RayNode:
+    async def _start_node(
+        self, cluster: LocalCluster, pod_name: str, args: list[str], env: dict[str, str], memory_limit: int | None
+    ) -> RayNode:
         ip = f"127.0.0.{self._next_ip}"
         self._next_ip += 1
         temp_dir = cluster.workdir / f"n{len(cluster.nodes)}"  # short: Ray's socket paths are length-limited
@@ -302,6 +335,9 @@ class LocalKubeRay:
         log_path = cluster.workdir / f"{pod_name}.log"
         process_env = {**os.environ, **env, "PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', '')}"}
         process_env["RAY_USAGE_STATS_ENABLED"] = "0"
+        # The dashboard gives its module processes 30 s to start; on a loaded laptop or CI runner they need more,
+        # and without the dashboard there is no job API: the head would fail to start.
+        process_env.setdefault("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", str(HEAD_START_SECONDS))
         process_env[NODE_MARKER] = str(temp_dir)
         command = [
             str(self._bin / "ray"),
@@ -317,7 +353,11 @@ class LocalKubeRay:
         ]
         with log_path.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
-                *command, stdout=out, stderr=asyncio.subprocess.STDOUT, env=process_env, start_new_session=True
+                *limited_command(command, memory_limit),
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=process_env,
+                start_new_session=True,
             )
         node = RayNode(pod_name, ip, process, log_path, temp_dir)
         cluster.nodes.append(node)
@@ -389,12 +429,15 @@ class LocalKubeRay:
                 "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={cluster.dashboard_port}",
-                f"--ray-client-server-port={free_port()}",
+                # No Ray Client server (0: not started): the operator uses the job API only, and on a loaded machine
+                # the client server can time out at start-up, which ends `ray start --block` and so the head.
+                "--ray-client-server-port=0",
             ],
             head_env,
+            _memory_limit(head_container),
         )
         await self._put_pod(cluster, head_name, {**base_labels, "ray.io/node-type": "head"}, head.ip, ready=False)
-        head_up = await self._wait_for(cluster, {head.ip}, time.monotonic() + 90)
+        head_up = await self._wait_for(cluster, {head.ip}, time.monotonic() + HEAD_START_SECONDS)
         if not head_up:
             cluster.failure = f"the Ray head of RayCluster {cluster.name} did not start; see {head.log_path}"
             log.error("%s", cluster.failure)
@@ -416,6 +459,7 @@ class LocalKubeRay:
                 pod_name,
                 [f"--address={head.ip}:{cluster.gcs_port}", f"--num-cpus={cpus}", "--num-gpus=0"],
                 env,
+                _memory_limit(worker_container),
             )
             workers.append(worker)
         labels = {**base_labels, "ray.io/node-type": "worker", "ray.io/group": group["groupName"]}

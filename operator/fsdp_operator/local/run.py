@@ -175,9 +175,22 @@ class Progress:
         if "evalLoss" in progress:
             step = progress.get("evalStep")
             self.once(f"eval-{step}", f"eval loss {progress['evalLoss']} after step {step}")
+        self._resumed(status, progress)
         output = status.get("output") or {}
         if path := output.get("path"):
             self.once(f"output-{path}", f"model exported to {path} (step {output.get('step')})")
+
+    def _resumed(self, status: Obj, progress: Obj) -> None:
+        """A rerun that continued from a checkpoint says so: from a `Resumed` condition when the status has one,
+        else from the step the training reported it resumed from (progress while running, result at the end)."""
+        for condition in status.get("conditions") or []:
+            if isinstance(condition, dict) and condition.get("type") == "Resumed" and condition.get("status") == "True":
+                self.once("resumed", f"resumed: {condition.get('message') or condition.get('reason')}")
+                return
+        result = status.get("result") or {}
+        step = progress.get("resumedFromStep") or result.get("resumedFromStep")
+        if step:
+            self.once("resumed", f"resumed from the checkpoint of step {step}, not from the start")
 
 
 def format_table(table: Obj) -> str:
