@@ -429,9 +429,7 @@ class LocalKubeRay:
                 "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1",
                 f"--dashboard-port={cluster.dashboard_port}",
-                # No Ray Client server (0: not started): the operator uses the job API only, and on a loaded machine
-                # the client server can time out at start-up, which ends `ray start --block` and so the head.
-                "--ray-client-server-port=0",
+                f"--ray-client-server-port={free_port()}",
             ],
             head_env,
             _memory_limit(head_container),
