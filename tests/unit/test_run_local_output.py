@@ -129,3 +129,18 @@ def test_a_rerun_that_resumed_from_a_checkpoint_says_so_once() -> None:
     out = io.StringIO()
     Progress(out, started=0.0).show({**done, "result": {"steps": 40}})
     assert "resumed" not in out.getvalue()
+
+
+def test_an_endpoint_in_network_env_is_refused_before_anything_starts_and_points_to_spec_env(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """network.env reaches the workers only, while the job's driver on the head reads the data."""
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    manifest["spec"]["network"]["env"] = [{"name": "AWS_ENDPOINT_URL", "value": "http://minio:9000"}]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert main(["run-local", "-f", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "spec.network.env[0].name: AWS_ENDPOINT_URL is not a transport variable" in captured.err
+    assert "use spec.env, which reaches every Ray process" in captured.err
+    assert captured.out == ""

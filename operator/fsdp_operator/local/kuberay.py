@@ -335,9 +335,10 @@ class LocalKubeRay:
         log_path = cluster.workdir / f"{pod_name}.log"
         process_env = {**os.environ, **env, "PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', '')}"}
         process_env["RAY_USAGE_STATS_ENABLED"] = "0"
-        # The dashboard gives its module processes 30 s to start; on a loaded laptop or CI runner they need more,
-        # and without the dashboard there is no job API: the head would fail to start.
-        process_env.setdefault("RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT", str(HEAD_START_SECONDS))
+        # `ray start` gives the dashboard 60 s and the dashboard its modules 30 s; on a loaded laptop or CI runner
+        # they need more, and without the dashboard there is no job API: the head would fail to start.
+        for name in ("RAY_DASHBOARD_STARTUP_TIMEOUT_S", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"):
+            process_env.setdefault(name, str(HEAD_START_SECONDS))
         process_env[NODE_MARKER] = str(temp_dir)
         command = [
             str(self._bin / "ray"),
