@@ -177,6 +177,7 @@ def test_a_data_job_learns_evaluates_exports_and_the_export_reloads(tmp_path: Pa
     assert tokenizer.decode(int(got[0, -1].argmax())).strip() == "lazy"  # it learned the phrase
 
 
+@pytest.mark.slow  # covered fast: spec.env in the head's and workers' containers (test_spec_rules), env to Ray nodes
 def test_the_driver_reads_s3_data_through_the_endpoint_in_spec_env(tmp_path: Path) -> None:
     """The data is read by the job's driver on the head: `spec.env` must reach it (an S3-compatible store here).
 
