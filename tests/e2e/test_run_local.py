@@ -40,8 +40,9 @@ def run_local(
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     fsdpctl = Path(sys.executable).with_name("fsdpctl")
     status_file = tmp_path / "job.json"
+    run_timeout = str(max(timeout - 100, 300))  # run-local stops first, and cleans up behind itself
     proc = subprocess.run(
-        [str(fsdpctl), "run-local", "-f", str(job), "--status-out", str(status_file), "--timeout", "300"],
+        [str(fsdpctl), "run-local", "-f", str(job), "--status-out", str(status_file), "--timeout", run_timeout],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -178,6 +179,7 @@ def test_a_data_job_learns_evaluates_exports_and_the_export_reloads(tmp_path: Pa
 
 
 @pytest.mark.slow  # covered fast: spec.env in the head's and workers' containers (test_spec_rules), env to Ray nodes
+@pytest.mark.timeout(900)  # a model to make, and a whole run-local, on a loaded shared machine
 def test_the_driver_reads_s3_data_through_the_endpoint_in_spec_env(tmp_path: Path) -> None:
     """The data is read by the job's driver on the head: `spec.env` must reach it (an S3-compatible store here).
 
@@ -199,7 +201,7 @@ def test_the_driver_reads_s3_data_through_the_endpoint_in_spec_env(tmp_path: Pat
         path = tmp_path / "s3.yaml"
         path.write_text(yaml.safe_dump(manifest))
         clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-        proc, job = run_local(path, tmp_path, env=clean)
+        proc, job = run_local(path, tmp_path, timeout=800, env=clean)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     status = job["status"]
     assert status["phase"] == "Succeeded" and status["result"]["steps"] == 4, status
