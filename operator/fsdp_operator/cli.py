@@ -113,7 +113,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
-    from fsdp_operator.local.run import cannot_run_locally, run_local
+    from fsdp_operator.local.run import cannot_run_locally, default_timeout, run_local
 
     manifest = load_manifest(args.file)  # read once: `-` is stdin
     try:
@@ -125,7 +125,21 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     if reason := cannot_run_locally(job):
         print(f"{args.file}: cannot run on this machine: {reason}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return run_local(manifest, keep=args.keep, timeout=args.timeout, status_out=args.status_out)
+    timeout = default_timeout(job) if args.timeout is None else args.timeout
+    return run_local(manifest, keep=args.keep, timeout=timeout, status_out=args.status_out)
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from fsdp_operator.local.model import MakeModelError, make_model
+
+    try:
+        written = make_model(Path(args.directory), [Path(t) for t in args.text or []], vocab_size=args.vocab_size)
+    except MakeModelError as e:
+        raise InputError(str(e)) from e
+    for line in written:
+        print(line)
+    print(f"use it with model: {{name: {args.directory}, init: pretrained}} (see examples/tiny-finetune.yaml)")
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -175,6 +189,16 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     return capacity_cli.run(
         args.instance_type, args.count, regions=regions, probe=args.probe, output=args.output, profile=args.profile
     )
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
@@ -242,10 +266,40 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run-local", help="run a job end to end on this machine (emulated API server, local Ray)")
     p.add_argument("-f", "--file", required=True, help="FSDPTrainingJob YAML")
-    p.add_argument("--keep", action="store_true", help="leave everything running and print a kubeconfig path")
-    p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the job's RayCluster (runPolicy.cleanup: Keep) and everything else running until Ctrl-C; "
+        "print a kubeconfig path",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="stop waiting and stop everything after this many seconds (default: the job's "
+        "runPolicy.activeDeadlineSeconds + 120, when the operator has failed it anyway; no limit without one)",
+    )
     p.add_argument("--status-out", metavar="FILE", help="also write the final FSDPTrainingJob (JSON) to FILE")
     p.set_defaults(func=cmd_run_local)
+
+    p = sub.add_parser("local", help="helpers for trying jobs on this machine")
+    local = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+    m = local.add_parser(
+        "make-model",
+        help="make a tiny Qwen2 and a BPE tokenizer trained on your text, offline (model.init: pretrained loads it)",
+    )
+    m.add_argument("directory", metavar="DIR", help="where to save them (save_pretrained layout)")
+    m.add_argument(
+        "--text",
+        action="append",
+        metavar="FILE",
+        help="train the tokenizer on this text file (repeatable; default: a built-in corpus, also written as "
+        "DIR/sample.jsonl to train on)",
+    )
+    m.add_argument("--vocab-size", type=int, default=512, choices=range(300, 65537), metavar="N",
+                   help="tokenizer vocabulary size, 300..65536 (default: 512)")  # fmt: skip
+    m.set_defaults(func=cmd_make_model)
     return parser
 
 

@@ -63,6 +63,8 @@ class ClusterView:
     """Ray's dashboard / job API, from `status.head` and `status.endpoints` as KubeRay writes them."""
     reason: str = ""
     """KubeRay's `status.reason`: why the state is what it is (set with `failed`)."""
+    head_not_ready: str = ""
+    """KubeRay's HeadPodReady condition when it is False: its reason and message (the head pod's Ready); else empty."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> ClusterView:
@@ -80,7 +82,16 @@ class ClusterView:
             owner_uid=str(owner.get("uid", "")),
             dashboard_url=dashboard_url(obj),
             reason=str(status.get("reason") or ""),
+            head_not_ready=_head_not_ready(status.get("conditions")),
         )
+
+
+def _head_not_ready(conditions: Any) -> str:
+    for condition in conditions if isinstance(conditions, list) else []:
+        c = _mapping(condition)
+        if c.get("type") == "HeadPodReady" and c.get("status") == "False":
+            return f"{c.get('reason') or 'HeadPodNotReady'}: {c.get('message') or 'no message'}"[:512]
+    return ""
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -843,11 +854,20 @@ def _ray_unreachable(job: Job, status: JobStatus, obs: Observed, timeout: float)
     """Ray's job API does not answer a submitted job: wait, but never longer than `timeout` (then Failed)."""
     since = status.ray_unreachable_since or obs.now
     silent = (obs.now - since).total_seconds()
+    # Why it does not answer, when KubeRay knows: the head pod is not ready (its Ray exited, it restarts).
+    head = (
+        f"; the Ray head pod is not ready ({obs.cluster.head_not_ready})"
+        if obs.cluster and obs.cluster.head_not_ready
+        else ""
+    )
     if silent >= timeout:
-        message = f"Ray's job API did not answer for {silent:.0f}s (limit {timeout:g}s): {obs.ray_error}"
+        message = f"Ray's job API did not answer for {silent:.0f}s (limit {timeout:g}s): {obs.ray_error}{head}"
         return _finish(job, status, obs, Phase.FAILED, Reason.RAY_UNREACHABLE, message, stop_job=True)
     new = replace(
-        status, reason=Reason.RAY_UNREACHABLE, message=f"Ray job API: {obs.ray_error}", ray_unreachable_since=since
+        status,
+        reason=Reason.RAY_UNREACHABLE,
+        message=f"Ray job API: {obs.ray_error}{head}",
+        ray_unreachable_since=since,
     )
     return Decision(new)
 

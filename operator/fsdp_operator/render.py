@@ -307,6 +307,7 @@ def raycluster(job: Job, security: Security | None = None, *, chosen_zone: str =
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
         *_downward_env(),
         *(_auth_env(job) if auth else []),
+        *spec.env,  # the job's driver runs here: it reads the data
     ]
     head = _container("ray-head", spec, _resources(spec.head.cpu, spec.head.memory, {}), head_env)
     head["ports"] = [{"containerPort": port, "name": port_name} for port_name, port in HEAD_PORTS]
@@ -317,7 +318,7 @@ def raycluster(job: Job, security: Security | None = None, *, chosen_zone: str =
         extra[GPU_RESOURCE] = gpus
     if spec.efa_requested:
         extra[EFA_RESOURCE] = str(workers.efa_per_worker)
-    worker_env = [*nccl_env(spec), *_downward_env(), *(_auth_env(job) if auth else []), *spec.network.env]
+    worker_env = [*nccl_env(spec), *_downward_env(), *(_auth_env(job) if auth else []), *spec.env, *spec.network.env]
     worker = _container(
         "ray-worker", spec, _resources(workers.cpu, workers.memory, extra), worker_env, efa=spec.efa_requested
     )

@@ -112,6 +112,12 @@ OPERATOR_ENV: dict[str, str] = {
 }
 
 
+# What spec.network.env is for: the collective-communication stack of the ranks (NCCL and its plugins,
+# libfabric, the RDMA verbs, gloo, CUDA settings NCCL reads). Compared in upper case.
+TRANSPORT_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "OFI_NCCL_", "RDMAV_", "IBV_", "MLX5_", "UCX_", "GLOO_",
+                          "TP_", "NVSHMEM_", "CUDA_")  # fmt: skip
+
+
 def operator_owned(name: str) -> str | None:
     """Why `name` is the operator's to set (and what to use instead), or None when the user may set it.
 
@@ -206,7 +212,7 @@ class EnvVarSource:
 
 @dataclass(frozen=True, slots=True)
 class EnvVar:
-    """An environment variable of the worker containers, as in a PodSpec."""
+    """An environment variable of a container, as in a PodSpec."""
 
     name: str = declare("Variable name.", default="", required=True, grammar=formats.ENV_NAME)
     value: str = declare(
@@ -395,7 +401,8 @@ class Network:
         unset="from the instance type's network line rate (g6.12xlarge: 5)",
     )
     env: list[dict[str, Any]] = declare(
-        "Extra environment variables for the workers ({name, value} or {name, valueFrom}).",
+        "Transport variables for the workers only (NCCL_*, FI_*, ...; {name, value} or {name, valueFrom}). "
+        "Anything else, e.g. storage endpoints and credentials, goes in spec.env.",
         factory=list,
         shape=EnvVar,
         max_items=128,
@@ -643,7 +650,8 @@ class RuntimeEnv:
         max_items=128,
     )
     env_vars: dict[str, str] = declare(
-        "Extra environment variables for every training process. Values are stored in plain text in the Ray job.",
+        "Deprecated: use spec.env. Extra environment variables of the Ray job; its values are stored in plain "
+        "text in the job's submission, readable through Ray's job API.",
         factory=dict,
         keys=formats.ENV_NAME,
         values=formats.TEXT,
@@ -716,6 +724,15 @@ class Spec:
     training: Training = declare(Training.__doc__ or "", factory=Training)
     data: Data = declare(Data.__doc__ or "", factory=Data)
     output: Output = declare(Output.__doc__ or "", factory=Output)
+    env: list[dict[str, Any]] = declare(
+        "Environment variables of every Ray process: the job's driver on the head (which reads the data) and the "
+        "training ranks on the workers ({name, value} or {name, valueFrom: {secretKeyRef: {name, key}}}). Set in "
+        "the head and worker containers, so a Secret's value is read by the kubelet and never reaches the "
+        "operator or Ray's job API.",
+        factory=list,
+        shape=EnvVar,
+        max_items=128,
+    )
     runtime_env: RuntimeEnv = declare(RuntimeEnv.__doc__ or "", factory=RuntimeEnv)
     run_policy: RunPolicy = declare(RunPolicy.__doc__ or "", factory=RunPolicy)
 
@@ -765,10 +782,7 @@ class Spec:
             )
         for group in ("head", "workers"):
             _refuse_control_plane(s[group], f"{path}.{group}", problems)
-        for i, env in enumerate(n["env"]):
-            _refuse_operator_env(env["name"], f"{path}.network.env[{i}].name", problems)
-        for name in s["runtime_env"]["env_vars"]:
-            _refuse_operator_env(name, f"{path}.runtimeEnv.envVars.{show_key(name)}", problems)
+        _env_rules(s, path, problems)
 
 
 # The taints and labels of control-plane nodes (kubeadm's and older clusters'): a job runs arbitrary code,
@@ -791,10 +805,39 @@ def _refuse_control_plane(group: dict[str, Any], path: str, problems: Problems) 
             )
 
 
-def _refuse_operator_env(name: str, path: str, problems: Problems) -> None:
+def _env_rules(s: dict[str, Any], path: str, problems: Problems) -> None:
+    """Each variable in its one place: spec.env for every Ray process, network.env for the transport only."""
+    everywhere: set[str] = set()
+    for i, env in enumerate(s["env"]):
+        name = env["name"]
+        _refuse_operator_env(name, f"{path}.env[{i}].name", problems)
+        if name in everywhere:
+            problems.append(f"{path}.env[{i}].name: {name} is set twice")
+        everywhere.add(name)
+    for i, env in enumerate(s["network"]["env"]):
+        name, where = env["name"], f"{path}.network.env[{i}].name"
+        if _refuse_operator_env(name, where, problems):
+            continue
+        if not name.upper().startswith(TRANSPORT_ENV_PREFIXES):
+            # The job's driver runs on the head and reads the data there: a storage endpoint, a token or a
+            # proxy set only on the workers fails in the driver (`Could not resolve host`).
+            problems.append(
+                f"{where}: {name} is not a transport variable (NCCL_*, FI_*, ...), and network.env reaches the "
+                f"workers only; use {path}.env, which reaches every Ray process (the job's driver on the head too)"
+            )
+        elif name in everywhere:
+            problems.append(f"{where}: {name} is also set in {path}.env; set it in one place")
+    for name in s["runtime_env"]["env_vars"]:
+        where = f"{path}.runtimeEnv.envVars.{show_key(name)}"
+        if not _refuse_operator_env(name, where, problems) and name in everywhere:
+            problems.append(f"{where}: {name} is also set in {path}.env; set it in one place (spec.env)")
+
+
+def _refuse_operator_env(name: str, path: str, problems: Problems) -> bool:
     why = operator_owned(name)
     if why is not None:
         problems.append(f"{path}: {name} is set by the operator (transport verification, log collection); {why}")
+    return why is not None
 
 
 def _has_efa(instance_type: str) -> bool:

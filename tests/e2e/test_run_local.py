@@ -36,17 +36,18 @@ def assert_nothing_left(output: str) -> None:
 
 
 def run_local(
-    job: Path, tmp_path: Path, timeout: float = 400
+    job: Path, tmp_path: Path, timeout: float = 400, env: dict[str, str] | None = None
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     fsdpctl = Path(sys.executable).with_name("fsdpctl")
     status_file = tmp_path / "job.json"
+    run_timeout = str(max(timeout - 100, 300))  # run-local stops first, and cleans up behind itself
     proc = subprocess.run(
-        [str(fsdpctl), "run-local", "-f", str(job), "--status-out", str(status_file), "--timeout", "300"],
+        [str(fsdpctl), "run-local", "-f", str(job), "--status-out", str(status_file), "--timeout", run_timeout],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
     )
     assert_nothing_left(proc.stdout)
     job_object = json.loads(status_file.read_text()) if status_file.exists() else {}
@@ -177,3 +178,33 @@ def test_a_data_job_learns_evaluates_exports_and_the_export_reloads(tmp_path: Pa
         got = exported.float()(**prompt).logits
     assert (got - want).abs().max().item() < LOGIT_TOLERANCE
     assert tokenizer.decode(int(got[0, -1].argmax())).strip() == "lazy"  # it learned the phrase
+
+
+@pytest.mark.slow  # covered fast: spec.env in the head's and workers' containers (test_spec_rules), env to Ray nodes
+@pytest.mark.timeout(900)  # a model to make, and a whole run-local, on a loaded shared machine
+def test_the_driver_reads_s3_data_through_the_endpoint_in_spec_env(tmp_path: Path) -> None:
+    """The data is read by the job's driver on the head: `spec.env` must reach it (an S3-compatible store here).
+
+    The run-local process itself gets no AWS_* variable, so the endpoint and the keys can only come from the spec.
+    """
+    from support.s3 import moto_s3
+    from support.tiny_hf import documents, save_tiny_model, write_jsonl
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    with moto_s3() as s3:
+        source = s3.upload(write_jsonl(tmp_path / "corpus.jsonl", [{"text": d} for d in documents(120)]), "c.jsonl")
+        manifest = yaml.safe_load(EXAMPLE.read_text())
+        manifest["metadata"]["name"] = "tiny-s3"
+        spec = manifest["spec"]
+        spec["env"] = [{"name": name, "value": value} for name, value in s3.env.items()]
+        spec["model"] = {"name": str(model_dir), "init": "pretrained"}
+        spec["data"] = {"source": source}
+        spec["training"].update(steps=4, seqLen=64)
+        path = tmp_path / "s3.yaml"
+        path.write_text(yaml.safe_dump(manifest))
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        proc, job = run_local(path, tmp_path, timeout=800, env=clean)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = job["status"]
+    assert status["phase"] == "Succeeded" and status["result"]["steps"] == 4, status
+    assert status["progress"]["samplesSeen"] == 4 * 8, status["progress"]  # documents from S3, not random tokens

@@ -128,7 +128,7 @@ def test_a_string_value_in_a_map_is_bounded() -> None:
 
 
 def test_a_list_field_at_and_past_its_item_bound() -> None:
-    env = [{"name": f"V{i}", "value": "x"} for i in range(129)]
+    env = [{"name": f"NCCL_V{i}", "value": "x"} for i in range(129)]
     assert problems({"network": {"env": env[:128]}}) == []
     assert problems({"network": {"env": env}}) == ["spec.network.env: more than 128 items (129)"]
     assert problems({"network": {"env": {"name": "V"}}}) == ["spec.network.env: expected array, got object"]

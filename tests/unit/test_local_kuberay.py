@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from fsdp_operator import render
-from fsdp_operator.local.kuberay import _container_env, _cpus, kill_marked, marked_processes, secret_refs
-from fsdp_operator.spec import parse_job
+from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.kuberay import (
+    RAYCLUSTER_CRD,
+    LocalCluster,
+    LocalKubeRay,
+    RayNode,
+    _container_env,
+    _cpus,
+    _memory_limit,
+    kill_marked,
+    limited_command,
+    marked_processes,
+    secret_refs,
+)
+from fsdp_operator.spec import parse_job, parse_quantity
 
 
 def rendered_worker() -> dict[str, object]:
@@ -56,3 +72,68 @@ def test_marked_processes_are_found_and_killed() -> None:
         assert marked_processes(marker) == []
     finally:
         child.kill()
+
+
+def test_a_head_whose_ray_process_exits_is_reported_not_ready_as_a_kubelet_would(
+    apiserver: ThreadedApiServer, tmp_path: Path
+) -> None:
+    """Not a silent Ready head: the pod Failed and not Ready, the RayCluster's HeadPodReady False, with the exit."""
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        kuberay = LocalKubeRay(apiserver.url, tmp_path)
+        try:
+            await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
+            rc = await kuberay._request(
+                "POST",
+                "/apis/ray.io/v1/namespaces/default/rayclusters",
+                {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": {}},
+            )
+            cluster = LocalCluster("default", "rc", rc["metadata"]["uid"], tmp_path / "c")
+            template = {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.58.0"}]}}
+            await kuberay._put_pod(
+                cluster, "rc-head", {"ray.io/node-type": "head"}, "127.0.0.2", ready=True, template=template
+            )
+            ready = {"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady"}
+            provisioned = {"type": "RayClusterProvisioned", "status": "True", "reason": "AllPodRunningAndReady"}
+            await kuberay._patch_status(cluster, {"state": "ready", "conditions": [ready, provisioned]})
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", "raise SystemExit(3)")
+            head = RayNode("rc-head", "127.0.0.2", process, tmp_path / "head.log", tmp_path / "n0")
+            await asyncio.wait_for(kuberay.watch_head(cluster, head), 60)
+            assert cluster.failure.startswith("the Ray head of RayCluster rc exited with code 3")
+            pod = await kuberay._request("GET", "/api/v1/namespaces/default/pods/rc-head")
+            found = await kuberay._request("GET", "/apis/ray.io/v1/namespaces/default/rayclusters/rc")
+            return pod, found
+        finally:
+            await kuberay.close()
+
+    pod, rc = asyncio.run(scenario())
+    assert pod["status"]["phase"] == "Failed"
+    (ready,) = pod["status"]["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "False", "ContainersNotReady")
+    assert pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 3
+    conditions = {c["type"]: c for c in rc["status"]["conditions"]}
+    assert conditions["HeadPodReady"]["status"] == "False"
+    assert "Ray exited with code 3" in conditions["HeadPodReady"]["message"]
+    assert conditions["RayClusterProvisioned"]["status"] == "True"  # the other conditions stay as they were
+
+
+def test_a_containers_memory_limit_bounds_each_process_of_its_ray_node() -> None:
+    """`memory: 4Gi` holds locally too: past the limit an allocation fails instead of taking the machine's memory."""
+    limit = parse_quantity("256Mi")
+    assert _memory_limit({"resources": {"limits": {"memory": "256Mi"}}}) == limit
+    assert _memory_limit({}) is None
+    assert _memory_limit(rendered_worker()) == parse_quantity(render.raycluster(
+        parse_job({"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "metadata": {"name": "j"}, "spec": {}})
+    )["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"])  # fmt: skip
+    # A child process inherits the limit, as a rank started by the node's raylet does.
+    allocate = "import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', 'bytearray({})']).returncode)"
+    small = subprocess.run(
+        limited_command([sys.executable, "-c", allocate.format(64 * 2**20)], int(limit)), check=False
+    )
+    assert small.returncode == 0
+    big = subprocess.run(
+        limited_command([sys.executable, "-c", allocate.format(512 * 2**20)], int(limit)),
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert big.returncode != 0 and "MemoryError" in big.stderr
+    assert limited_command(["ray", "start"], None) == ["ray", "start"]

@@ -493,6 +493,28 @@ def test_ray_unreachable_keeps_the_phase_and_says_so() -> None:
     assert "timed out" in d.status.message and kinds(d) == [] and events(d) == [("Warning", "RayUnreachable")]
 
 
+def test_ray_unreachable_says_when_kuberay_reports_the_head_pod_not_ready() -> None:
+    rc = {
+        "metadata": {"name": CLUSTER},
+        "status": {"state": "ready", "conditions": [
+            {"type": "HeadPodReady", "status": "False", "reason": "ContainersNotReady",
+             "message": "containers with unready status: [ray-head]"},
+            {"type": "RayClusterProvisioned", "status": "True", "reason": "AllPodRunningAndReadyFirstTime"}]},
+    }  # fmt: skip
+    view = ClusterView.from_object(rc)
+    assert view.head_not_ready == "ContainersNotReady: containers with unready status: [ray-head]"
+    down = replace(cluster(), head_not_ready=view.head_not_ready)
+    d = run(manifest(), at(Phase.RUNNING, reason=Reason.JOB_RUNNING), cluster=down, ray_error="connection refused")
+    assert d.status.message == (
+        "Ray job API: connection refused; the Ray head pod is not ready "
+        "(ContainersNotReady: containers with unready status: [ray-head])"
+    )
+    assert (
+        ClusterView.from_object({"status": {"conditions": [{"type": "HeadPodReady", "status": "True"}]}}).head_not_ready
+        == ""
+    )
+
+
 @pytest.mark.parametrize("phase", [Phase.SUBMITTING, Phase.RUNNING])
 @pytest.mark.parametrize("gone", [None, replace(cluster(), deleting=True)])
 def test_cluster_deleted_behind_our_back_is_lost(phase: Phase, gone: ClusterView | None) -> None:

@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 import pytest
+import yaml
 from fsdp_operator.cli import main
 from fsdp_operator.local.run import Progress
 from fsdp_operator.summary import loss_curve, summary_lines
@@ -56,3 +57,90 @@ def test_summary_of_a_failed_job_and_no_curve_without_history() -> None:
     ]
     assert loss_curve(status) == ""
     assert loss_curve({"progress": {"lossHistory": [[1, 2.0]]}}) == ""
+
+
+def test_without_a_terminal_step_lines_come_although_no_exact_tenth_is_seen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Status is read twice a second and holds the latest step only: step 10, 20, ... may never be seen."""
+    clock = [0.0]
+    monkeypatch.setattr("fsdp_operator.local.run.time.monotonic", lambda: clock[0])
+    out = io.StringIO()  # not a terminal
+    progress = Progress(out, started=0.0)
+    running = {"phase": "Running", "reason": "JobRunning", "message": "training is running"}
+    for step in (3, 7, 13, 17, 27, 33, 41, 43, 44, 99, 100):
+        clock[0] += 1.0
+        progress.show({**running, "progress": {"step": step, "totalSteps": 100, "loss": 5.0, "tokensPerSecond": 9}})
+    steps = [line.split("] ", 1)[1].split()[1] for line in out.getvalue().splitlines() if "] step " in line]
+    assert steps == ["3/100", "13/100", "27/100", "33/100", "41/100", "99/100", "100/100"]
+    # A slow run: no new tenth for minutes, still a line every STEP_LINE_SECONDS while it advances.
+    clock[0] += 31.0
+    progress.show({**running, "progress": {"step": 100, "totalSteps": 100, "loss": 5.0, "tokensPerSecond": 9}})
+    slow = Progress(out := io.StringIO(), started=clock[0])
+    for step in (1, 2, 3, 4):
+        clock[0] += 31.0
+        slow.show({**running, "progress": {"step": step, "totalSteps": 1000, "loss": 5.0, "tokensPerSecond": 9}})
+    assert [line.split("] ", 1)[1].split()[1] for line in out.getvalue().splitlines() if "] step " in line] == [
+        "1/1000", "2/1000", "3/1000", "4/1000"
+    ]  # fmt: skip
+
+
+def test_the_timeout_is_in_the_help_and_never_cuts_a_run_the_job_allows(capsys: pytest.CaptureFixture[str]) -> None:
+    from fsdp_operator.cli import build_parser
+    from fsdp_operator.local.run import DEADLINE_ALLOWANCE_SECONDS, default_timeout
+    from fsdp_operator.spec import parse_job
+
+    with pytest.raises(SystemExit):
+        main(["run-local", "--help"])
+    assert "--timeout SECONDS" in capsys.readouterr().out
+    assert build_parser().parse_args(["run-local", "-f", "job.yaml"]).timeout is None
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    assert default_timeout(parse_job(manifest)) is None  # no deadline in the spec: no limit either
+    manifest["spec"]["runPolicy"] = {"activeDeadlineSeconds": 7200}
+    assert default_timeout(parse_job(manifest)) == 7200 + DEADLINE_ALLOWANCE_SECONDS
+    for bad in ("0", "-5", "soon", "inf", "nan"):
+        with pytest.raises(SystemExit):
+            main(["run-local", "-f", "job.yaml", "--timeout", bad])
+        assert "--timeout" in capsys.readouterr().err
+
+
+def test_keep_applies_the_job_with_cleanup_keep_and_leaves_the_file_alone() -> None:
+    from fsdp_operator.local.run import manifest_to_apply
+
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    kept = manifest_to_apply(manifest, keep=True)
+    assert kept["spec"]["runPolicy"]["cleanup"] == "Keep"
+    assert "runPolicy" not in manifest["spec"]
+    assert manifest_to_apply(manifest, keep=False) == manifest
+
+
+def test_a_rerun_that_resumed_from_a_checkpoint_says_so_once() -> None:
+    out = io.StringIO()
+    progress = Progress(out, started=0.0)
+    done = {"phase": "Succeeded", "reason": "Completed", "message": "training finished after 40 steps",
+            "progress": {"step": 40, "totalSteps": 40}, "result": {"steps": 40, "resumedFromStep": 20}}  # fmt: skip
+    progress.show(done)
+    progress.show(done)
+    lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines.count("resumed from the checkpoint of step 20, not from the start") == 1
+    # A condition that names the resume (with its reason) is what is printed when the status has one.
+    out = io.StringIO()
+    resumed = {"type": "Resumed", "status": "True", "reason": "SameFingerprint", "message": "from step 20 of ckpt"}
+    Progress(out, started=0.0).show({**done, "conditions": [resumed]})
+    assert "resumed: from step 20 of ckpt" in out.getvalue()
+    out = io.StringIO()
+    Progress(out, started=0.0).show({**done, "result": {"steps": 40}})
+    assert "resumed" not in out.getvalue()
+
+
+def test_an_endpoint_in_network_env_is_refused_before_anything_starts_and_points_to_spec_env(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """network.env reaches the workers only, while the job's driver on the head reads the data."""
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    manifest["spec"]["network"]["env"] = [{"name": "AWS_ENDPOINT_URL", "value": "http://minio:9000"}]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert main(["run-local", "-f", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "spec.network.env[0].name: AWS_ENDPOINT_URL is not a transport variable" in captured.err
+    assert "use spec.env, which reaches every Ray process" in captured.err
+    assert captured.out == ""

@@ -40,7 +40,7 @@ def test_defaults_reproduce_the_reference_setup() -> None:
 
 
 def test_defaults_do_not_leak_between_parses() -> None:
-    first = parse_job(manifest({"network": {"env": [{"name": "A", "value": "1"}]}}))
+    first = parse_job(manifest({"network": {"env": [{"name": "NCCL_ALGO", "value": "1"}]}}))
     second = parse_job(manifest())
     assert first.spec.network.env and not second.spec.network.env
 

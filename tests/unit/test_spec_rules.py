@@ -57,10 +57,14 @@ CPU = {
         ("RAY_DEDUP_LOGS", "the operator needs every rank's log lines unmerged"),
     ],
 )
-def test_operator_owned_environment_is_refused_in_both_places(name: str, instead: str) -> None:
-    found = problems({"network": {"env": [{"name": "OK_VAR", "value": "1"}, {"name": name, "value": "x"}]}})
+def test_operator_owned_environment_is_refused_in_every_place(name: str, instead: str) -> None:
+    found = problems({"network": {"env": [{"name": "NCCL_ALGO", "value": "1"}, {"name": name, "value": "x"}]}})
     assert found == [
         f"spec.network.env[1].name: {name} is set by the operator (transport verification, log collection); {instead}"
+    ]
+    found = problems({"env": [{"name": "OK_VAR", "value": "1"}, {"name": name, "value": "x"}]})
+    assert found == [
+        f"spec.env[1].name: {name} is set by the operator (transport verification, log collection); {instead}"
     ]
     found = problems({"runtimeEnv": {"envVars": {name: "x"}}})
     assert found == [
@@ -100,11 +104,64 @@ def test_user_variables_that_are_not_the_operators_pass_through() -> None:
     assert render.submission(job, "sid", "/pkg").runtime_env["env_vars"]["HF_HOME"] == "/cache"
 
 
-def test_env_from_a_secret_is_passed_on_as_written() -> None:
+def test_spec_env_reaches_head_and_workers_and_secrets_stay_out_of_the_ray_job() -> None:
+    """The job's driver reads the data on the head: a storage endpoint or a token must be there too."""
     ref = {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {"secretKeyRef": {"name": "aws", "key": "secret"}}}
-    job = parse_job(manifest({"network": {"env": [ref]}}))
-    worker = render.raycluster(job)["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
-    assert ref in worker["env"]
+    endpoint = {"name": "AWS_ENDPOINT_URL", "value": "http://minio.storage:9000"}
+    job = parse_job(manifest({"env": [endpoint, ref]}))
+    rc = render.raycluster(job)
+    for group in (rc["spec"]["headGroupSpec"], *rc["spec"]["workerGroupSpecs"]):
+        env = group["template"]["spec"]["containers"][0]["env"]
+        assert ref in env and endpoint in env
+    # Ray's job API shows a job's runtime environment to anyone who can list jobs: no value from spec.env there.
+    submitted = json.dumps(render.submission(job, "sid", "/pkg").runtime_env)
+    assert "AWS_SECRET_ACCESS_KEY" not in submitted and "minio" not in submitted
+
+
+@pytest.mark.parametrize(
+    "name", ["AWS_ENDPOINT_URL", "HF_TOKEN", "HTTPS_PROXY", "aws_access_key_id", "MY_SETTING", "SSL_CERT_FILE"]
+)
+def test_a_variable_the_driver_needs_is_refused_in_network_env_with_the_way_to_pass_it(name: str) -> None:
+    (found,) = problems({"network": {"env": [{"name": name, "value": "x"}]}})
+    assert found == (
+        f"spec.network.env[0].name: {name} is not a transport variable (NCCL_*, FI_*, ...), and network.env "
+        "reaches the workers only; use spec.env, which reaches every Ray process (the job's driver on the head too)"
+    )
+
+
+def test_transport_variables_stay_in_network_env_on_the_workers_only() -> None:
+    names = ["NCCL_ALGO", "nccl_buffsize", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OFI_NCCL_PROTOCOL", "GLOO_SOCKET_IFNAME",
+             "CUDA_DEVICE_MAX_CONNECTIONS"]  # fmt: skip
+    job = parse_job(manifest({"network": {"env": [{"name": n, "value": "1"} for n in names]}}))
+    rc = render.raycluster(job)
+    head = {e["name"] for e in rc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    worker = {e["name"] for e in rc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["env"]}
+    assert set(names) <= worker and not set(names) & head
+
+
+def test_one_variable_is_set_in_one_place() -> None:
+    assert problems({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}) == [
+        "spec.env[1].name: A is set twice"
+    ]
+    algo = [{"name": "NCCL_ALGO", "value": "Ring"}]
+    both = {"env": algo, "network": {"env": algo}}
+    assert problems(both) == ["spec.network.env[0].name: NCCL_ALGO is also set in spec.env; set it in one place"]
+    assert problems({"env": [{"name": "HF_HOME", "value": "/a"}], "runtimeEnv": {"envVars": {"HF_HOME": "/b"}}}) == [
+        "spec.runtimeEnv.envVars.HF_HOME: HF_HOME is also set in spec.env; set it in one place (spec.env)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"name": "1BAD"}, "spec.env[0].name: '1BAD' must be an environment variable name"),
+        ({"name": "A=B", "value": "x"}, "spec.env[0].name: 'A=B' must be an environment variable name"),
+        ({"value": "x"}, "spec.env[0].name: required"),
+        ({"name": "A", "valueFrom": {}}, "spec.env[0].valueFrom: must set exactly one of secretKeyRef"),
+    ],
+)
+def test_spec_env_entries_follow_the_pod_spec(env: dict[str, Any], expected: str) -> None:
+    assert problems({"env": [env]})[0].startswith(expected)
 
 
 @pytest.mark.parametrize(

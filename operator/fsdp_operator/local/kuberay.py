@@ -11,8 +11,14 @@ Environment variables come from the container spec as a kubelet would fill them:
 downward API fields the operator uses, and `secretKeyRef`s read from the API server (Ray's auth token
 among them, so a cluster with token authentication really requires it).
 
+A head whose Ray process exits is reported as a kubelet and KubeRay would: the pod not Ready and
+Failed, the RayCluster's HeadPodReady condition False.
+
+A container's memory limit becomes RLIMIT_DATA of every process of its Ray node (see limited_command):
+per process, where a pod's cgroup limits the sum.
+
 What it does not reproduce: images (the Ray on this machine runs, not the container's), pod
-scheduling, resource limits (cgroups), GPUs (a worker gets CPUs in place of GPUs), restarts,
+scheduling, CPU limits and the memory cgroup (see above), GPUs (a worker gets CPUs in place of GPUs), restarts,
 NetworkPolicies (stored by the API server, enforced by nothing here: all nodes share loopback).
 """
 
@@ -45,6 +51,8 @@ Obj = dict[str, Any]
 RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
 STOP_GRACE_SECONDS = 5.0
+HEAD_START_SECONDS = 300
+"""How long a Ray head may take to come up (its dashboard's modules included) on a loaded machine."""
 
 # A minimal RayCluster definition of our own (KubeRay's real CRD is not shipped with the project):
 # enough for the API server to serve the kind, its status subresource and KubeRay-like columns.
@@ -134,6 +142,10 @@ class LocalCluster:
     task: asyncio.Task[None] | None = None
     token: str = ""
     """Ray's auth token when the head runs with RAY_AUTH_MODE=token."""
+    head_watch: asyncio.Task[None] | None = None
+    """Reports the head pod not ready when its Ray process exits (see LocalKubeRay.watch_head)."""
+    failure: str = ""
+    """Why the cluster's head is gone (did not start, or its Ray process exited); empty while it is fine."""
 
 
 def _container_env(
@@ -160,6 +172,32 @@ def secret_refs(container: Obj) -> set[tuple[str, str]]:
     """(secret name, key) of every `valueFrom.secretKeyRef` in the container's env."""
     refs = (item.get("valueFrom", {}).get("secretKeyRef") for item in container.get("env", []))
     return {(ref["name"], ref["key"]) for ref in refs if ref and ref.get("name") and ref.get("key")}
+
+
+def _memory_limit(container: Obj) -> int | None:
+    """The container's memory limit in bytes; None when it has none."""
+    limits = container.get("resources", {}).get("limits", {})
+    return math.ceil(float(parse_quantity(limits["memory"]))) if "memory" in limits else None
+
+
+# Sets RLIMIT_DATA, then becomes the command (same pid, so process-group handling is unchanged). An rlimit needs
+# no root, unlike a cgroup; it is inherited by every process the Ray node starts (raylet, the ranks).
+_LIMIT_AND_EXEC = (
+    "import os, resource, sys; limit = int(sys.argv[1]); "
+    "resource.setrlimit(resource.RLIMIT_DATA, (limit, limit)); os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+def limited_command(command: list[str], memory_limit: int | None) -> list[str]:
+    """`command`, run with each of its processes' data memory (heap, anonymous mappings) at most `memory_limit` bytes.
+
+    RLIMIT_DATA bounds every process on its own, not their sum as a pod's cgroup does: a rank that allocates past
+    the container's memory limit gets an allocation error (MemoryError, a failed torch allocation) instead of
+    taking the machine's memory, but two ranks of one pod may use up to twice the limit together.
+    """
+    if memory_limit is None:
+        return command
+    return [sys.executable, "-c", _LIMIT_AND_EXEC, str(memory_limit), *command]
 
 
 def _cpus(container: Obj, fallback: int) -> int:
@@ -330,7 +368,9 @@ class LocalKubeRay:
 
     # ------------------------------------------------------------------ Ray processes
 
-    async def _start_node(self, cluster: LocalCluster, pod_name: str, args: list[str], env: dict[str, str]) -> RayNode:
+    async def _start_node(
+        self, cluster: LocalCluster, pod_name: str, args: list[str], env: dict[str, str], memory_limit: int | None
+    ) -> RayNode:
         ip = f"127.0.0.{self._next_ip}"
         self._next_ip += 1
         temp_dir = cluster.workdir / f"n{len(cluster.nodes)}"  # short: Ray's socket paths are length-limited
@@ -338,6 +378,10 @@ class LocalKubeRay:
         log_path = cluster.workdir / f"{pod_name}.log"
         process_env = {**os.environ, **env, "PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', '')}"}
         process_env["RAY_USAGE_STATS_ENABLED"] = "0"
+        # `ray start` gives the dashboard 60 s and the dashboard its modules 30 s; on a loaded laptop or CI runner
+        # they need more, and without the dashboard there is no job API: the head would fail to start.
+        for name in ("RAY_DASHBOARD_STARTUP_TIMEOUT_S", "RAY_DASHBOARD_SUBPROCESS_MODULE_WAIT_READY_TIMEOUT"):
+            process_env.setdefault(name, str(HEAD_START_SECONDS))
         process_env[NODE_MARKER] = str(temp_dir)
         command = [
             str(self._bin / "ray"),
@@ -353,7 +397,11 @@ class LocalKubeRay:
         ]
         with log_path.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
-                *command, stdout=out, stderr=asyncio.subprocess.STDOUT, env=process_env, start_new_session=True
+                *limited_command(command, memory_limit),
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=process_env,
+                start_new_session=True,
             )
         node = RayNode(pod_name, ip, process, log_path, temp_dir)
         cluster.nodes.append(node)
@@ -435,11 +483,13 @@ class LocalKubeRay:
                 f"--ray-client-server-port={free_port()}",
             ],
             head_env,
+            _memory_limit(head_container),
         )
         await self._put_pod(cluster, head_name, head_labels, head.ip, ready=False, template=head_group["template"])
-        head_up = await self._wait_for(cluster, {head.ip}, time.monotonic() + 90)
+        head_up = await self._wait_for(cluster, {head.ip}, time.monotonic() + HEAD_START_SECONDS)
         if not head_up:
-            log.error("Ray head of %s did not start; see %s", cluster.name, head.log_path)
+            cluster.failure = f"the Ray head of RayCluster {cluster.name} did not start; see {head.log_path}"
+            log.error("%s", cluster.failure)
             await self._patch_status(cluster, {"state": "failed", "reason": f"head did not start, see {head.log_path}"})
             return
         await self._put_pod(cluster, head_name, head_labels, head.ip, ready=True, template=head_group["template"])
@@ -457,6 +507,7 @@ class LocalKubeRay:
                 pod_name,
                 [f"--address={head.ip}:{cluster.gcs_port}", f"--num-cpus={cpus}", "--num-gpus=0"],
                 env,
+                _memory_limit(worker_container),
             )
             workers.append(worker)
         for worker in workers:
@@ -479,16 +530,51 @@ class LocalKubeRay:
             {**state, "readyWorkerReplicas": ready, "availableWorkerReplicas": ready, "conditions": conditions,
              "observedGeneration": rc["metadata"].get("generation", 1), "lastUpdateTime": now_rfc3339()},
         )  # fmt: skip
+        # Watched from here on, after the last write of HeadPodReady=True (a head that died earlier is seen at once).
+        cluster.head_watch = asyncio.get_running_loop().create_task(self.watch_head(cluster, head))
+
+    async def watch_head(self, cluster: LocalCluster, head: RayNode) -> None:
+        """When the head's Ray process exits, say so as a kubelet and KubeRay would: the pod's container terminated
+        and the pod not Ready (phase Failed: this stand-in restarts nothing, like restartPolicy: Never), and the
+        RayCluster's HeadPodReady condition False with the pod's reason (KubeRay copies the head pod's Ready
+        condition into it). Without this the head would stay Ready, and Ray's job API would just stop answering."""
+        code = await head.process.wait()
+        cluster.failure = f"the Ray head of RayCluster {cluster.name} exited with code {code}; see {head.log_path}"
+        log.error("%s", cluster.failure)
+        message = f"containers with unready status: [ray-head] (Ray exited with code {code}; see {head.log_path})"
+        now = now_rfc3339()
+        pod_status = {
+            "phase": "Failed",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady", "message": message,
+                            "lastTransitionTime": now}],
+            "containerStatuses": [{"name": "ray-head", "ready": False, "restartCount": 0,
+                                   "state": {"terminated": {"exitCode": code, "reason": "Error", "finishedAt": now}}}],
+        }  # fmt: skip
+        path = f"/api/v1/namespaces/{cluster.namespace}/pods/{head.pod_name}/status"
+        with contextlib.suppress(RuntimeError, aiohttp.ClientError):
+            await self._request("PATCH", path, {"status": pod_status}, "application/merge-patch+json")
+        rc = await self._request(
+            "GET", f"/apis/ray.io/v1/namespaces/{cluster.namespace}/rayclusters/{cluster.name}", allow_missing=True
+        )
+        conditions = [c for c in (rc.get("status") or {}).get("conditions") or [] if c.get("type") != "HeadPodReady"]
+        conditions.insert(0, {"type": "HeadPodReady", "status": "False", "reason": "ContainersNotReady",
+                              "message": message, "lastTransitionTime": now})  # fmt: skip
+        await self._patch_status(cluster, {"conditions": conditions, "lastUpdateTime": now})
 
     async def _teardown(self, cluster: LocalCluster) -> None:
-        if cluster.task is not None and not cluster.task.done():
-            cluster.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await cluster.task
+        for task in (cluster.head_watch, cluster.task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await stop_nodes(cluster.nodes)
         for node in cluster.nodes:
             with contextlib.suppress(RuntimeError, aiohttp.ClientError):
                 await self._request("DELETE", f"/api/v1/namespaces/{cluster.namespace}/pods/{node.pod_name}")
+
+    def failures(self) -> list[str]:
+        """Why heads of current clusters are gone (see LocalCluster.failure)."""
+        return [c.failure for c in self.clusters.values() if c.failure]
 
     @property
     def busy(self) -> bool:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -39,6 +41,8 @@ EXIT_SUCCEEDED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 TERMINAL_PHASES = {"Succeeded", "Failed"}
 RUN_MARKER = "FSDP_RUN_LOCAL"
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+STEP_LINE_SECONDS = 30.0
+"""Without a terminal, a step line at least this often while training advances."""
 
 
 def cannot_run_locally(job: Job) -> str:
@@ -53,6 +57,30 @@ def cannot_run_locally(job: Job) -> str:
     return ""
 
 
+DEADLINE_ALLOWANCE_SECONDS = 120.0
+"""After the job's activeDeadlineSeconds, how long run-local still waits: the operator fails the job at its
+deadline, and this leaves time for that failure (and the cleanup) to be reported."""
+
+
+def default_timeout(job: Job) -> float | None:
+    """How long run-local waits for `job` when --timeout is not given: never less than the job's own spec allows.
+
+    The job's runPolicy.activeDeadlineSeconds plus DEADLINE_ALLOWANCE_SECONDS; no limit (None) without one.
+    """
+    deadline = job.spec.run_policy.active_deadline_seconds
+    return None if deadline is None else deadline + DEADLINE_ALLOWANCE_SECONDS
+
+
+def manifest_to_apply(manifest: Obj, *, keep: bool) -> Obj:
+    """The manifest run-local applies: with --keep, runPolicy.cleanup: Keep, so the operator leaves the RayCluster
+    (and its Ray processes) in place after the job ends, as --keep promises."""
+    applied = copy.deepcopy(manifest)
+    if keep:
+        spec = applied.setdefault("spec", {})
+        spec.setdefault("runPolicy", {})["cleanup"] = "Keep"
+    return applied
+
+
 class Progress:
     """What changed in the job's status, as it happens: a line per status message, a step bar on a terminal."""
 
@@ -63,6 +91,7 @@ class Progress:
         self.said: tuple[str, str, str] | None = None
         self.bar: RichProgress | None = None
         self.bar_task: TaskID | None = None
+        self.step_said, self.step_said_at = 0, started
 
     def line(self, text: str) -> None:
         self.console.print(f"[{time.monotonic() - self.started:6.1f}s] {text}", markup=False)
@@ -88,10 +117,21 @@ class Progress:
             assert self.bar_task is not None
             self.bar.update(self.bar_task, completed=step, total=total, detail=detail)
             return
-        # Not a terminal (a log file, CI): a line every tenth of the run.
-        every = max(total // 10, 1)
-        if step % every == 0 or step == total or step == 1:
-            self.once(f"step-{step}", f"step {step}/{total}  {detail}")
+        # Not a terminal (a log file, CI): a line when the run passed the next tenth, and at least every
+        # STEP_LINE_SECONDS while steps advance. Status holds the latest step only, and it is read every
+        # half second, so an exact multiple of the tenth may never be seen.
+        now = time.monotonic()
+        tenth = max(total // 10, 1)
+        if step <= self.step_said:
+            return
+        if (
+            self.step_said == 0
+            or step >= total
+            or step // tenth > self.step_said // tenth
+            or (now - self.step_said_at >= STEP_LINE_SECONDS)
+        ):
+            self.step_said, self.step_said_at = step, now
+            self.line(f"step {step}/{total}  {detail}")
 
     def close(self) -> None:
         if self.bar is not None:
@@ -135,9 +175,22 @@ class Progress:
         if "evalLoss" in progress:
             step = progress.get("evalStep")
             self.once(f"eval-{step}", f"eval loss {progress['evalLoss']} after step {step}")
+        self._resumed(status, progress)
         output = status.get("output") or {}
         if path := output.get("path"):
             self.once(f"output-{path}", f"model exported to {path} (step {output.get('step')})")
+
+    def _resumed(self, status: Obj, progress: Obj) -> None:
+        """A rerun that continued from a checkpoint says so: from a `Resumed` condition when the status has one,
+        else from the step the training reported it resumed from (progress while running, result at the end)."""
+        for condition in status.get("conditions") or []:
+            if isinstance(condition, dict) and condition.get("type") == "Resumed" and condition.get("status") == "True":
+                self.once("resumed", f"resumed: {condition.get('message') or condition.get('reason')}")
+                return
+        result = status.get("result") or {}
+        step = progress.get("resumedFromStep") or result.get("resumedFromStep")
+        if step:
+            self.once("resumed", f"resumed from the checkpoint of step {step}, not from the start")
 
 
 def format_table(table: Obj) -> str:
@@ -218,9 +271,10 @@ class LocalRun:
             if response.status >= 400:
                 raise RuntimeError(f"the API server refused the job: {body.get('message', body)}")
 
-    async def follow(self, progress: Progress, timeout: float) -> Obj:
-        """Show status changes until the job is terminal; return the final object."""
-        deadline = time.monotonic() + timeout
+    async def follow(self, progress: Progress, timeout: float | None) -> Obj:
+        """Show status changes until the job is terminal (or `timeout` seconds, None: no limit); return the final
+        object."""
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         while True:
             code, job = await self._get(self.job_path)
             if code == 200:
@@ -228,10 +282,13 @@ class LocalRun:
                 progress.show(status)
                 if status.get("phase") in TERMINAL_PHASES:
                     return job
+            if failures := self.kuberay.failures():
+                # The operator would wait for the head to come back (a kubelet restarts it; this stand-in does not).
+                raise RuntimeError("; ".join(failures) + " (run-local does not restart a Ray head)")
             if self.operator is not None and self.operator.returncode is not None:
                 raise RuntimeError(f"the operator exited ({self.operator.returncode}); see {self.workdir}/operator.log")
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the job did not finish within {timeout:.0f} s")
+                raise TimeoutError(f"the job did not finish within --timeout {timeout:.0f} s")
             await asyncio.sleep(0.5)
 
     async def table(self) -> str:
@@ -274,11 +331,11 @@ class LocalRun:
         return marked_processes(f"{RUN_MARKER}={self.workdir}")
 
 
-async def _run(manifest: Obj, keep: bool, timeout: float, out: TextIO, status_out: str | None) -> int:
+async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, status_out: str | None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="fsdp-local-"))
     # Every process started below inherits this marker, so a leftover can be traced to its run.
     os.environ[RUN_MARKER] = str(workdir)
-    run = LocalRun(manifest, workdir, out)
+    run = LocalRun(manifest_to_apply(manifest, keep=keep), workdir, out)
     started = time.monotonic()
     progress = Progress(out, started)
     stop_requested = asyncio.Event()
@@ -296,6 +353,13 @@ async def _run(manifest: Obj, keep: bool, timeout: float, out: TextIO, status_ou
         progress.line(f"API server {run.api.url}, work dir {workdir}")
         await run.apply()
         progress.line(f"applied {schema.KIND} {run.namespace}/{run.name}")
+        progress.line(
+            "no time limit (the job has no runPolicy.activeDeadlineSeconds); Ctrl-C stops everything"
+            if timeout is None
+            else f"waiting at most {timeout:.0f} s (--timeout)"
+        )
+        if keep:
+            progress.line("--keep: runPolicy.cleanup set to Keep, so the RayCluster stays after the job ends")
         follow = asyncio.ensure_future(run.follow(progress, timeout))
         interrupted = asyncio.ensure_future(stop_requested.wait())
         done, _ = await asyncio.wait({follow, interrupted}, return_when=asyncio.FIRST_COMPLETED)
@@ -317,8 +381,11 @@ async def _run(manifest: Obj, keep: bool, timeout: float, out: TextIO, status_ou
         if code == EXIT_FAILED:
             out.write(f"\njob failed: {status.get('reason')}: {status.get('message')}\n")
         if keep:
+            clusters = ", ".join(f"{c.name} (Ray dashboard http://127.0.0.1:{c.dashboard_port})"
+                                 for c in run.kuberay.clusters.values()) or "none"  # fmt: skip
             out.write(
-                f"\n--keep: everything is still running. Try:\n  KUBECONFIG={run.kubeconfig} kubectl get trainingjobs\n"
+                f"\n--keep: the job, the API server and the RayCluster are still running; RayCluster: {clusters}."
+                f" Try:\n  KUBECONFIG={run.kubeconfig} kubectl get trainingjobs,rayclusters,pods\n"
                 "Press Ctrl-C to stop.\n"
             )
             out.flush()
@@ -352,9 +419,11 @@ def run_local(
     manifest: Obj,
     *,
     keep: bool = False,
-    timeout: float = 600.0,
+    timeout: float | None = None,
     status_out: str | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    """Run one validated job manifest end to end; 0 when it succeeded, 1 when it failed or timed out."""
+    """Run one validated job manifest end to end; 0 when it succeeded, 1 when it failed or timed out.
+
+    `timeout` None waits as long as the job runs (see `default_timeout`)."""
     return asyncio.run(_run(manifest, keep, timeout, out, status_out))
