@@ -674,6 +674,13 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 progress.update(evalLoss=_round(event.loss), evalStep=event.step)
         elif isinstance(event, Export):
             output = {"path": event.path, "step": event.step, "seconds": _round(event.seconds, 2)}
+            output["verified"] = event.verified
+            if event.training_loss is not None:
+                output["trainingLoss"] = _round(event.training_loss)
+            if event.export_loss is not None:
+                output["exportLoss"] = _round(event.export_loss)
+            if event.check:
+                output["check"] = event.check
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
         elif isinstance(event, Timings):

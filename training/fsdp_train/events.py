@@ -135,6 +135,14 @@ class Export(Event):
     step: int
     path: str
     seconds: float = 0.0
+    verified: bool = False
+    """The export, loaded as a user loads it, matched the training run (``fsdp_train.weights.verify_export``)."""
+    training_loss: float | None = None
+    """Loss of the model in training on the self-check's rows, just before the export."""
+    export_loss: float | None = None
+    """Loss of the exported directory, loaded with ``AutoModelForCausalLM``, on the same rows."""
+    check: str = ""
+    """Why the self-check failed; empty when it passed."""
 
 
 @dataclass(kw_only=True, slots=True)

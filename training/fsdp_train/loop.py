@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,10 +24,12 @@ from fsdp_train import report
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import (
+    Collate,
     Prepared,
     TrainFeed,
     check_usable,
     eval_batches,
+    load_tokenizer,
     prepare_on_each_node,
     tokenizer_location,
 )
@@ -215,7 +218,18 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
                 emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
         if cfg.output_path and (step == cfg.steps or (checkpointed and cfg.export_every_checkpoint)):
             target = cfg.output_path if step == cfg.steps else f"{cfg.output_path.rstrip('/')}/step_{step:08d}"
-            _export(cfg, topo, model, config, target, step, tokenizer_dir, model_dir)
+            _export(
+                cfg,
+                topo,
+                model,
+                config,
+                target,
+                step,
+                tokenizer_dir,
+                model_dir,
+                _check_batch(cfg, feed, validation, config.vocab_size),
+                device,
+            )
         if fail_at and step == fail_at and resumed_from < fail_at:
             raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
         _maybe_kill(env, topo.rank, step, resumed_from)
@@ -303,6 +317,28 @@ def _evaluate(
     return mean
 
 
+EXPORT_CHECK_ROWS = 4
+"""Packed rows (validation first, else training) that the export self-check computes the loss on."""
+EXPORT_CHECK_TEXTS = 8
+
+
+class ExportMismatch(RuntimeError):
+    """The exported directory, loaded as a user loads it, is not the model that trained."""
+
+
+def _check_batch(
+    cfg: TrainConfig, feed: TrainFeed | None, validation: Packed | None, vocab: int
+) -> dict[str, torch.Tensor]:
+    """The self-check's fixed rows: the first validation rows, else the first training rows, else random tokens."""
+    packed = validation if validation is not None and len(validation) else (feed.packed if feed else None)
+    if packed is None:
+        tokens = random_tokens(
+            seed=cfg.seed, step=0, micro=0, first_sample=0, samples=EXPORT_CHECK_ROWS, seq_len=cfg.seq_len, vocab=vocab
+        )
+        return {"input_ids": tokens, "labels": tokens}
+    return Collate(packed, cfg.document_mask)(list(range(min(EXPORT_CHECK_ROWS, len(packed)))))
+
+
 def _export(
     cfg: TrainConfig,
     topo: Topology,
@@ -312,8 +348,10 @@ def _export(
     step: int,
     tokenizer_dir: str | None,
     model_dir: str | None,
+    check_batch: dict[str, torch.Tensor],
+    device: torch.device,
 ) -> None:
-    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, export, fetch
+    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, ExportCheck, export, fetch, verify_export
 
     started = time.perf_counter()
     if tokenizer_dir is None and topo.rank == 0:
@@ -321,9 +359,46 @@ def _export(
             tokenizer_dir = fetch(cfg.tokenizer or cfg.model, patterns=TOKENIZER_FILE_PATTERNS)
         except Exception:
             tokenizer_dir = None
-    export(model, config, target, tokenizer_dir=tokenizer_dir, generation_source=model_dir)
+    # The model as it is exported, on the check's rows: every rank runs the forward (FSDP's is collective).
+    model.eval()
+    with torch.no_grad():
+        inputs = {k: v.to(device) for k, v in check_batch.items() if k != "sample_ids"}
+        training_loss = float(model(**inputs).loss.float())
+    model.train()
+
+    def check(directory: Path) -> ExportCheck:
+        tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
+        texts = []
+        if tokenizer is not None:
+            # Text the training tokenizer produced: the rows of the check, decoded.
+            ids = check_batch["input_ids"][:EXPORT_CHECK_TEXTS]
+            texts = [t for t in tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True) if t.strip()]
+        return verify_export(
+            directory,
+            training_tokenizer=tokenizer,
+            texts=texts,
+            batch=check_batch,
+            training_loss=training_loss,
+            device=device,
+        )
+
+    verdict = export(model, config, target, tokenizer_dir=tokenizer_dir, generation_source=model_dir, check=check)
+    assert verdict is not None
     if topo.rank == 0:
-        emit(Export(rank=0, step=step, path=target, seconds=time.perf_counter() - started))
+        emit(
+            Export(
+                rank=0,
+                step=step,
+                path=target if verdict.verified else "",
+                seconds=time.perf_counter() - started,
+                verified=verdict.verified,
+                training_loss=verdict.training_loss,
+                export_loss=verdict.export_loss,
+                check=verdict.reason,
+            )
+        )
+    if not verdict.verified:
+        raise ExportMismatch(f"export to {target} failed its self-check, nothing was written: {verdict.reason}")
 
 
 def _maybe_kill(env: Mapping[str, str], rank: int, step: int, resumed_from: int) -> None:
