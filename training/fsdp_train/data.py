@@ -30,9 +30,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fsdp_train.packing import (
+    BOUNDS_KEY,
+    DOC_START,
     IGNORE_INDEX,
     DataPosition,
     Packed,
+    document_bounds,
     labels,
     pack_documents,
     position_ids,
@@ -413,12 +416,15 @@ class Collate:
         ids = self.packed.input_ids[rows]
         flags = self.packed.flags[rows]
         positions = position_ids(flags) if self.document_mask else np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-        return {
+        batch = {
             "input_ids": torch.from_numpy(ids.astype(np.int64)),
             "labels": torch.from_numpy(labels(ids, flags)),
             "position_ids": torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)),
             "sample_ids": torch.from_numpy(rows),
         }
+        if self.document_mask:  # for fsdp_train.attention: attention inside documents without a dense mask
+            batch[BOUNDS_KEY] = torch.from_numpy(document_bounds((flags & DOC_START) != 0))
+        return batch
 
 
 class ResumableSampler:

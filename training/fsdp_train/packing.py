@@ -20,6 +20,8 @@ TARGET = 1
 DOC_START = 2
 """Flag bit: a document begins at this token (its position id is 0)."""
 IGNORE_INDEX = -100
+BOUNDS_KEY = "document_bounds"
+"""The batch key of ``document_bounds`` (read by ``fsdp_train.attention``)."""
 
 
 @dataclass(slots=True)
@@ -188,3 +190,16 @@ class DataPosition:
 def samples_digest(sample_ids: Sequence[int]) -> str:
     """A short fingerprint of a step's samples, in order: equal digests, equal data."""
     return hashlib.sha256(np.asarray(sample_ids, np.int64).tobytes()).hexdigest()[:12]
+
+
+def document_bounds(doc_start: np.ndarray) -> np.ndarray:
+    """``cu_seqlens`` of a batch flattened row after row: every document start and every row start, then the end.
+
+    ``doc_start`` [rows, seq_len] bool. A row that begins in the middle of a document starts a new
+    sequence there (the earlier part is in another row, maybe on another rank).
+    """
+    rows, seq_len = doc_start.shape
+    starts = doc_start.copy()
+    starts[:, 0] = True
+    flat = np.flatnonzero(starts.reshape(-1))
+    return np.concatenate([flat, [rows * seq_len]]).astype(np.int32)

@@ -320,7 +320,7 @@ def verify_export(
     loaded = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype).to(device)
     loaded.eval()
     with torch.no_grad():
-        inputs = {k: v.to(device) for k, v in batch.items() if k != "sample_ids"}
+        inputs = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "labels", "position_ids")}
         # No KV cache: with one, transformers ignores the documents' restarting position ids and lets
         # attention cross document boundaries, which training never did.
         export_loss = float(loaded(**inputs, use_cache=False).loss.float())
