@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from fsdp_operator import manifest_yaml, render, schema
+from fsdp_operator import data_check_cli, manifest_yaml, render, schema
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -242,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
     p.add_argument("--status-out", metavar="FILE", help="also write the final FSDPTrainingJob (JSON) to FILE")
     p.set_defaults(func=cmd_run_local)
+
+    data_check_cli.add_parser(sub)
     return parser
 
 
