@@ -683,6 +683,8 @@ def fold_events(job: Job, status: JobStatus, events: Iterable[Event], *, now: da
                 output["check"] = event.check
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
+            if event.resumed:  # resumed from, not written: a rerun with the same settings continues the run
+                checkpoint["resumed"] = True
         elif isinstance(event, Timings):
             timings = {
                 "toFirstStepSeconds": _round(event.to_first_step_seconds, 2),

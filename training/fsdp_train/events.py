@@ -153,6 +153,8 @@ class Checkpoint(Event):
     step: int
     path: str
     seconds: float = 0.0
+    resumed: bool = False
+    """True: not written but resumed from (same fingerprint, ``fsdp_train.loop.run_fingerprint``), at ``step``."""
 
 
 @dataclass(kw_only=True, slots=True)

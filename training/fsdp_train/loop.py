@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import sys
 import time
@@ -126,9 +127,51 @@ def _train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
     return summary
 
 
+TRAJECTORY_FIELDS = (
+    "model",
+    "model_init",
+    "model_overrides",
+    "seed",
+    "data",
+    "data_format",
+    "data_field",
+    "data_kind",
+    "tokenizer",
+    "validation_split",
+    "validation_data",
+    "shuffle_seed",
+    "document_mask",
+    "epochs",
+    "steps",
+    "seq_len",
+    "learning_rate",
+    "lr_schedule",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "mixed_precision",
+    "precision",
+)
+"""The settings that decide a run's trajectory: a checkpoint resumes only a run with the same values
+(``steps`` and ``epochs`` too: the learning-rate schedule depends on the length)."""
+
+
+def run_fingerprint(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
+    """What decides the trajectory: the ``TRAJECTORY_FIELDS``, the global batch, and the data files' listing."""
+    values: dict[str, Any] = {name: getattr(cfg, name) for name in TRAJECTORY_FIELDS}
+    values["global_batch"] = world_size * cfg.batch_size_per_rank * cfg.grad_accum
+    if cfg.data != RANDOM_DATA:
+        from fsdp_train.data import open_source
+
+        # File names and sizes: new content under the same location is another run.
+        values["data_files"] = open_source(cfg.data, cfg.data_format).fingerprint()
+    return json.loads(json.dumps(values, sort_keys=True, default=str))  # as stored, for comparing
+
+
 def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> dict[str, Any]:
     env = host.env
     started = time.perf_counter()
+    fingerprint = run_fingerprint(cfg, topo.world_size) if cfg.checkpoint_path else None
     clock = StartupClock.start()
     compile_cache = configure_compile_cache(cfg.compile_cache_dir, env)
     bytecode_cached = sys.pycache_prefix is not None
@@ -159,7 +202,10 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
 
     model, optimizer, config = build(cfg, topo, sharding, device)
     extra = {"data": feed.position} if feed is not None else {}
-    resumed_from = host.checkpointer.restore(model, optimizer, extra)
+    resumed_from = host.checkpointer.restore(model, optimizer, extra, fingerprint)
+    if resumed_from and topo.rank == 0:
+        emit(Checkpoint(rank=0, step=resumed_from, path=cfg.checkpoint_path, resumed=True))
+        print(f"fsdp_train: resumed from the checkpoint of step {resumed_from} of {cfg.steps}", flush=True)
     if feed is not None and resumed_from != feed.position.epoch * feed.steps_per_epoch + feed.position.step_in_epoch:
         raise AssertionError(f"checkpoint of step {resumed_from} holds data position {feed.position}")
     clock.mark("build")
@@ -212,7 +258,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         if checkpointed:
             t1 = time.perf_counter()
             where = host.checkpointer.save(
-                model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu}, extra
+                model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu}, extra, fingerprint
             )
             if topo.rank == 0:
                 emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
@@ -233,6 +279,13 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         if fail_at and step == fail_at and resumed_from < fail_at:
             raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
         _maybe_kill(env, topo.rank, step, resumed_from)
+
+    if resumed_from >= cfg.steps and cfg.output_path:
+        # A rerun of a finished run (same fingerprint) trains nothing; it still leaves the export it promises.
+        if topo.rank == 0:
+            print(f"fsdp_train: the checkpoint is the end of training (step {resumed_from}); exporting it", flush=True)
+        check = _check_batch(cfg, feed, validation, config.vocab_size)
+        _export(cfg, topo, model, config, cfg.output_path, resumed_from, tokenizer_dir, model_dir, check, device)
 
     last_loss = metrics.last.loss if metrics.last else float("nan")
     summary = Summary(
