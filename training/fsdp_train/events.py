@@ -166,8 +166,10 @@ class Summary(Event):
     final_loss: float
     first_loss: float
     tokens_per_second: float
+    """Training steps only: tokens over the time of steps 2..N (``step_seconds``), all ranks."""
     mfu: float | None = None
     seconds: float = 0.0
+    """The whole run on this rank: start-up, steps, evaluation, checkpoints, export."""
     sharding: str = ""
     """The sharding actually used (``full`` or ``hybrid``), after ``auto`` was resolved."""
     resumed_from_step: int = 0
@@ -176,6 +178,12 @@ class Summary(Event):
     """Epochs begun (1 while the first is running); 0 with random data."""
     precision: str = ""
     """The matmul precision actually used (``bf16``, ``fp8``, or ``fp32`` without mixed precision)."""
+    step_seconds: float = 0.0
+    """The training steps' time that ``tokens_per_second`` is over (steps 2..N: the first pays for compiling)."""
+    eval_seconds: float = 0.0
+    """Time in evaluation: outside ``tokens_per_second``, inside ``seconds``."""
+    export_seconds: float = 0.0
+    """Time writing and self-checking the export: outside ``tokens_per_second``, inside ``seconds``."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -222,6 +222,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     fail_at = int(env.get(FAIL_AT_STEP_ENV, "0") or 0)
     tokens_per_step = topo.world_size * cfg.tokens_per_rank_per_step
     eval_loss: float | None = None
+    eval_seconds = export_seconds = 0.0
     for step in range(resumed_from + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         progress: dict[str, Any] = {}
@@ -251,7 +252,9 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         if validation is not None and (
             step == cfg.steps or (cfg.eval_every_steps and step % cfg.eval_every_steps == 0)
         ):
+            t1 = time.perf_counter()
             eval_loss = _evaluate(cfg, topo, model, validation, device, step)
+            eval_seconds += time.perf_counter() - t1
         checkpointed = cfg.checkpoint_path and (
             step == cfg.steps or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
         )
@@ -264,6 +267,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
                 emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
         if cfg.output_path and (step == cfg.steps or (checkpointed and cfg.export_every_checkpoint)):
             target = cfg.output_path if step == cfg.steps else f"{cfg.output_path.rstrip('/')}/step_{step:08d}"
+            t1 = time.perf_counter()
             _export(
                 cfg,
                 topo,
@@ -276,6 +280,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
                 _check_batch(cfg, feed, validation, config.vocab_size),
                 device,
             )
+            export_seconds += time.perf_counter() - t1
         if fail_at and step == fail_at and resumed_from < fail_at:
             raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
         _maybe_kill(env, topo.rank, step, resumed_from)
@@ -301,6 +306,9 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         eval_loss=eval_loss,
         epochs=feed.position.epoch + (1 if feed.position.step_in_epoch else 0) if feed is not None else 0,
         precision=matmul_precision(cfg, device, config),
+        step_seconds=metrics.timed_seconds,
+        eval_seconds=eval_seconds,
+        export_seconds=export_seconds,
     )
     emit(summary)
     finish_bytecode_cache(bytecode_fill)

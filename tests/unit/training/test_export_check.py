@@ -148,3 +148,23 @@ def test_a_model_that_is_not_the_trained_one_fails_the_loss_check(tmp_path: Path
         directory, training_tokenizer=None, texts=[], batch=batch, training_loss=loss * 0.9, device=torch.device("cpu")
     )
     assert not bad.verified and "differs from training's" in bad.reason
+
+
+def test_the_status_folds_both_losses_and_the_verdict() -> None:
+    from datetime import UTC, datetime
+
+    from fsdp_operator.spec import parse_job
+    from fsdp_operator.status import JobStatus, fold_events
+
+    manifest = {"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "metadata": {"name": "j"}, "spec": {}}
+    job = parse_job(manifest)
+    event = Export(rank=0, step=4, path="s3://m/x", verified=True, training_loss=2.5, export_loss=2.5012)
+    folded = fold_events(job, JobStatus(), [event], now=datetime.now(UTC))
+    assert folded.status.output == {
+        "path": "s3://m/x",
+        "step": 4,
+        "seconds": 0.0,
+        "verified": True,
+        "trainingLoss": 2.5,
+        "exportLoss": 2.5012,
+    }
