@@ -706,7 +706,8 @@ def ray_datasets(cfg: TrainConfig, tokenizer: str) -> dict[str, Any]:
         except DataUnavailable:
             raise
         except Exception as e:  # Ray wraps reader errors (a missing column, a bad line) in its own types
-            raise DataUnavailable(f"cannot read {uri}: {one_line_error(e)}") from e
+            ours = wrapped_data_error(e)  # the tokenizing task's own DataUnavailable, inside Ray's wrapping
+            raise DataUnavailable(ours or f"cannot read {uri}: {one_line_error(e)}") from e
 
     common = {"seq_len": cfg.seq_len, "eos_id": eos, "eos_is_target": eos_is_target(cfg.data_kind)}
     report = DataReport()
@@ -746,6 +747,22 @@ def prepare_from_ray(cfg: TrainConfig, *_: Any) -> Prepared:
         return Packed(np.concatenate(ids).astype(np.int32), np.concatenate(flags).astype(np.uint8))
 
     return Prepared(collect("train"), collect("validation") if cfg.has_validation else None)
+
+
+def wrapped_data_error(error: BaseException) -> str:
+    """The message of a ``DataUnavailable`` that Ray wrapped (``UserCodeException``, ``RayTaskError``), or ""."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DataUnavailable):
+            return str(current)
+        current = current.__cause__ or current.__context__
+    marker = f"{DataUnavailable.__name__}: "
+    for line in reversed(str(error).splitlines()):
+        if marker in line:
+            return line.split(marker, 1)[1].strip()
+    return ""
 
 
 def one_line_error(error: BaseException) -> str:
