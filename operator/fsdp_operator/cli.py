@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from fsdp_operator import manifest_yaml, render, schema
+from fsdp_operator import data_check_cli, manifest_yaml, render, schema
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
@@ -300,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--vocab-size", type=int, default=512, choices=range(300, 65537), metavar="N",
                    help="tokenizer vocabulary size, 300..65536 (default: 512)")  # fmt: skip
     m.set_defaults(func=cmd_make_model)
+
+    data_check_cli.add_parser(sub)
     return parser
 
 

@@ -513,7 +513,8 @@ class Data:
     )
     document_mask: bool = declare(
         "Restart position ids at every document of a packed sequence, so attention stays inside each document "
-        "(with sdpa a block-diagonal mask, slower than the plain causal kernel: docs/data.md). false: attention "
+        "(variable-length flash attention over the document bounds on GPUs, no dense mask: docs/data.md). false: "
+        "attention "
         "spans the documents of a sequence, plain causal.",
         default=True,
         train="document_mask",

@@ -725,8 +725,15 @@ def fold_events(
                 progress.update(evalLoss=_round(event.loss), evalStep=event.step)
         elif isinstance(event, Export):
             output = {"path": event.path, "step": event.step, "seconds": _round(event.seconds, 2)}
+            if event.verified or event.check or event.training_loss is not None:  # the export self-check ran
+                output.update(verified=event.verified, trainingLoss=_round(event.training_loss))
+                output["exportLoss"] = _round(event.export_loss)
+                if event.check:
+                    output["check"] = event.check
         elif isinstance(event, Checkpoint):
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
+            if event.resumed:  # resumed from, not written: a rerun with the same settings continues the run
+                checkpoint["resumed"] = True
         elif isinstance(event, Timings):
             timings = {
                 "toFirstStepSeconds": _round(event.to_first_step_seconds, 2),
@@ -759,6 +766,14 @@ def fold_events(
                 result["epochs"] = event.epochs
             if event.precision:
                 result["precision"] = event.precision
+            # Where the run's time went beside the steps that tokensPerSecond is over.
+            for key, seconds in (
+                ("stepSeconds", event.step_seconds),
+                ("evalSeconds", event.eval_seconds),
+                ("exportSeconds", event.export_seconds),
+            ):
+                if seconds:
+                    result[key] = _round(seconds, 2)
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
             if event.reason:

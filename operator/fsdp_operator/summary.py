@@ -47,7 +47,8 @@ def summary_lines(status: Mapping[str, Any], *, saved_to: str = "") -> list[str]
         lines.append(f"eval loss  {_number(progress['evalLoss'])} after step {progress.get('evalStep', '-')}")
     if progress.get("samplesSeen"):
         lines.append(
-            f"data       epoch {progress.get('epoch', 0)}, {_number(progress['samplesSeen'])} sequences, "
+            # Counted from 1, as status.result.epochs counts epochs begun (progress.epoch counts from 0).
+            f"data       epoch {_int(progress.get('epoch')) + 1}, {_number(progress['samplesSeen'])} sequences, "
             f"{_number(progress.get('tokensSeen', 0))} tokens"
         )
     output = status.get("output") or {}
@@ -55,7 +56,10 @@ def summary_lines(status: Mapping[str, Any], *, saved_to: str = "") -> list[str]
         lines.append(f"model      {output['path']} (step {output.get('step', '-')})")
     tokens = result.get("tokensPerSecond", progress.get("tokensPerSecond"))
     if tokens is not None:
-        lines.append(f"tokens/s   {_number(tokens)}" + (f", MFU {_number(result['mfu'])}" if "mfu" in result else ""))
+        # The summary's figure is the mean over training steps 2..N; evaluation, checkpoints, export are outside it.
+        which = "training steps only" if "tokensPerSecond" in result else "last step"
+        mfu = f", MFU {_number(result['mfu'])}" if "mfu" in result else ""
+        lines.append(f"tokens/s   {_number(tokens)} ({which}){mfu}")
     if status.get("dashboardURL"):
         lines.append(f"dashboard  {status['dashboardURL']}")
     if saved_to:
@@ -78,3 +82,7 @@ def loss_curve(status: Mapping[str, Any], *, width: int = 60, height: int = 10) 
         list(losses), list(steps), lines=True, width=width, height=height, title="loss by step", color=False
     )
     return text
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

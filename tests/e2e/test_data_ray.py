@@ -134,3 +134,39 @@ def test_an_unreadable_source_fails_in_the_driver_with_data_unavailable(
     assert [f.reason for f in failures] == ["DataUnavailable"]
     assert f"{tmp_path / 'missing.jsonl'} does not exist" in failures[0].message
     assert proc.stderr.strip().splitlines()[-1].startswith("fsdp_train: training failed: DataUnavailable")
+
+
+@pytest.mark.slow  # the rules are unit-tested in test_data.py; this is Ray Data's path to them
+@pytest.mark.parametrize(
+    ("rows", "field", "expected"),
+    [
+        # The field is not in the file at all: Ray Data's reader used to answer "UDF failed to process a data block".
+        ([{"text": "the red fox"}] * 4, "conversations", "has no field 'conversations' (fields: text); set data.field"),
+        # human/bot roles: no assistant turn, nothing to train on.
+        (
+            [{"conversations": [{"role": "human", "content": "hi"}, {"role": "bot", "content": "hello"}]}] * 4,
+            "conversations",
+            "4 of 4 rows, field 'conversations': unknown role 'bot'",
+        ),
+    ],
+)
+def test_data_that_cannot_be_trained_on_fails_in_the_driver_naming_file_and_field(
+    cluster: str, assets: Path, tmp_path: Path, rows: list[dict[str, Any]], field: str, expected: str
+) -> None:
+    data = write_jsonl(tmp_path / "chat" / "part-0.jsonl", rows)
+    job = {
+        "train": train_config(assets, data=str(data.parent), data_field=field, data_kind="chat"),
+        "scaling": {"num_workers": 2, "use_gpu": False, "resources_per_worker": {"CPU": 1}},
+        "name": "bad-rows",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsdp_train.ray_entry", "--config-json", json.dumps(job)],
+        env=ray_env(RAY_ADDRESS=cluster),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    failures = [e for e in events_of(proc.stdout) if isinstance(e, Failure)]
+    assert [f.reason for f in failures] == ["DataUnavailable"], proc.stderr[-2000:]
+    assert expected in failures[0].message and str(data) in failures[0].message, failures[0].message

@@ -205,5 +205,5 @@ def test_the_summary_lines_tell_the_eval_loss_the_data_and_where_the_model_went(
     }  # fmt: skip
     lines = summary_lines(status)
     assert "eval loss  1.235 after step 40" in lines  # 4 significant digits
-    assert "data       epoch 1, 320 sequences, 20,480 tokens" in lines
+    assert "data       epoch 2, 320 sequences, 20,480 tokens" in lines  # progress.epoch 1 counts from 0
     assert "model      s3://models/sft (step 40)" in lines

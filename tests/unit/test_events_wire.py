@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 from fsdp_train.events import Checkpoint, Failure, as_dict, emit, parse_line
 
-LINE = 'FSDP_EVENT {"kind":"checkpoint","path":"s3://b/step_00000005","rank":0,"seconds":1.5,"step":5,"time":7.0,"v":1}'
+LINE = (
+    'FSDP_EVENT {"kind":"checkpoint","path":"s3://b/step_00000005","rank":0,"resumed":false,"seconds":1.5,'
+    '"step":5,"time":7.0,"v":1}'
+)
 
 
 def test_a_line_is_the_prefix_and_compact_sorted_json() -> None:

@@ -7,6 +7,7 @@ torchrun, and Ray Train's checkpoint API under Ray (``ray.train.report`` / ``ray
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import shutil
 import tempfile
@@ -24,6 +25,31 @@ from torch.optim import Optimizer
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 KEEP_LAST = 2
+FINGERPRINT_FILE = "fingerprint.json"
+"""Beside each snapshot's DCP files: what decided the run's trajectory (``fsdp_train.loop.run_fingerprint``)."""
+
+Fingerprint = Mapping[str, Any]
+
+
+class CheckpointMismatch(RuntimeError):
+    """The latest checkpoint was written by a run with other settings; resuming would not continue it."""
+
+
+def check_fingerprint(stored: Fingerprint | None, current: Fingerprint | None, where: str) -> None:
+    """Raise ``CheckpointMismatch`` naming every field whose value differs between the checkpoint and this run.
+
+    A checkpoint without a fingerprint (written before they were stored) is resumed as before.
+    """
+    if stored is None or current is None:
+        return
+    changed = sorted(k for k in set(stored) | set(current) if stored.get(k) != current.get(k))
+    if changed:
+        diffs = ", ".join(f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in changed)
+        raise CheckpointMismatch(
+            f"the checkpoint at {where} was written by a run with other settings ({diffs}); resuming it would "
+            "not continue that run. Point checkpoint.storage somewhere new to start afresh, or restore the "
+            "settings to resume"
+        )
 
 
 def step_dir_name(step: int) -> str:
@@ -50,24 +76,43 @@ def load_into(model: nn.Module, optimizer: Optimizer, checkpoint_id: str, extra:
 
 
 class Checkpointer(Protocol):
-    def restore(self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None) -> int:
-        """Load the latest checkpoint into model, optimizer and ``extra``; return its step (0 when none)."""
+    def restore(
+        self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None, fingerprint: Fingerprint | None = None
+    ) -> int:
+        """Load the latest checkpoint into model, optimizer and ``extra``; return its step (0 when none).
+
+        ``CheckpointMismatch`` when its stored fingerprint differs from ``fingerprint``.
+        """
         ...
 
     def save(
-        self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any], extra: Extra | None = None
+        self,
+        model: nn.Module,
+        optimizer: Optimizer,
+        step: int,
+        metrics: dict[str, Any],
+        extra: Extra | None = None,
+        fingerprint: Fingerprint | None = None,
     ) -> str:
-        """Save a snapshot after ``step``; return where it went."""
+        """Save a snapshot after ``step`` (with ``fingerprint`` beside it); return where it went."""
         ...
 
 
 @dataclass(slots=True)
 class NoCheckpoints:
-    def restore(self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None) -> int:
+    def restore(
+        self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None, fingerprint: Fingerprint | None = None
+    ) -> int:
         return 0
 
     def save(
-        self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any], extra: Extra | None = None
+        self,
+        model: nn.Module,
+        optimizer: Optimizer,
+        step: int,
+        metrics: dict[str, Any],
+        extra: Extra | None = None,
+        fingerprint: Fingerprint | None = None,
     ) -> str:
         return ""
 
@@ -110,23 +155,48 @@ class DirectoryCheckpoints:
     def _path(self, step: int) -> str:
         return f"{self.root.rstrip('/')}/{step_dir_name(step)}"
 
-    def restore(self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None) -> int:
+    def restore(
+        self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None, fingerprint: Fingerprint | None = None
+    ) -> int:
         # Rank 0 lists and decides: ranks listing at different moments could disagree, and on object
         # storage every listing costs requests.
         steps = self.complete_steps() if dist.get_rank() == 0 else []
-        chosen = [steps[-1] if steps else 0]
+        step = steps[-1] if steps else 0
+        chosen: list[Any] = [step, self._read_fingerprint(step) if step else None]
         dist.broadcast_object_list(chosen, src=0)
         step = int(chosen[0])
         if step:
+            check_fingerprint(chosen[1], fingerprint, self._path(step))
             load_into(model, optimizer, self._path(step), extra)
         return step
 
+    def _read_fingerprint(self, step: int) -> Fingerprint | None:
+        path = f"{self._path(step)}/{FINGERPRINT_FILE}"
+        if self.is_uri:
+            fs = self._fs()
+            return json.loads(fs.cat_file(path)) if fs.exists(path) else None
+        return json.loads(Path(path).read_text()) if Path(path).is_file() else None
+
     def save(
-        self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any], extra: Extra | None = None
+        self,
+        model: nn.Module,
+        optimizer: Optimizer,
+        step: int,
+        metrics: dict[str, Any],
+        extra: Extra | None = None,
+        fingerprint: Fingerprint | None = None,
     ) -> str:
         path = self._path(step)
         if not self.is_uri:
             Path(path).mkdir(parents=True, exist_ok=True)
+        if fingerprint is not None and dist.get_rank() == 0:
+            # Before the DCP files: a snapshot is complete once .metadata exists, and then has its fingerprint.
+            text = json.dumps(dict(fingerprint), sort_keys=True)
+            if self.is_uri:
+                with self._fs().open(f"{path}/{FINGERPRINT_FILE}", "w") as f:
+                    f.write(text)
+            else:
+                (Path(path) / FINGERPRINT_FILE).write_text(text)
         dcp_save(app_state(model, optimizer, step, extra), checkpoint_id=path)
         dist.barrier()
         if dist.get_rank() == 0:
@@ -147,18 +217,28 @@ class RayCheckpoints:
     reports it; Ray merges the ranks' files into one checkpoint in the run's storage and hands the
     latest back through ``ray.train.get_checkpoint()`` after a worker-group restart."""
 
-    def restore(self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None) -> int:
+    def restore(
+        self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None, fingerprint: Fingerprint | None = None
+    ) -> int:
         import ray.train
 
         checkpoint = ray.train.get_checkpoint()
-        return 0 if checkpoint is None else restore_ray_checkpoint(checkpoint, model, optimizer, extra)
+        return 0 if checkpoint is None else restore_ray_checkpoint(checkpoint, model, optimizer, extra, fingerprint)
 
     def save(
-        self, model: nn.Module, optimizer: Optimizer, step: int, metrics: dict[str, Any], extra: Extra | None = None
+        self,
+        model: nn.Module,
+        optimizer: Optimizer,
+        step: int,
+        metrics: dict[str, Any],
+        extra: Extra | None = None,
+        fingerprint: Fingerprint | None = None,
     ) -> str:
         import ray.train
 
         with _staging() as staging:
+            if fingerprint is not None and dist.get_rank() == 0:
+                (Path(staging) / FINGERPRINT_FILE).write_text(json.dumps(dict(fingerprint), sort_keys=True))
             dcp_save(app_state(model, optimizer, step, extra), checkpoint_id=staging)
             ray.train.report(
                 metrics,
@@ -169,7 +249,13 @@ class RayCheckpoints:
         return str(storage.build_checkpoint_path_from_name(step_dir_name(step)))
 
 
-def restore_ray_checkpoint(checkpoint: Any, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None) -> int:
+def restore_ray_checkpoint(
+    checkpoint: Any,
+    model: nn.Module,
+    optimizer: Optimizer,
+    extra: Extra | None = None,
+    fingerprint: Fingerprint | None = None,
+) -> int:
     """Load a ``ray.train.Checkpoint`` into model and optimizer; return its step.
 
     The step comes from the checkpoint's name in storage: from remote storage (S3, GCS) Ray downloads
@@ -179,6 +265,9 @@ def restore_ray_checkpoint(checkpoint: Any, model: nn.Module, optimizer: Optimiz
     if m is None:
         raise ValueError(f"checkpoint {checkpoint.path} is not named step_NNNNNNNN")
     with checkpoint.as_directory() as directory:
+        stored = Path(directory) / FINGERPRINT_FILE
+        found = json.loads(stored.read_text()) if stored.is_file() else None
+        check_fingerprint(found, fingerprint, str(checkpoint.path))
         load_into(model, optimizer, directory, extra)
     return int(m.group(1))
 

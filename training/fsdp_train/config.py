@@ -114,9 +114,9 @@ class TrainConfig:
     eval_every_steps: int = 0
     """Evaluate every N steps (and after the last); 0: only after the last step."""
     document_mask: bool = True
-    """Restart position ids at every document of a packed row, so attention stays inside documents (Hugging
-    Face turns the restarts into a block-diagonal mask for sdpa, or sequence boundaries for flash-attention);
-    false: positions run through the row and attention spans its documents (plain causal, the fastest kernel)."""
+    """Restart position ids at every document of a packed row and keep attention inside documents (variable-
+    length flash attention over the batch's document bounds, ``fsdp_train.attention``: no dense mask);
+    false: positions run through the row and attention spans its documents (plain causal)."""
     shuffle_seed: int = 0
     """Seed of the per-epoch order of the packed sequences (and of the validation split)."""
     epochs: int = 0

@@ -30,9 +30,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fsdp_train.packing import (
+    BOUNDS_KEY,
+    DOC_START,
     IGNORE_INDEX,
     DataPosition,
+    DataReport,
     Packed,
+    document_bounds,
     labels,
     pack_documents,
     position_ids,
@@ -50,6 +54,19 @@ EXTENSIONS: dict[str, tuple[str, ...]] = {
     "parquet": (".parquet", ".pq"),
     "text": (".txt", ".text", ".md", ".txt.gz"),
 }
+
+
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool"})
+"""Roles a chat row may use (the chat templates' roles); any other makes the row bad."""
+NO_TARGETS = "no target token (a chat needs an assistant turn, a text some text)"
+MISSING_FIELD = "field missing or null"
+MAX_BAD_SHARE = 0.05
+"""Above this share of bad rows in the training data the job fails ``DataUnavailable``; below, they are
+dropped and counted (docs/data.md)."""
+
+
+class BadRow(ValueError):
+    """One row that cannot be trained on; the message says why (counted per file, not fatal alone)."""
 
 
 class DataUnavailable(RuntimeError):
@@ -137,7 +154,7 @@ def open_source(uri: str, fmt: str = "") -> Source:
 
 
 def read_tables(source: Source, column: str) -> Iterator[pa.Table]:
-    """The documents of every file, one table per file with the one column ``column``."""
+    """The documents of every file, one table per file: the column ``column`` and the file's ``path``."""
     import pyarrow as pa
     import pyarrow.json as pajson
     import pyarrow.parquet as pq
@@ -161,7 +178,7 @@ def read_tables(source: Source, column: str) -> Iterator[pa.Table]:
             raise DataUnavailable(
                 f"{path} has no column {column!r} (columns: {', '.join(table.column_names)}); set data.field"
             )
-        yield table.select([column])
+        yield table.select([column]).append_column("path", pa.array([path] * table.num_rows, pa.string()))
 
 
 # --- tokenizing ---------------------------------------------------------------------------------------
@@ -203,25 +220,58 @@ class Tokenize:
             self._tokenizer = load_tokenizer(self.tokenizer_location)
         return self._tokenizer
 
-    def __call__(self, batch: pa.Table | dict[str, Any]) -> dict[str, list[list[int]]]:
-        values = batch[self.column]
-        docs = values.to_pylist() if hasattr(values, "to_pylist") else list(values)
+    def __call__(self, batch: pa.Table | dict[str, Any]) -> dict[str, list[Any]]:
+        names = batch.column_names if hasattr(batch, "column_names") else list(batch)
+        paths = _column(batch, "path") if "path" in names else []
+        if self.column not in names:
+            where = paths[0] if paths else "the data"
+            fields = ", ".join(n for n in names if n != "path")
+            raise DataUnavailable(f"{where} has no field {self.column!r} (fields: {fields}); set data.field")
+        docs = _column(batch, self.column)
+        ids: list[list[int]] = []
+        masks: list[list[int]] = []
+        problems: list[str] = []
         if self.kind == "chat":
-            pairs = [self.chat(doc) for doc in docs]
+            for doc in docs:
+                try:
+                    row_ids, row_mask = self.chat(doc)
+                    problem = "" if any(row_mask) else NO_TARGETS
+                except BadRow as e:
+                    row_ids, row_mask, problem = [], [], str(e)
+                ids.append(row_ids if not problem else [])
+                masks.append(row_mask if not problem else [])
+                problems.append(problem)
         else:
-            texts = [doc if isinstance(doc, str) else "" for doc in docs]
-            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-            pairs = [(list(t), [1] * len(t)) for t in ids]
-        return {"input_ids": [p[0] for p in pairs], "loss_mask": [p[1] for p in pairs]}
+            problems = [_text_problem(doc) for doc in docs]
+            texts = [doc for doc, problem in zip(docs, problems, strict=True) if not problem]
+            encoded = iter(self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+            for problem in problems:
+                row = [] if problem else list(next(encoded))
+                ids.append(row)
+                masks.append([1] * len(row))
+        return {
+            "input_ids": ids,
+            "loss_mask": masks,
+            "problem": problems,
+            "path": paths or [""] * len(docs),
+        }
 
     def chat(self, messages: Any) -> tuple[list[int], list[int]]:
+        """Token ids and loss mask of one conversation; ``BadRow`` names what is wrong with it."""
+        if messages is None:
+            raise BadRow(MISSING_FIELD)
         if hasattr(messages, "tolist"):
             messages = messages.tolist()
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
             for m in messages
         ):
-            raise DataUnavailable(f"data.kind chat: {self.column!r} must be a list of {{role, content}} messages")
+            raise BadRow("not a list of {role, content} messages")
+        unknown = sorted({m["role"] for m in messages} - CHAT_ROLES)
+        if unknown:
+            raise BadRow(f"unknown role {unknown[0]!r} (roles: {', '.join(sorted(CHAT_ROLES))})")
+        if not any(m["role"] == "assistant" for m in messages):
+            raise BadRow(NO_TARGETS)
         tok = self.tokenizer
         render: Callable[..., str] = tok.apply_chat_template
         text = render(messages, tokenize=False)
@@ -235,6 +285,19 @@ class Tokenize:
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         mask = [int(any(s <= a and b <= e and b > a for s, e in spans)) for a, b in enc["offset_mapping"]]
         return list(enc["input_ids"]), mask
+
+
+def _column(batch: Any, name: str) -> list[Any]:
+    values = batch[name]
+    return values.to_pylist() if hasattr(values, "to_pylist") else list(values)
+
+
+def _text_problem(doc: Any) -> str:
+    if doc is None:
+        return MISSING_FIELD
+    if not isinstance(doc, str):
+        return f"not a string ({type(doc).__name__})"
+    return "" if doc.strip() else NO_TARGETS
 
 
 # --- the whole pipeline under torchrun, cached per node ------------------------------------------------
@@ -271,12 +334,31 @@ def prepare_local(cfg: TrainConfig, tokenizer_dir: str, *, batch_rows: int = 102
 
     eos = int(tokenize.tokenizer.eos_token_id)
     common = {"seq_len": cfg.seq_len, "eos_id": eos, "eos_is_target": eos_is_target(cfg.data_kind)}
+    report = DataReport()
     train, held_out = pack_documents(
-        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, **common
+        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, report=report, **common
     )
+    check_rows(report, cfg)
     if cfg.validation_data:
         held_out, _ = pack_documents(tokenized(cfg.validation_data), **common)
     return Prepared(train, held_out if cfg.has_validation else None)
+
+
+def check_rows(report: DataReport, cfg: TrainConfig) -> None:
+    """Fail ``DataUnavailable`` when no row can be trained on, or more than ``MAX_BAD_SHARE`` cannot; else
+    print what was dropped. Before any model is built: a GPU spends no time on such data."""
+    bad, total = report.total_bad, report.total_rows
+    if not bad:
+        return
+    what = report.describe(cfg.data_field)
+    if bad == total:
+        raise DataUnavailable(f"data source {cfg.data}: no row can be trained on ({what})")
+    if bad > MAX_BAD_SHARE * total:
+        raise DataUnavailable(
+            f"data source {cfg.data}: {bad} of {total} rows cannot be trained on, more than "
+            f"{MAX_BAD_SHARE:.0%} ({what})"
+        )
+    print(f"fsdp_train: data: dropped {bad} of {total} rows that cannot be trained on ({what})", flush=True)
 
 
 def cache_key(cfg: TrainConfig, tokenizer_dir: str) -> str:
@@ -413,12 +495,15 @@ class Collate:
         ids = self.packed.input_ids[rows]
         flags = self.packed.flags[rows]
         positions = position_ids(flags) if self.document_mask else np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-        return {
+        batch = {
             "input_ids": torch.from_numpy(ids.astype(np.int64)),
             "labels": torch.from_numpy(labels(ids, flags)),
             "position_ids": torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)),
             "sample_ids": torch.from_numpy(rows),
         }
+        if self.document_mask:  # for fsdp_train.attention: attention inside documents without a dense mask
+            batch[BOUNDS_KEY] = torch.from_numpy(document_bounds((flags & DOC_START) != 0))
+        return batch
 
 
 class ResumableSampler:
@@ -569,22 +654,25 @@ def eval_batches(
 def _ray_read(source: Source, column: str) -> Any:
     import ray.data
 
+    # include_paths: every row names its file, so bad rows and a missing field are reported per file.
     paths = list(source.files)
     if source.format == "parquet":
-        return ray.data.read_parquet(paths, filesystem=source.fs, columns=[column])
+        return ray.data.read_parquet(paths, filesystem=source.fs, columns=[column], include_paths=True)
     if source.format == "text":
-        return ray.data.read_text(paths, filesystem=source.fs).rename_columns({"text": column})
-    return ray.data.read_json(paths, filesystem=source.fs)  # pyarrow reads newline-delimited JSON
+        return ray.data.read_text(paths, filesystem=source.fs, include_paths=True).rename_columns({"text": column})
+    return ray.data.read_json(paths, filesystem=source.fs, include_paths=True)  # newline-delimited JSON too
 
 
-def _documents(batch: pa.Table) -> dict[str, list[np.ndarray]]:
+def _documents(batch: pa.Table) -> dict[str, list[Any]]:
     """A tokenized Arrow batch as numpy arrays per document (no per-token Python objects)."""
-    out: dict[str, list[np.ndarray]] = {}
+    out: dict[str, list[Any]] = {}
     for name in ("input_ids", "loss_mask"):
         column = batch.column(name).combine_chunks()
         values = column.values.to_numpy(zero_copy_only=False)
         offsets = column.offsets.to_numpy()
         out[name] = [values[offsets[i] : offsets[i + 1]] for i in range(len(column))]
+    for name in ("problem", "path"):
+        out[name] = batch.column(name).to_pylist()
     return out
 
 
@@ -618,12 +706,15 @@ def ray_datasets(cfg: TrainConfig, tokenizer: str) -> dict[str, Any]:
         except DataUnavailable:
             raise
         except Exception as e:  # Ray wraps reader errors (a missing column, a bad line) in its own types
-            raise DataUnavailable(f"cannot read {uri}: {one_line_error(e)}") from e
+            ours = wrapped_data_error(e)  # the tokenizing task's own DataUnavailable, inside Ray's wrapping
+            raise DataUnavailable(ours or f"cannot read {uri}: {one_line_error(e)}") from e
 
     common = {"seq_len": cfg.seq_len, "eos_id": eos, "eos_is_target": eos_is_target(cfg.data_kind)}
+    report = DataReport()
     train, held_out = pack_documents(
-        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, **common
+        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, report=report, **common
     )
+    check_rows(report, cfg)
     if cfg.validation_data:
         held_out, _ = pack_documents(tokenized(cfg.validation_data), **common)
 
@@ -656,6 +747,22 @@ def prepare_from_ray(cfg: TrainConfig, *_: Any) -> Prepared:
         return Packed(np.concatenate(ids).astype(np.int32), np.concatenate(flags).astype(np.uint8))
 
     return Prepared(collect("train"), collect("validation") if cfg.has_validation else None)
+
+
+def wrapped_data_error(error: BaseException) -> str:
+    """The message of a ``DataUnavailable`` that Ray wrapped (``UserCodeException``, ``RayTaskError``), or ""."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DataUnavailable):
+            return str(current)
+        current = current.__cause__ or current.__context__
+    marker = f"{DataUnavailable.__name__}: "
+    for line in reversed(str(error).splitlines()):
+        if marker in line:
+            return line.split(marker, 1)[1].strip()
+    return ""
 
 
 def one_line_error(error: BaseException) -> str:

@@ -152,6 +152,14 @@ class Export(Event):
     step: int
     path: str
     seconds: float = 0.0
+    verified: bool = False
+    """The export, loaded as a user loads it, matched the training run (``fsdp_train.weights.verify_export``)."""
+    training_loss: float | None = None
+    """Loss of the model in training on the self-check's rows, just before the export."""
+    export_loss: float | None = None
+    """Loss of the exported directory, loaded with ``AutoModelForCausalLM``, on the same rows."""
+    check: str = ""
+    """Why the self-check failed; empty when it passed."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -162,6 +170,8 @@ class Checkpoint(Event):
     step: int
     path: str
     seconds: float = 0.0
+    resumed: bool = False
+    """True: not written but resumed from (same fingerprint, ``fsdp_train.loop.run_fingerprint``), at ``step``."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -173,8 +183,10 @@ class Summary(Event):
     final_loss: float
     first_loss: float
     tokens_per_second: float
+    """Training steps only: tokens over the time of steps 2..N (``step_seconds``), all ranks."""
     mfu: float | None = None
     seconds: float = 0.0
+    """The whole run on this rank: start-up, steps, evaluation, checkpoints, export."""
     sharding: str = ""
     """The sharding actually used (``full`` or ``hybrid``), after ``auto`` was resolved."""
     resumed_from_step: int = 0
@@ -183,6 +195,12 @@ class Summary(Event):
     """Epochs begun (1 while the first is running); 0 with random data."""
     precision: str = ""
     """The matmul precision actually used (``bf16``, ``fp8``, or ``fp32`` without mixed precision)."""
+    step_seconds: float = 0.0
+    """The training steps' time that ``tokens_per_second`` is over (steps 2..N: the first pays for compiling)."""
+    eval_seconds: float = 0.0
+    """Time in evaluation: outside ``tokens_per_second``, inside ``seconds``."""
+    export_seconds: float = 0.0
+    """Time writing and self-checking the export: outside ``tokens_per_second``, inside ``seconds``."""
 
 
 @dataclass(kw_only=True, slots=True)

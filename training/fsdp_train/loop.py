@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,10 +25,12 @@ from fsdp_train import report
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import (
+    Collate,
     Prepared,
     TrainFeed,
     check_usable,
     eval_batches,
+    load_tokenizer,
     prepare_on_each_node,
     tokenizer_location,
 )
@@ -123,9 +127,51 @@ def _train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
     return summary
 
 
+TRAJECTORY_FIELDS = (
+    "model",
+    "model_init",
+    "model_overrides",
+    "seed",
+    "data",
+    "data_format",
+    "data_field",
+    "data_kind",
+    "tokenizer",
+    "validation_split",
+    "validation_data",
+    "shuffle_seed",
+    "document_mask",
+    "epochs",
+    "steps",
+    "seq_len",
+    "learning_rate",
+    "lr_schedule",
+    "warmup_steps",
+    "weight_decay",
+    "max_grad_norm",
+    "mixed_precision",
+    "precision",
+)
+"""The settings that decide a run's trajectory: a checkpoint resumes only a run with the same values
+(``steps`` and ``epochs`` too: the learning-rate schedule depends on the length)."""
+
+
+def run_fingerprint(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
+    """What decides the trajectory: the ``TRAJECTORY_FIELDS``, the global batch, and the data files' listing."""
+    values: dict[str, Any] = {name: getattr(cfg, name) for name in TRAJECTORY_FIELDS}
+    values["global_batch"] = world_size * cfg.batch_size_per_rank * cfg.grad_accum
+    if cfg.data != RANDOM_DATA:
+        from fsdp_train.data import open_source
+
+        # File names and sizes: new content under the same location is another run.
+        values["data_files"] = open_source(cfg.data, cfg.data_format).fingerprint()
+    return json.loads(json.dumps(values, sort_keys=True, default=str))  # as stored, for comparing
+
+
 def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> dict[str, Any]:
     env = host.env
     started = time.perf_counter()
+    fingerprint = run_fingerprint(cfg, topo.world_size) if cfg.checkpoint_path else None
     clock = StartupClock.start()
     compile_cache = configure_compile_cache(cfg.compile_cache_dir, env)
     bytecode_cached = sys.pycache_prefix is not None
@@ -156,7 +202,10 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
 
     model, optimizer, config = build(cfg, topo, sharding, device)
     extra = {"data": feed.position} if feed is not None else {}
-    resumed_from = host.checkpointer.restore(model, optimizer, extra)
+    resumed_from = host.checkpointer.restore(model, optimizer, extra, fingerprint)
+    if resumed_from and topo.rank == 0:
+        emit(Checkpoint(rank=0, step=resumed_from, path=cfg.checkpoint_path, resumed=True))
+        print(f"fsdp_train: resumed from the checkpoint of step {resumed_from} of {cfg.steps}", flush=True)
     if feed is not None and resumed_from != feed.position.epoch * feed.steps_per_epoch + feed.position.step_in_epoch:
         raise AssertionError(f"checkpoint of step {resumed_from} holds data position {feed.position}")
     clock.mark("build")
@@ -173,6 +222,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     fail_at = int(env.get(FAIL_AT_STEP_ENV, "0") or 0)
     tokens_per_step = topo.world_size * cfg.tokens_per_rank_per_step
     eval_loss: float | None = None
+    eval_seconds = export_seconds = 0.0
     for step in range(resumed_from + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         progress: dict[str, Any] = {}
@@ -202,23 +252,45 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         if validation is not None and (
             step == cfg.steps or (cfg.eval_every_steps and step % cfg.eval_every_steps == 0)
         ):
+            t1 = time.perf_counter()
             eval_loss = _evaluate(cfg, topo, model, validation, device, step)
+            eval_seconds += time.perf_counter() - t1
         checkpointed = cfg.checkpoint_path and (
             step == cfg.steps or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
         )
         if checkpointed:
             t1 = time.perf_counter()
             where = host.checkpointer.save(
-                model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu}, extra
+                model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu}, extra, fingerprint
             )
             if topo.rank == 0:
                 emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
         if cfg.output_path and (step == cfg.steps or (checkpointed and cfg.export_every_checkpoint)):
             target = cfg.output_path if step == cfg.steps else f"{cfg.output_path.rstrip('/')}/step_{step:08d}"
-            _export(cfg, topo, model, config, target, step, tokenizer_dir, model_dir)
+            t1 = time.perf_counter()
+            _export(
+                cfg,
+                topo,
+                model,
+                config,
+                target,
+                step,
+                tokenizer_dir,
+                model_dir,
+                _check_batch(cfg, feed, validation, config.vocab_size),
+                device,
+            )
+            export_seconds += time.perf_counter() - t1
         if fail_at and step == fail_at and resumed_from < fail_at:
             raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
         _maybe_kill(env, topo.rank, step, resumed_from)
+
+    if resumed_from >= cfg.steps and cfg.output_path:
+        # A rerun of a finished run (same fingerprint) trains nothing; it still leaves the export it promises.
+        if topo.rank == 0:
+            print(f"fsdp_train: the checkpoint is the end of training (step {resumed_from}); exporting it", flush=True)
+        check = _check_batch(cfg, feed, validation, config.vocab_size)
+        _export(cfg, topo, model, config, cfg.output_path, resumed_from, tokenizer_dir, model_dir, check, device)
 
     last_loss = metrics.last.loss if metrics.last else float("nan")
     summary = Summary(
@@ -234,6 +306,9 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         eval_loss=eval_loss,
         epochs=feed.position.epoch + (1 if feed.position.step_in_epoch else 0) if feed is not None else 0,
         precision=matmul_precision(cfg, device, config),
+        step_seconds=metrics.timed_seconds,
+        eval_seconds=eval_seconds,
+        export_seconds=export_seconds,
     )
     emit(summary)
     finish_bytecode_cache(bytecode_fill)
@@ -303,6 +378,28 @@ def _evaluate(
     return mean
 
 
+EXPORT_CHECK_ROWS = 4
+"""Packed rows (validation first, else training) that the export self-check computes the loss on."""
+EXPORT_CHECK_TEXTS = 8
+
+
+class ExportMismatch(RuntimeError):
+    """The exported directory, loaded as a user loads it, is not the model that trained."""
+
+
+def _check_batch(
+    cfg: TrainConfig, feed: TrainFeed | None, validation: Packed | None, vocab: int
+) -> dict[str, torch.Tensor]:
+    """The self-check's fixed rows: the first validation rows, else the first training rows, else random tokens."""
+    packed = validation if validation is not None and len(validation) else (feed.packed if feed else None)
+    if packed is None:
+        tokens = random_tokens(
+            seed=cfg.seed, step=0, micro=0, first_sample=0, samples=EXPORT_CHECK_ROWS, seq_len=cfg.seq_len, vocab=vocab
+        )
+        return {"input_ids": tokens, "labels": tokens}
+    return Collate(packed, cfg.document_mask)(list(range(min(EXPORT_CHECK_ROWS, len(packed)))))
+
+
 def _export(
     cfg: TrainConfig,
     topo: Topology,
@@ -312,8 +409,10 @@ def _export(
     step: int,
     tokenizer_dir: str | None,
     model_dir: str | None,
+    check_batch: dict[str, torch.Tensor],
+    device: torch.device,
 ) -> None:
-    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, export, fetch
+    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, ExportCheck, export, fetch, verify_export
 
     started = time.perf_counter()
     if tokenizer_dir is None and topo.rank == 0:
@@ -321,9 +420,46 @@ def _export(
             tokenizer_dir = fetch(cfg.tokenizer or cfg.model, patterns=TOKENIZER_FILE_PATTERNS)
         except Exception:
             tokenizer_dir = None
-    export(model, config, target, tokenizer_dir=tokenizer_dir, generation_source=model_dir)
+    # The model as it is exported, on the check's rows: every rank runs the forward (FSDP's is collective).
+    model.eval()
+    with torch.no_grad():
+        inputs = {k: v.to(device) for k, v in check_batch.items() if k != "sample_ids"}
+        training_loss = float(model(**inputs).loss.float())
+    model.train()
+
+    def check(directory: Path) -> ExportCheck:
+        tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
+        texts = []
+        if tokenizer is not None:
+            # Text the training tokenizer produced: the rows of the check, decoded.
+            ids = check_batch["input_ids"][:EXPORT_CHECK_TEXTS]
+            texts = [t for t in tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True) if t.strip()]
+        return verify_export(
+            directory,
+            training_tokenizer=tokenizer,
+            texts=texts,
+            batch=check_batch,
+            training_loss=training_loss,
+            device=device,
+        )
+
+    verdict = export(model, config, target, tokenizer_dir=tokenizer_dir, generation_source=model_dir, check=check)
+    assert verdict is not None
     if topo.rank == 0:
-        emit(Export(rank=0, step=step, path=target, seconds=time.perf_counter() - started))
+        emit(
+            Export(
+                rank=0,
+                step=step,
+                path=target if verdict.verified else "",
+                seconds=time.perf_counter() - started,
+                verified=verdict.verified,
+                training_loss=verdict.training_loss,
+                export_loss=verdict.export_loss,
+                check=verdict.reason,
+            )
+        )
+    if not verdict.verified:
+        raise ExportMismatch(f"export to {target} failed its self-check, nothing was written: {verdict.reason}")
 
 
 def _maybe_kill(env: Mapping[str, str], rank: int, step: int, resumed_from: int) -> None:

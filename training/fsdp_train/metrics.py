@@ -28,13 +28,23 @@ def count_params(config: Any) -> int:
     return int(config.num_hidden_layers * block + embed + head + d)  # + final norm
 
 
-def flops_per_token(config: Any, seq_len: int) -> float:
-    """Model FLOPs per trained token: 6·N + 12·L·d·s (docs/performance.md, PaLM appendix B).
+def matmul_params(config: Any) -> int:
+    """Parameters that take part in a matmul per token: all but the input embedding (a lookup).
 
-    N counts the tied embedding once, since it is the lm_head matmul; 12·L·d·s is attention's
-    score and value matmuls, forward and backward.
+    PaLM's convention (appendix B): a tied embedding is counted once, as the lm_head matmul it also is;
+    an untied model's input embedding is left out, its lm_head counted.
     """
-    n = count_params(config)
+    untied_input = 0 if config.tie_word_embeddings else config.vocab_size * config.hidden_size
+    return count_params(config) - int(untied_input)
+
+
+def flops_per_token(config: Any, seq_len: int) -> float:
+    """Model FLOPs per trained token: 6·N + 12·L·d·s (docs/performance.md "How to count", PaLM appendix B).
+
+    N is ``matmul_params`` (no input embedding); 12·L·d·s is attention's score and value matmuls,
+    forward and backward.
+    """
+    n = matmul_params(config)
     return float(6 * n + 12 * config.num_hidden_layers * config.hidden_size * seq_len)
 
 
@@ -132,6 +142,11 @@ class Metrics:
             for backend in self.backends:
                 backend.log(event)
         return event
+
+    @property
+    def timed_seconds(self) -> float:
+        """The step time ``mean_tokens_per_second`` is over (steps 2..N, or the one step of a one-step run)."""
+        return self._seconds
 
     @property
     def mean_tokens_per_second(self) -> float:

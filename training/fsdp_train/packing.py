@@ -20,6 +20,8 @@ TARGET = 1
 DOC_START = 2
 """Flag bit: a document begins at this token (its position id is 0)."""
 IGNORE_INDEX = -100
+BOUNDS_KEY = "document_bounds"
+"""The batch key of ``document_bounds`` (read by ``fsdp_train.attention``)."""
 
 
 @dataclass(slots=True)
@@ -76,6 +78,44 @@ class _Packer:
         return Packed(ids.reshape(rows, self.seq_len), flags.reshape(rows, self.seq_len), self.documents)
 
 
+@dataclass(slots=True)
+class DataReport:
+    """Rows read and rows that cannot be trained on, per file and per problem (``Tokenize``'s ``problem``)."""
+
+    rows: dict[str, int] = field(default_factory=dict)
+    bad: dict[str, dict[str, int]] = field(default_factory=dict)
+    """File -> problem -> rows."""
+
+    def count(self, paths: Sequence[str], problems: Sequence[str]) -> None:
+        for path, problem in zip(paths, problems, strict=True):
+            self.rows[path] = self.rows.get(path, 0) + 1
+            if problem:
+                per_file = self.bad.setdefault(path, {})
+                per_file[problem] = per_file.get(problem, 0) + 1
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows.values())
+
+    @property
+    def total_bad(self) -> int:
+        return sum(n for per_file in self.bad.values() for n in per_file.values())
+
+    def describe(self, field_name: str, limit: int = 6) -> str:
+        """``file: N of M rows field 'x': problem`` for the worst files and problems."""
+        entries = sorted(
+            ((n, path, problem) for path, per_file in self.bad.items() for problem, n in per_file.items()),
+            key=lambda e: (-e[0], e[1], e[2]),
+        )
+        parts = [
+            f"{path or 'data'}: {n} of {self.rows.get(path, 0)} rows, field {field_name!r}: {problem}"
+            for n, path, problem in entries[:limit]
+        ]
+        if len(entries) > limit:
+            parts.append(f"and {len(entries) - limit} more")
+        return "; ".join(parts)
+
+
 def pack_documents(
     batches: Iterable[dict[str, Any]],
     *,
@@ -84,18 +124,22 @@ def pack_documents(
     eos_is_target: bool,
     validation_fraction: float = 0.0,
     seed: int = 0,
+    report: DataReport | None = None,
 ) -> tuple[Packed, Packed]:
     """Join tokenized documents (in order) with EOS and cut the stream into ``seq_len`` rows.
 
     Returns (train, validation): with ``validation_fraction``, each document goes to validation with
     that probability, drawn from a generator seeded with ``seed`` in document order, so the split does
-    not depend on how the documents were batched.
+    not depend on how the documents were batched. Rows with a ``problem`` (empty ids) are counted in
+    ``report`` and take no part.
     """
     train = _Packer(seq_len, eos_id, eos_is_target)
     held_out = _Packer(seq_len, eos_id, eos_is_target)
     rng = np.random.default_rng(seed)
     for batch in batches:
         ids_list, masks = batch["input_ids"], batch["loss_mask"]
+        if report is not None and "problem" in batch:
+            report.count(batch["path"], batch["problem"])
         draws = rng.random(len(ids_list)) if validation_fraction else np.ones(len(ids_list))
         for ids, mask, draw in zip(ids_list, masks, draws, strict=True):
             (held_out if draw < validation_fraction else train).add(ids, mask)
@@ -188,3 +232,16 @@ class DataPosition:
 def samples_digest(sample_ids: Sequence[int]) -> str:
     """A short fingerprint of a step's samples, in order: equal digests, equal data."""
     return hashlib.sha256(np.asarray(sample_ids, np.int64).tobytes()).hexdigest()[:12]
+
+
+def document_bounds(doc_start: np.ndarray) -> np.ndarray:
+    """``cu_seqlens`` of a batch flattened row after row: every document start and every row start, then the end.
+
+    ``doc_start`` [rows, seq_len] bool. A row that begins in the middle of a document starts a new
+    sequence there (the earlier part is in another row, maybe on another rank).
+    """
+    rows, seq_len = doc_start.shape
+    starts = doc_start.copy()
+    starts[:, 0] = True
+    flat = np.flatnonzero(starts.reshape(-1))
+    return np.concatenate([flat, [rows * seq_len]]).astype(np.int32)

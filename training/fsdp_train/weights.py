@@ -16,6 +16,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,10 @@ from torch import nn
 
 MODEL_CACHE_ENV = "FSDP_TRAIN_MODEL_CACHE"
 HF_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+"""Tokenizers loaded from a bare ``tokenizer.json``: no model family of their own."""
+EXPORT_LOSS_TOLERANCE = 0.01
+"""The self-check's bound on |export loss - training loss| / training loss on the same rows."""
 TOKENIZER_FILE_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 
 
@@ -163,26 +169,32 @@ def export(
     tokenizer_dir: str | None,
     generation_source: str | None,
     dtype: torch.dtype = torch.bfloat16,
-) -> str:
+    check: Callable[[Path], ExportCheck] | None = None,
+) -> ExportCheck | None:
     """Write the trained model as a Hugging Face directory at ``destination`` (a path or an ``s3://`` URI).
 
     Collective: every rank takes part in gathering the full state dict, which lands on rank 0's CPU
     (one parameter at a time on the way); rank 0 writes ``config.json``, ``generation_config.json``,
-    safetensors shards (Hugging Face's own ``save_pretrained``), and the tokenizer files, then uploads
-    when the destination is remote. Returns ``destination``.
+    safetensors shards (Hugging Face's own ``save_pretrained``), and the tokenizer files, runs ``check``
+    on the written directory (``verify_export``), then uploads when the destination is remote. A failed
+    check publishes nothing. Every rank gets rank 0's check result (None without a check).
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    verdict: list[ExportCheck | None] = [None]
     if dist.get_rank() == 0:
         staging = Path(tempfile.mkdtemp(prefix="fsdp-export-"))
         try:
             _write_hf_dir(full, config, staging, tokenizer_dir, generation_source, dtype)
-            _publish(staging, destination)
+            del full
+            verdict[0] = check(staging) if check is not None else None
+            if verdict[0] is None or verdict[0].verified:
+                _publish(staging, destination)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    dist.barrier()
-    return destination
+    dist.broadcast_object_list(verdict, src=0)
+    return verdict[0]
 
 
 def _write_hf_dir(
@@ -214,8 +226,29 @@ def _write_hf_dir(
         with contextlib.suppress(OSError):
             hf_model.generation_config = GenerationConfig.from_pretrained(generation_source)
     hf_model.save_pretrained(directory, max_shard_size="5GB")
+    _set_json(directory / "config.json", use_cache=True)  # save_pretrained keeps the training run's False
     if tokenizer_dir:
-        AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        tokenizer.save_pretrained(directory)
+        if type(tokenizer).__name__ in GENERIC_TOKENIZER_CLASSES:
+            # Next to a config.json, AutoTokenizer would otherwise pick the model family's own class
+            # (Qwen2Tokenizer), which rebuilds the pre-tokenizer and splits digits and spaces differently.
+            # transformers 4 honours tokenizer_class; transformers 5 overrides it for some families
+            # (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS, qwen2 among them) unless an auto_map names the
+            # class, and with that entry falls back to tokenizer_class without running remote code.
+            # The export's self-check (verify_export) loads it back and compares the token ids either way.
+            _set_json(
+                directory / "tokenizer_config.json",
+                tokenizer_class="PreTrainedTokenizerFast",
+                auto_map={"AutoTokenizer": [None, "PreTrainedTokenizerFast"]},
+            )
+    for item in directory.iterdir():
+        item.chmod(0o644)  # safetensors are written 0600; an export is read by other users and services
+
+
+def _set_json(path: Path, **values: Any) -> None:
+    content = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps(content | values, indent=2, sort_keys=True) + "\n")
 
 
 def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:
@@ -237,6 +270,70 @@ def _publish(staging: Path, destination: str) -> None:
         return
     fs, path = filesystem(destination)
     pafs.copy_files(str(staging), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportCheck:
+    """What loading the export as a user does gave (``verify_export``)."""
+
+    verified: bool
+    training_loss: float
+    export_loss: float
+    texts_checked: int = 0
+    reason: str = ""
+
+
+def verify_export(
+    directory: Path,
+    *,
+    training_tokenizer: Any | None,
+    texts: Sequence[str],
+    batch: dict[str, torch.Tensor],
+    training_loss: float,
+    device: torch.device,
+) -> ExportCheck:
+    """Load ``directory`` alone, as a user does, and compare it with the model and tokenizer that trained.
+
+    ``AutoTokenizer`` on the directory must give the training tokenizer's token ids on ``texts``, and
+    ``AutoModelForCausalLM`` on it must reach ``training_loss`` on ``batch`` (the same rows, measured
+    in training just before the export) within ``EXPORT_LOSS_TOLERANCE``.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    reasons = []
+    if training_tokenizer is not None:
+        exported = AutoTokenizer.from_pretrained(str(directory))
+        for text in texts:
+            want = list(training_tokenizer(text, add_special_tokens=False)["input_ids"])
+            got = list(exported(text, add_special_tokens=False)["input_ids"])
+            if want != got:
+                same = (i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b)
+                first = next(same, min(len(want), len(got)))
+                reasons.append(
+                    f"AutoTokenizer.from_pretrained(export) loads {type(exported).__name__}, which tokenizes the "
+                    f"training text differently from the training tokenizer ({type(training_tokenizer).__name__}): "
+                    f"{len(got)} tokens against {len(want)}, first difference at token {first} "
+                    f"(text {text[:40]!r})"
+                )
+                break
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    loaded = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype).to(device)
+    loaded.eval()
+    with torch.no_grad():
+        inputs = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "labels", "position_ids")}
+        # No KV cache: with one, transformers ignores the documents' restarting position ids and lets
+        # attention cross document boundaries, which training never did.
+        export_loss = float(loaded(**inputs, use_cache=False).loss.float())
+    del loaded
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    drift = abs(export_loss - training_loss) / max(abs(training_loss), 1e-6)
+    if not drift <= EXPORT_LOSS_TOLERANCE:  # NaN fails too
+        reasons.append(
+            f"the exported model's loss {export_loss:.4f} differs from training's {training_loss:.4f} on the same "
+            f"rows by {drift:.1%} (more than {EXPORT_LOSS_TOLERANCE:.0%})"
+        )
+    return ExportCheck(not reasons, training_loss, export_loss, len(texts), "; ".join(reasons))
 
 
 def describe(directory: Path) -> dict[str, Any]:

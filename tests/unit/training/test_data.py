@@ -4,6 +4,7 @@ position ids and labels, the chat loss mask token by token, and the resumable or
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -211,8 +212,58 @@ def test_chat_rows_from_jsonl_are_read_as_message_lists(tmp_path: Path, tokenize
 def test_chat_rows_that_are_not_message_lists_are_data_unavailable(tmp_path: Path, tokenizer_dir: Path) -> None:
     write_jsonl(tmp_path / "chat.jsonl", [{"messages": "hello"}])
     cfg = TrainConfig(data=str(tmp_path / "chat.jsonl"), data_field="messages", data_kind="chat", seq_len=32)
-    with pytest.raises(data.DataUnavailable, match=r"must be a list of \{role, content\} messages"):
+    with pytest.raises(data.DataUnavailable, match=r"field 'messages': not a list of \{role, content\} messages"):
         prepared(cfg, tokenizer_dir)
+
+
+def human_bot(conversation: list[dict[str, str]]) -> list[dict[str, str]]:
+    roles = {"user": "human", "assistant": "bot"}
+    return [{"role": roles.get(m["role"], m["role"]), "content": m["content"]} for m in conversation]
+
+
+def test_chat_with_unknown_roles_only_fails_naming_role_field_and_file(tmp_path: Path, tokenizer_dir: Path) -> None:
+    path = write_jsonl(tmp_path / "chat" / "a.jsonl", [{"messages": human_bot(c)} for c in conversations(20)])
+    cfg = TrainConfig(data=str(tmp_path / "chat"), data_field="messages", data_kind="chat", seq_len=32)
+    with pytest.raises(data.DataUnavailable) as caught:
+        prepared(cfg, tokenizer_dir)
+    message = str(caught.value)
+    assert "no row can be trained on" in message
+    assert f"{path}: 20 of 20 rows, field 'messages': unknown role 'bot'" in message
+
+
+def test_rows_without_targets_are_counted_per_file_and_fail_above_the_share(
+    tmp_path: Path, tokenizer_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = [{"messages": c} for c in conversations(100)]
+    no_assistant = [{"messages": c[:2]} for c in conversations(10)]
+    # One bad row among 100 good ones: trained without it, and said so with its file.
+    write_jsonl(tmp_path / "few" / "good.jsonl", good)
+    few = write_jsonl(tmp_path / "few" / "bad.jsonl", no_assistant[:1])
+    cfg = TrainConfig(data=str(tmp_path / "few"), data_field="messages", data_kind="chat", seq_len=32)
+    assert prepared(cfg, tokenizer_dir).train.documents == 100
+    printed = capsys.readouterr().out
+    dropped = f"dropped 1 of 101 rows that cannot be trained on ({few}: 1 of 1 rows, field 'messages': no target"
+    assert dropped in printed
+    # Ten: more than MAX_BAD_SHARE of the rows, the job fails before any model is built.
+    write_jsonl(tmp_path / "many" / "good.jsonl", good)
+    many = write_jsonl(tmp_path / "many" / "bad.jsonl", no_assistant)
+    cfg = TrainConfig(data=str(tmp_path / "many"), data_field="messages", data_kind="chat", seq_len=32)
+    expected = re.escape(f"10 of 110 rows cannot be trained on, more than 5% ({many}")
+    with pytest.raises(data.DataUnavailable, match=expected):
+        prepared(cfg, tokenizer_dir)
+
+
+def test_a_missing_field_is_named_with_its_file_per_row_and_per_file(tmp_path: Path, tokenizer_dir: Path) -> None:
+    rows = [{"text": d} for d in documents(30)] + [{"body": "the red fox"}] * 10
+    path = write_jsonl(tmp_path / "mixed.jsonl", rows)
+    expected = re.escape(f"{path}: 10 of 40 rows, field 'text': field missing or null")
+    with pytest.raises(data.DataUnavailable, match=expected):
+        prepared(TrainConfig(data=str(path), seq_len=32), tokenizer_dir)
+    # A batch without the column at all (Ray Data hands the tokenizer whole files' rows): file and field named.
+    tokenize = data.Tokenize(str(tokenizer_dir), "conversations", "chat")
+    expected = re.escape("s3://b/x.jsonl has no field 'conversations' (fields: text)")
+    with pytest.raises(data.DataUnavailable, match=expected):
+        tokenize({"text": ["a"], "path": ["s3://b/x.jsonl"]})
 
 
 # --- order and resume ----------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ def test_a_failure_is_reported_then_the_rerun_resumes_from_the_checkpoint(
     summary = train(cfg, one_rank, host)  # the same injection: a run resumed at step 2 is past it
     again = printed(capsys)
     assert [e.step for e in of(Step, again)] == [3, 4]
-    assert [c.step for c in of(Checkpoint, again)] == [4]
+    assert [(c.step, c.resumed) for c in of(Checkpoint, again)] == [(2, True), (4, False)]
     assert summary["resumed_from_step"] == 2 and summary["steps"] == 4
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_00000002", "step_00000004"]
 
@@ -172,3 +172,7 @@ def test_two_nodes_probe_the_link_and_pick_hybrid(tmp_path: Path) -> None:
     assert [(s.rank, s.sharding, s.steps) for s in summaries] == [(0, "hybrid", 3), (1, "hybrid", 3)]
     assert of(Step, rank1) == []  # only rank 0 reports steps
     assert [s.step for s in of(Step, rank0)] == [1, 2, 3]
+    # Tokens per step: every rank's micro-batches, all ranks: 2 ranks x 2 rows x 2 micro-batches x 16 tokens.
+    for step in of(Step, rank0):
+        assert step.tokens_per_second * step.step_seconds == pytest.approx(2 * 2 * 2 * 16)
+        assert step.tokens_per_second_per_device == pytest.approx(step.tokens_per_second / 2)

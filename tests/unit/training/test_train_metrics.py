@@ -35,6 +35,24 @@ def test_untied_head_counts_twice() -> None:
     assert count_params(untied) - count_params(QWEN) == 151936 * 1536
 
 
+def test_mfu_leaves_out_an_untied_input_embedding() -> None:
+    """PaLM's convention: the input embedding is a lookup, not a matmul; only the lm_head counts."""
+    untied = SimpleNamespace(**{**vars(QWEN), "tie_word_embeddings": False})
+    assert flops_per_token(untied, 2048) == flops_per_token(QWEN, 2048)
+    # Qwen2.5-7B's shape (untied): 6 x 6.53e9 matmul parameters + attention, not 6 x 7.07e9.
+    qwen7b = SimpleNamespace(
+        hidden_size=3584,
+        num_attention_heads=28,
+        num_key_value_heads=4,
+        intermediate_size=18944,
+        num_hidden_layers=28,
+        vocab_size=152064,
+        tie_word_embeddings=False,
+    )
+    assert count_params(qwen7b) == 7_615_616_512
+    assert flops_per_token(qwen7b, 2048) == 6 * (7_615_616_512 - 152064 * 3584) + 12 * 28 * 3584 * 2048
+
+
 def test_mfu_from_the_seed_baseline() -> None:
     # docs/performance.md: 36,130 tokens/s/GPU on H200 is 37.7 % MFU.
     peak = peak_flops("NVIDIA H200")

@@ -1,0 +1,60 @@
+"""`fsdpctl data check`: the job's own data pipeline on its first rows, on this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from fsdp_operator.cli import main
+from support.tiny_hf import conversations, save_tiny_model, write_jsonl
+
+
+def job(tmp_path: Path, data: Path, model: Path) -> Path:
+    manifest = {
+        "apiVersion": "fsdp.dev/v1alpha1",
+        "kind": "FSDPTrainingJob",
+        "metadata": {"name": "sft"},
+        "spec": {
+            "model": {"name": str(model), "init": "pretrained"},
+            "data": {"source": str(data), "format": "jsonl", "kind": "chat", "field": "messages"},
+            "training": {"steps": 10, "seqLen": 64},
+        },
+    }
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("model"))
+
+
+def test_good_chat_rows_print_counts_and_a_sample_with_its_targets_marked(
+    tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = write_jsonl(tmp_path / "chat" / "a.jsonl", [{"messages": c} for c in conversations(30)])
+    assert main(["data", "check", "-f", str(job(tmp_path, data.parent, model)), "--rows", "20"]) == 0
+    out = capsys.readouterr().out
+    assert "rows read: 20 (the first 20 at most)" in out
+    assert "bad rows: 0" in out
+    assert "packed: 20 documents into" in out
+    first = conversations(30)[0]
+    # Only the assistant's reply (and its end-of-turn marker) is a target.
+    assert f"[[{first[2]['content']}<|im_end|>\n]]" in out
+    assert f"[[{first[1]['content']}" not in out
+    assert out.rstrip().endswith("verdict: trainable")
+
+
+def test_human_bot_rows_are_named_and_the_verdict_is_a_finding(
+    tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    roles = {"user": "human", "assistant": "bot"}
+    rows = [{"messages": [{**m, "role": roles.get(m["role"], m["role"])} for m in c]} for c in conversations(10)]
+    data = write_jsonl(tmp_path / "chat.jsonl", rows)
+    assert main(["data", "check", "-f", str(job(tmp_path, data, model))]) == 1
+    out = capsys.readouterr().out
+    assert f"bad rows: 10 ({data}: 10 of 10 rows, field 'messages': unknown role 'bot'" in out
+    assert "verdict: the job would fail DataUnavailable: data source" in out
+    assert "Traceback" not in out

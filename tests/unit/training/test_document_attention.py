@@ -1,0 +1,94 @@
+"""Attention inside documents from document bounds (``fsdp_train.attention``), not from a dense mask.
+
+On CPU the bounds become the dense block-causal mask (the fallback); with CUDA the varlen flash kernel
+runs, and must give the loss of the dense path. Speed is measured by ``bench/data_runs.sh`` (docs/data.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from fsdp_train.attention import DOCUMENT_ATTENTION, register, varlen_available
+from fsdp_train.data import Collate
+from fsdp_train.model import build_meta_model
+from fsdp_train.packing import BOUNDS_KEY, DOC_START, TARGET, Packed, document_bounds
+from support.tiny_hf import TINY_QWEN2
+
+
+def packed(rows: int, seq_len: int, seed: int = 0) -> Packed:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, 64, (rows, seq_len)).astype(np.int32)
+    flags = np.full((rows, seq_len), TARGET, np.uint8)
+    for row in range(rows):
+        for start in rng.choice(np.arange(1, seq_len), 3, replace=False):
+            flags[row, start] = DOC_START
+    flags[0, 0] = DOC_START
+    return Packed(ids, flags)
+
+
+def test_bounds_are_every_document_and_row_start_of_the_flattened_batch() -> None:
+    starts = np.zeros((2, 6), bool)
+    starts[0, 3] = starts[1, 2] = starts[1, 5] = True
+    assert document_bounds(starts).tolist() == [0, 3, 6, 8, 11, 12]
+    assert document_bounds(np.zeros((1, 4), bool)).tolist() == [0, 4]
+
+
+def models(device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module]:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    reference = Qwen2ForCausalLM._from_config(
+        Qwen2Config(**TINY_QWEN2, vocab_size=64), attn_implementation="sdpa", dtype=dtype
+    ).to(device)
+    ours = Qwen2ForCausalLM._from_config(
+        Qwen2Config(**TINY_QWEN2, vocab_size=64), attn_implementation=register(), dtype=dtype
+    ).to(device)
+    ours.load_state_dict(reference.state_dict())
+    return reference.eval(), ours.eval()
+
+
+def losses(device: torch.device, dtype: torch.dtype) -> tuple[float, float, float]:
+    """(ours with bounds, transformers' dense mask from position ids, plain causal) on the same rows."""
+    reference, ours = models(device, dtype)
+    batch = {k: v.to(device) for k, v in Collate(packed(4, 48))(list(range(4))).items() if k != "sample_ids"}
+    plain = {k: v for k, v in batch.items() if k in ("input_ids", "labels")}
+    dense = {k: v for k, v in batch.items() if k != BOUNDS_KEY}
+    with torch.no_grad():
+        return (
+            float(ours(**batch, use_cache=False).loss),
+            float(reference(**dense, use_cache=False).loss),
+            float(reference(**plain, use_cache=False).loss),
+        )
+
+
+def test_bounds_keep_attention_inside_documents_as_the_dense_mask_did() -> None:
+    bounded, dense, causal = losses(torch.device("cpu"), torch.float32)
+    assert bounded == pytest.approx(dense, abs=1e-5)
+    assert abs(bounded - causal) > 1e-4  # the documents really are kept apart (a fresh model attends evenly)
+
+
+def test_the_training_model_uses_the_document_attention_and_builds_no_dense_mask() -> None:
+    from transformers import Qwen2Config
+    from transformers.masking_utils import create_causal_mask
+
+    model = build_meta_model(Qwen2Config(**TINY_QWEN2, vocab_size=64))
+    assert model.config._attn_implementation == DOCUMENT_ATTENTION
+    position_ids = torch.tensor([[0, 1, 2, 0, 1, 2]])
+    mask = create_causal_mask(
+        config=model.config,
+        inputs_embeds=torch.zeros(1, 6, 64),
+        attention_mask=None,
+        past_key_values=None,
+        position_ids=position_ids,
+    )
+    assert mask is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the varlen flash kernel needs a CUDA GPU")
+def test_the_varlen_kernel_gives_the_dense_masks_loss() -> None:
+    device = torch.device("cuda")
+    assert varlen_available(device)
+    bounded, dense, causal = losses(device, torch.bfloat16)
+    assert bounded == pytest.approx(dense, rel=2e-2)
+    assert abs(bounded - causal) > abs(bounded - dense)

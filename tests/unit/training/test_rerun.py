@@ -1,0 +1,120 @@
+"""Reruns on the same checkpoint storage: resume only the same run, say so, and never end with nothing.
+
+One rank in this process (gloo), a tiny Qwen2 from a random init, real checkpoints in a temporary folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+from fsdp_train.checkpoint import CheckpointMismatch, DirectoryCheckpoints
+from fsdp_train.config import TrainConfig
+from fsdp_train.events import Checkpoint, Event, Export, Failure, Step, parse_lines
+from fsdp_train.loop import FAIL_AT_STEP_ENV, Host, train
+from fsdp_train.parallelize import Topology
+from support.tiny_hf import documents, train_tokenizer, write_jsonl
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+TRAIN: dict[str, Any] = {
+    "model_overrides": {**TINY, "num_key_value_heads": 2, "vocab_size": 512},
+    "steps": 4,
+    "seq_len": 16,
+    "batch_size_per_rank": 2,
+    "grad_accum": 2,
+    "learning_rate": 1e-3,
+    "lr_schedule": "constant",
+    "mixed_precision": "fp32",
+    "probe_size_bytes": 0,
+    "checkpoint_interval": 2,
+}
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[Topology]:
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield Topology(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, device_index=0)
+    finally:
+        dist.destroy_process_group()
+
+
+def printed(capsys: pytest.CaptureFixture[str]) -> list[Event]:
+    return list(parse_lines(capsys.readouterr().out.splitlines()))
+
+
+def run(cfg: TrainConfig, topo: Topology, env: dict[str, str] | None = None) -> dict[str, Any]:
+    checkpointer = DirectoryCheckpoints(cfg.checkpoint_path) if cfg.checkpoint_path else None
+    host = Host(node_ip="127.0.0.1", env=env or {})
+    if checkpointer is not None:
+        host = dataclasses.replace(host, checkpointer=checkpointer)
+    return train(cfg, topo, host)
+
+
+def data_config(tmp_path: Path, **more: Any) -> TrainConfig:
+    tokenizer = tmp_path / "tokenizer"
+    if not tokenizer.exists():
+        train_tokenizer(tokenizer)
+        write_jsonl(tmp_path / "corpus.jsonl", [{"text": d} for d in documents(60)])
+    return TrainConfig.from_dict(
+        {**TRAIN, "tokenizer": str(tokenizer), "data": str(tmp_path / "corpus.jsonl"), "shuffle_seed": 3, **more}
+    )
+
+
+def test_a_rerun_with_another_learning_rate_is_refused_naming_the_field(
+    one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = TrainConfig.from_dict({**TRAIN, "checkpoint_path": str(tmp_path / "ckpt")})
+    run(cfg, one_rank)
+    printed(capsys)
+    changed = dataclasses.replace(cfg, learning_rate=2e-3)
+    with pytest.raises(CheckpointMismatch, match=r"learning_rate: 0\.001 -> 0\.002"):
+        run(changed, one_rank)
+    events = printed(capsys)
+    assert not [e for e in events if isinstance(e, Step)]  # no step trained, no "Succeeded after 4 steps"
+    (failure,) = [e for e in events if isinstance(e, Failure)]
+    assert "CheckpointMismatch" in failure.message and "checkpoint.storage" in failure.message
+
+
+def test_a_rerun_of_a_finished_run_says_it_resumed_and_still_exports(
+    one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = TrainConfig.from_dict(
+        {**TRAIN, "checkpoint_path": str(tmp_path / "ckpt"), "output_path": str(tmp_path / "export")}
+    )
+    run(cfg, one_rank)
+    printed(capsys)
+    summary = run(cfg, one_rank)  # the same settings: nothing left to train
+    events = printed(capsys)
+    resumed = [e for e in events if isinstance(e, Checkpoint) and e.resumed]
+    assert [(e.step, e.path) for e in resumed] == [(4, str(tmp_path / "ckpt"))]
+    (export,) = [e for e in events if isinstance(e, Export)]
+    assert export.verified and export.step == 4 and export.path == str(tmp_path / "export")
+    assert summary["resumed_from_step"] == 4 and summary["steps"] == 4
+    assert (tmp_path / "export" / "model.safetensors").is_file()
+
+
+def test_resuming_with_gradient_accumulation_continues_the_data_where_it_stopped(
+    one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resumed run skips steps x batch x grad_accum samples per rank: its steps train the samples, and reach
+    the losses, of an uninterrupted run."""
+    cfg = data_config(tmp_path, checkpoint_path=str(tmp_path / "ckpt"))
+    with pytest.raises(RuntimeError, match="injected failure after step 2"):
+        run(cfg, one_rank, {FAIL_AT_STEP_ENV: "2"})
+    printed(capsys)
+    run(cfg, one_rank, {FAIL_AT_STEP_ENV: "2"})
+    resumed = {e.step: e for e in printed(capsys) if isinstance(e, Step)}
+    assert sorted(resumed) == [3, 4]
+    run(data_config(tmp_path), one_rank)
+    whole = {e.step: e for e in printed(capsys) if isinstance(e, Step)}
+    for step in (3, 4):
+        assert resumed[step].samples_digest == whole[step].samples_digest, step
+        assert resumed[step].samples_seen == whole[step].samples_seen == step * 2 * 2
+        assert resumed[step].loss == pytest.approx(whole[step].loss, abs=1e-5)

@@ -1,0 +1,116 @@
+"""Attention kept inside documents without a dense mask: variable-length flash attention over packed rows.
+
+Packed rows hold several documents; a token must attend only to earlier tokens of its own document.
+transformers' ``sdpa`` path turns restarting position ids into a dense [batch, 1, seq, seq] mask, and
+SDPA with any mask leaves the flash kernel for the slower memory-efficient one (8.6 % per step at
+1.5B, seq 2048). Here the batch is flattened to one stream of documents and the document bounds
+(``cu_seqlens``: where each document, or each row, begins in the stream) go to torch's variable-length
+flash attention, ``torch.nn.attention.varlen``: causal inside each document, masked blocks never
+computed. Rows stay full (``fsdp_train.packing`` cuts documents at row ends; a row start is a bound).
+
+The model is built with ``attn_implementation=DOCUMENT_ATTENTION``. Batches carry the bounds as the
+``document_bounds`` keyword (``document_bounds``), which transformers passes through to the attention
+function. Without bounds (random tokens, ``document_mask: false``) it is plain causal SDPA; off CUDA, or
+where torch lacks the varlen kernel, the same bounds become a dense block-causal mask for SDPA (the
+same result, the old speed).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fsdp_train.packing import BOUNDS_KEY
+
+DOCUMENT_ATTENTION = "fsdp_document_varlen"
+
+
+def dense_mask(bounds: torch.Tensor, rows: int, seq_len: int) -> torch.Tensor:
+    """The block-causal boolean mask [rows, 1, seq_len, seq_len] that ``bounds`` stand for (True: attend)."""
+    total = rows * seq_len
+    lengths = bounds[1:] - bounds[:-1]
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=bounds.device), lengths.long(), output_size=total)
+    doc = doc.view(rows, seq_len)
+    same = doc[:, :, None] == doc[:, None, :]
+    causal = torch.ones(seq_len, seq_len, dtype=torch.bool, device=bounds.device).tril()
+    return (same & causal)[:, None]
+
+
+@functools.cache
+def _varlen() -> tuple[Callable[..., Any], set[str]] | None:
+    """torch's ``varlen_attn`` and its keyword names, or None where this torch has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn, set(inspect.signature(varlen_attn).parameters)
+
+
+def varlen_available(device: torch.device) -> bool:
+    return device.type == "cuda" and _varlen() is not None and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def _causal_varlen(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor, max_len: int, scale: float | None
+) -> torch.Tensor:
+    found = _varlen()
+    assert found is not None
+    varlen_attn, params = found
+    kwargs: dict[str, Any] = {"scale": scale}
+    # torch 2.9-2.11 take is_causal; later releases express causality as a (-1, 0) window.
+    if "is_causal" in params:
+        kwargs["is_causal"] = True
+    else:
+        kwargs["window_size"] = (-1, 0)
+    if key.shape[1] != query.shape[1]:
+        if "enable_gqa" in params:
+            kwargs["enable_gqa"] = True
+        else:
+            groups = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    out = varlen_attn(query, key, value, bounds, bounds, max_len, max_len, **kwargs)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def document_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface: query [B, Hq, S, D], key/value [B, Hkv, S, D] -> [B, S, Hq, D]."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    bounds = kwargs.pop(BOUNDS_KEY, None)
+    if bounds is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
+    rows, heads, seq_len, dim = query.shape
+    if varlen_available(query.device) and query.dtype in (torch.bfloat16, torch.float16):
+        flat = [t.transpose(1, 2).reshape(rows * seq_len, t.shape[1], dim) for t in (query, key, value)]
+        out = _causal_varlen(*flat, bounds.to(query.device, torch.int32), seq_len, scaling)
+        return out.view(rows, seq_len, heads, dim), None
+    mask = dense_mask(bounds.to(query.device), rows, seq_len)
+    return sdpa_attention_forward(module, query, key, value, mask, dropout, scaling, is_causal=False, **kwargs)
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    """The mask builder for ``DOCUMENT_ATTENTION``: the bounds say it all, no dense mask is built."""
+    return None
+
+
+def register() -> str:
+    """Make ``DOCUMENT_ATTENTION`` known to transformers (idempotent); return its name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(DOCUMENT_ATTENTION, document_attention)
+    AttentionMaskInterface.register(DOCUMENT_ATTENTION, _no_mask)
+    return DOCUMENT_ATTENTION
