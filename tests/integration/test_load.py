@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.integration]
 
 JOBS = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/default/{schema.PLURAL}"
 STEPS = 100
+WORLD = 8
 STEPS_PER_TICK = 25
 TICK = 1.0
 """The fake KubeRay's period (it lists every RayCluster each tick, in the operator's process: kept cheap)."""
@@ -47,15 +48,18 @@ CONFIG = OperatorConfig()
 
 @dataclass
 class LoadScript:
-    """A fake Ray job of 2 ranks: placement, transport, `STEPS` steps (`STEPS_PER_TICK` per tick), a summary."""
+    """A fake Ray job of `WORLD` ranks: placement, transport, `STEPS` steps (`STEPS_PER_TICK` per tick), a summary."""
 
     def __call__(self, ray: FakeRay, job: FakeJob) -> Iterator[None]:
         sid = job.submission.submission_id
         yield
-        ray.emit(sid, *(Placement(rank=r, world_size=2, local_rank=0, local_world_size=1, node_rank=r,
-                                  node_ip=f"10.0.0.{r + 1}", hostname=f"h{r}", pod=f"w{r}", device="L4").to_line()
-                        for r in range(2)))  # fmt: skip
-        ray.emit(sid, *(Transport(rank=r, transport="efa", evidence=EFA_LINE).to_line() for r in range(2)))
+        # Every rank of the job's world (2 g6.12xlarge workers, 4 GPUs each) reports: under requireEFA a rank
+        # without a verified transport fails the job.
+        ray.emit(sid, *(Placement(rank=r, world_size=WORLD, local_rank=r % 4, local_world_size=4, node_rank=r // 4,
+                                  node_ip=f"10.0.0.{r // 4 + 1}", hostname=f"h{r // 4}", pod=f"w{r // 4}",
+                                  device="L4").to_line()
+                        for r in range(WORLD)))  # fmt: skip
+        ray.emit(sid, *(Transport(rank=r, transport="efa", evidence=EFA_LINE).to_line() for r in range(WORLD)))
         yield
         for step in range(1, STEPS + 1):
             ray.emit(sid, Step(rank=0, step=step, total_steps=STEPS, loss=5.0 / step, tokens_per_second=4096.0,
