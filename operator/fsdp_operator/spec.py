@@ -172,16 +172,89 @@ class FieldSelector:
     field_path: str = declare(
         "Path of the field, e.g. status.podIP.", default="", required=True, grammar=formats.FIELD_PATH
     )
-    api_version: str = declare("Version of the schema the path is written in.", default="", max_length=64)
+    api_version: str = declare("Version of the schema the path is written in (v1).", default="", max_length=64)
+
+    @staticmethod
+    def _rules(v: dict[str, Any], path: str, problems: Problems) -> None:
+        field_path = v["field_path"]
+        subscripted = ENV_FIELD_PATH_SUBSCRIPT.fullmatch(field_path)
+        if subscripted is not None:
+            reason = formats.QUALIFIED_NAME.check(subscripted.group(2))
+            if reason is not None:
+                problems.append(f"{path}.fieldPath: the key {show(subscripted.group(2))} {reason}")
+        elif field_path not in ENV_FIELD_PATHS:
+            problems.append(
+                f"{path}.fieldPath: {show(field_path)} is not a field the API server lets an environment variable "
+                f"read; supported: {', '.join(ENV_FIELD_PATHS)}, metadata.labels['KEY'], metadata.annotations['KEY']"
+            )
+        if v["api_version"] not in (None, "", "v1"):  # shape items keep what the manifest left out as None
+            problems.append(f"{path}.apiVersion: {show(v['api_version'])} is not supported; the pod API is v1")
+
+
+# What an environment variable may read of its pod (Kubernetes pkg/apis/core/validation,
+# validEnvDownwardAPIFieldPathExpressions; labels and annotations only one key at a time).
+ENV_FIELD_PATHS = (
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.hostIPs",
+    "status.podIP",
+    "status.podIPs",
+)
+ENV_FIELD_PATH_SUBSCRIPT = re.compile(r"metadata\.(labels|annotations)\['(.*)'\]", re.DOTALL)
+
+# The resources an environment variable may read, and the divisors valid for each
+# (validContainerResourceFieldPathExpressions, validContainerResourceDivisorForCPU/ForMemory).
+_CPU_DIVISORS = ("1m", "1")
+_BYTE_DIVISORS = ("1", "1k", "1M", "1G", "1T", "1P", "1E", "1Ki", "1Mi", "1Gi", "1Ti", "1Pi", "1Ei")
+ENV_RESOURCE_DIVISORS = {
+    f"{kind}.{resource}": _CPU_DIVISORS if resource == "cpu" else _BYTE_DIVISORS
+    for kind in ("limits", "requests")
+    for resource in ("cpu", "memory", "ephemeral-storage")
+}
+ENV_HUGEPAGES_PREFIXES = ("limits.hugepages-", "requests.hugepages-")
 
 
 @dataclass(frozen=True, slots=True)
 class ResourceSelector:
     """A resource limit or request of a container (downward API)."""
 
-    resource: str = declare("The resource, e.g. limits.memory.", default="", required=True, max_length=64)
+    resource: str = declare(
+        "The resource: limits.cpu, limits.memory, limits.ephemeral-storage or the same under requests.",
+        default="",
+        required=True,
+        max_length=64,
+    )
     container_name: str = declare("The container; default: this one.", default="", max_length=63)
-    divisor: Quantity = declare("Unit of the value.", default="1", grammar=formats.POSITIVE_QUANTITY)
+    divisor: Quantity = declare(
+        "Unit of the value: 1m or 1 for cpu; 1, 1k..1E or 1Ki..1Ei for memory and storage.",
+        default="1",
+        grammar=formats.POSITIVE_QUANTITY,
+    )
+
+    @staticmethod
+    def _rules(v: dict[str, Any], path: str, problems: Problems) -> None:
+        resource = v["resource"]
+        if resource.startswith(ENV_HUGEPAGES_PREFIXES):
+            divisors: tuple[str, ...] = _BYTE_DIVISORS
+        elif resource in ENV_RESOURCE_DIVISORS:
+            divisors = ENV_RESOURCE_DIVISORS[resource]
+        else:
+            problems.append(
+                f"{path}.resource: {show(resource)} is not a resource the API server lets an environment variable "
+                f"read; supported: {', '.join(ENV_RESOURCE_DIVISORS)} (extended resources such as nvidia.com/gpu "
+                "are not)"
+            )
+            return
+        # The API server compares the canonical form (1000m is 1): compare values.
+        divisor = "1" if v["divisor"] is None else v["divisor"]
+        if parse_quantity(divisor) not in {parse_quantity(d) for d in divisors}:
+            problems.append(
+                f"{path}.divisor: {show(divisor)} is not a valid divisor for {resource}; one of {', '.join(divisors)}"
+            )
 
 
 @dataclass(frozen=True, slots=True)

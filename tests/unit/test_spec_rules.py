@@ -439,3 +439,59 @@ def test_compile_cache_dir_reaches_the_training_function_and_must_be_absolute() 
     assert problems({"training": {"compileCacheDir": "cache"}}) == [
         "spec.training.compileCacheDir: 'cache' must be an absolute path"
     ]
+
+
+def _env_from(source: dict[str, Any]) -> list[str]:
+    return problems({"network": {"env": [{"name": "A", "valueFrom": source}]}})
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ({"fieldRef": {"fieldPath": "metadata.labels"}}, "spec.network.env[0].valueFrom.fieldRef.fieldPath: "),
+        ({"fieldRef": {"fieldPath": "spec.containers"}}, "spec.network.env[0].valueFrom.fieldRef.fieldPath: "),
+        ({"fieldRef": {"fieldPath": "metadata.labels['-bad']"}}, "spec.network.env[0].valueFrom.fieldRef.fieldPath: "),
+        (
+            {"fieldRef": {"fieldPath": "metadata.name", "apiVersion": "v9"}},
+            "spec.network.env[0].valueFrom.fieldRef.apiVersion: 'v9' is not supported",
+        ),
+        (
+            {"resourceFieldRef": {"resource": "limits.nvidia.com/gpu"}},
+            "spec.network.env[0].valueFrom.resourceFieldRef.resource: 'limits.nvidia.com/gpu' is not a resource",
+        ),
+        (
+            {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "3"}},
+            "spec.network.env[0].valueFrom.resourceFieldRef.divisor: '3' is not a valid divisor for limits.cpu",
+        ),
+        (
+            {"resourceFieldRef": {"resource": "requests.memory", "divisor": "1m"}},
+            "spec.network.env[0].valueFrom.resourceFieldRef.divisor: '1m' is not a valid divisor for requests.memory",
+        ),
+    ],
+)
+def test_env_references_a_real_api_server_refuses_are_refused(source: dict[str, Any], expected: str) -> None:
+    (found,) = _env_from(source)
+    assert found.startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"fieldRef": {"fieldPath": path}}
+        for path in ("metadata.name", "status.podIPs", "spec.nodeName", "metadata.labels['app.kubernetes.io/name']")
+    ]
+    + [{"fieldRef": {"fieldPath": "metadata.annotations['a/b']", "apiVersion": "v1"}}]
+    + [
+        {"resourceFieldRef": {"resource": resource, "divisor": divisor}}
+        for resource, divisor in [
+            ("limits.cpu", "1m"),
+            ("requests.cpu", 1),
+            ("limits.cpu", "1000m"),
+            ("limits.memory", "1Mi"),
+            ("requests.ephemeral-storage", "1G"),
+            ("limits.hugepages-2Mi", "1Ki"),
+        ]
+    ],
+)
+def test_env_references_a_real_api_server_accepts_pass(source: dict[str, Any]) -> None:
+    parse_job(manifest({"network": {"env": [{"name": "A", "valueFrom": source}]}}))
