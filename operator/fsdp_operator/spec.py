@@ -320,6 +320,7 @@ class Model:
     )
 
 
+DEFAULT_SHARED_MEMORY = "32Gi"
 _NODE_SELECTOR = {"keys": formats.QUALIFIED_NAME, "values": formats.LABEL_VALUE, "max_items": 64}
 _TOLERATIONS = {"shape": Toleration, "max_items": 64}
 
@@ -329,10 +330,10 @@ class Head:
     """The Ray head pod. It schedules work and serves the job API; it gets no GPU."""
 
     cpu: Quantity = declare(
-        "CPU for the head container (request = limit).", default=Quantity("2"), grammar=formats.POSITIVE_QUANTITY
+        "CPU for the head container (request = limit).", default=Quantity("2"), grammar=formats.CPU_QUANTITY
     )
     memory: Quantity = declare(
-        "Memory for the head container (request = limit).", default=Quantity("8Gi"), grammar=formats.POSITIVE_QUANTITY
+        "Memory for the head container (request = limit).", default=Quantity("8Gi"), grammar=formats.BYTE_QUANTITY
     )
     node_selector: dict[str, str] = declare("Node labels the head must run on.", factory=dict, **_NODE_SELECTOR)
     tolerations: list[dict[str, Any]] = declare(
@@ -363,15 +364,20 @@ class Workers:
         unset="gpusPerWorker; required when gpusPerWorker is 0 (CPU training)",
     )
     cpu: Quantity = declare(
-        "CPU per worker container (request = limit).", default=Quantity("40"), grammar=formats.POSITIVE_QUANTITY
+        "CPU per worker container (request = limit); at most the instance type's allocatable CPU.",
+        default=Quantity("40"),
+        grammar=formats.CPU_QUANTITY,
     )
     memory: Quantity = declare(
-        "Memory per worker container (request = limit).", default=Quantity("160Gi"), grammar=formats.POSITIVE_QUANTITY
+        "Memory per worker container (request = limit); at most the instance type's allocatable memory.",
+        default=Quantity("160Gi"),
+        grammar=formats.BYTE_QUANTITY,
     )
     shared_memory: Quantity = declare(
-        "Size of the memory-backed /dev/shm for NCCL and dataloaders.",
-        default=Quantity("32Gi"),
-        grammar=formats.POSITIVE_QUANTITY,
+        "Size of the memory-backed /dev/shm for NCCL and dataloaders; at most memory (it is counted in it).",
+        default=Quantity(DEFAULT_SHARED_MEMORY),
+        grammar=formats.BYTE_QUANTITY,
+        unset=f"{DEFAULT_SHARED_MEMORY}, or memory when that is less",
     )
     node_selector: dict[str, str] = declare(
         "Extra node labels the workers must run on (the instance-type label comes from instanceType).",
@@ -403,6 +409,15 @@ class Workers:
             problems.append(
                 f"{path}.efaPerWorker: unknown instance type {show(instance_type)}; EFA can only be checked on known "
                 f"types ({', '.join(catalog.INSTANCE_TYPES)}); set efaPerWorker: 0 or use a known type"
+            )
+        if w["shared_memory"] is None:
+            smaller = parse_quantity(w["memory"]) < parse_quantity(DEFAULT_SHARED_MEMORY)
+            w["shared_memory"] = w["memory"] if smaller else DEFAULT_SHARED_MEMORY
+        elif parse_quantity(w["shared_memory"]) > parse_quantity(w["memory"]):
+            # /dev/shm is memory-backed and counted against the container's memory: it can never fill up.
+            problems.append(
+                f"{path}.sharedMemory: {w['shared_memory']} is more than {path}.memory ({w['memory']}), "
+                "which it is counted in"
             )
         if w["ranks_per_worker"] is None:
             if gpus == 0:
@@ -835,11 +850,20 @@ def default_interconnect_floor_gbps(instance_type: str) -> float:
 
 
 def _fits_instance(known: catalog.InstanceType, w: dict[str, Any], path: str, problems: Problems) -> None:
-    """A worker pod larger than its instance type can never be scheduled: say so before anything is created."""
-    if parse_quantity(w["cpu"]) > known.vcpus:
-        problems.append(f"{path}.cpu: {w['cpu']} CPUs requested, {known.name} has {known.vcpus} vCPUs")
-    if parse_quantity(w["memory"]) > known.memory_mib * 2**20:
-        problems.append(f"{path}.memory: {w['memory']} requested, {known.name} has {known.memory_mib // 1024}Gi")
+    """A worker pod larger than what its node leaves to pods (the allocatable: capacity less the kubelet's and
+    the system's reservations) can never be scheduled: say so before anything is created."""
+    if parse_quantity(w["cpu"]) * 1000 > known.allocatable_millicpu:
+        problems.append(
+            f"{path}.cpu: {w['cpu']} CPUs requested, a {known.name} node leaves {known.allocatable_millicpu}m "
+            f"allocatable to pods ({known.vcpus} vCPUs less {catalog.eks_reserved_millicpu(known.vcpus)}m "
+            "kube-reserved on EKS AMIs)"
+        )
+    if parse_quantity(w["memory"]) > known.allocatable_memory_mib * 2**20:
+        problems.append(
+            f"{path}.memory: {w['memory']} requested, a {known.name} node leaves {known.allocatable_memory_mib}Mi "
+            f"allocatable to pods ({known.memory_mib}Mi less {catalog.eks_reserved_memory_mib(known.max_pods)}Mi "
+            f"kube-reserved and eviction threshold for {known.max_pods} pods on EKS AMIs)"
+        )
 
 
 # --- the object around the spec ---------------------------------------------------------------------------

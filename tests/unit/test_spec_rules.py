@@ -495,3 +495,30 @@ def test_env_references_a_real_api_server_refuses_are_refused(source: dict[str, 
 )
 def test_env_references_a_real_api_server_accepts_pass(source: dict[str, Any]) -> None:
     parse_job(manifest({"network": {"env": [{"name": "A", "valueFrom": source}]}}))
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"workers": {"memory": "160m"}}, "spec.workers.memory: '160m' is not a whole number of bytes"),
+        ({"head": {"memory": "0.5"}}, "spec.head.memory: '0.5' is not a whole number of bytes"),
+        ({"workers": {"sharedMemory": "1.5"}}, "spec.workers.sharedMemory: '1.5' is not a whole number of bytes"),
+        ({"head": {"cpu": "1n"}}, "spec.head.cpu: '1n' is finer than 1m"),
+        ({"workers": {"cpu": "40.0001"}}, "spec.workers.cpu: '40.0001' is finer than 1m"),
+        (
+            {"workers": {"memory": "64Gi", "sharedMemory": "65Gi"}},
+            "spec.workers.sharedMemory: 65Gi is more than spec.workers.memory (64Gi), which it is counted in",
+        ),
+    ],
+)
+def test_resources_no_node_can_give_are_refused(spec: dict[str, Any], expected: str) -> None:
+    (found,) = problems(spec)
+    assert found.startswith(expected)
+
+
+def test_resources_at_whole_units_pass() -> None:
+    job = parse_job(manifest({"head": {"cpu": "1m", "memory": "1e9"}, "workers": {"cpu": "40.5", "sharedMemory": 1}}))
+    assert (job.spec.head.cpu, job.spec.workers.cpu) == ("1m", "40.5")
+    # Left out, /dev/shm is the default or the whole memory when that is less, never more than memory.
+    assert parse_job(manifest({"workers": {"memory": "12Gi"}})).spec.workers.shared_memory == "12Gi"
+    assert parse_job(manifest()).spec.workers.shared_memory == "32Gi"
