@@ -27,8 +27,10 @@ Adding a field
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -993,8 +995,49 @@ def _train_paths() -> dict[str, str]:
 
 def _check_train_config(spec: Spec, problems: Problems) -> None:
     try:
-        train_config(spec)
+        config = train_config(spec)
     except ConfigError as e:
         paths = _train_paths()
         detail = re.sub(r"training\.([a-z_]+)", lambda m: paths.get(m.group(1), m.group(0)), e.detail)
         problems.append(f"{paths.get(e.field, 'spec.training')}: {detail}")
+        return
+    _check_command_line(spec, config.to_dict(), problems)
+
+
+# Linux refuses to start a process when one of its arguments or environment strings is longer than
+# MAX_ARG_STRLEN (32 pages: 131072 bytes, the closing NUL included; execve(2), "Limits on size of arguments and
+# environment"), and when all of them together pass a quarter of the stack limit (2 MiB with the usual 8 MiB).
+# Ray runs the entrypoint as `/bin/sh -c ENTRYPOINT`: the training config travels in that one argument
+# (render.submission), the runtime environment's variables in the environment.
+MAX_ARG_STRLEN = 131072
+ENTRYPOINT_OVERHEAD = 8192
+"""What the entrypoint holds besides the training config (the command, Ray Train's scaling, the job name and
+checkpoint storage, each shell-quoted): room kept for it below MAX_ARG_STRLEN."""
+ENVIRONMENT_BUDGET = 1024 * 1024
+"""The part of execve's 2 MiB the job's own variables and entrypoint may take (Ray, the image and Kubernetes
+set variables of their own)."""
+
+
+def command_line_bytes(value: Any) -> int:
+    """Bytes `value` takes as JSON in the entrypoint, shell-quoted as render.submission quotes it."""
+    return len(shlex.quote(json.dumps(value, separators=(",", ":"), sort_keys=True)).encode())
+
+
+def _check_command_line(spec: Spec, config: dict[str, Any], problems: Problems) -> None:
+    size = command_line_bytes(config)
+    limit = MAX_ARG_STRLEN - 1 - ENTRYPOINT_OVERHEAD
+    if size > limit:
+        paths = _train_paths()
+        largest = max(config, key=lambda name: command_line_bytes(config[name]))
+        problems.append(
+            f"{paths.get(largest, 'spec.training')}: the training config would be a {size}-byte command-line "
+            f"argument, and Linux starts no process with one over {MAX_ARG_STRLEN} bytes (the entrypoint keeps "
+            f"{limit} for it); this field takes {command_line_bytes(config[largest])}: shorten it"
+        )
+        return
+    environment = sum(len(f"{name}={value}".encode()) + 1 for name, value in spec.runtime_env.env_vars.items())
+    if environment + size > ENVIRONMENT_BUDGET:
+        problems.append(
+            f"spec.runtimeEnv.envVars: {environment} bytes of environment next to a {size}-byte training config; "
+            f"the job's own may take {ENVIRONMENT_BUDGET} bytes of the 2 MiB Linux allows a process for both"
+        )

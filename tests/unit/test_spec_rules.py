@@ -522,3 +522,46 @@ def test_resources_at_whole_units_pass() -> None:
     # Left out, /dev/shm is the default or the whole memory when that is less, never more than memory.
     assert parse_job(manifest({"workers": {"memory": "12Gi"}})).spec.workers.shared_memory == "12Gi"
     assert parse_job(manifest()).spec.workers.shared_memory == "32Gi"
+
+
+# --- the command line Ray starts ----------------------------------------------------------------------------
+
+
+def _overrides(quotes_each: int) -> dict[str, Any]:
+    # A `'` costs five bytes once shell-quoted ('"'"'): the most a value can grow in the entrypoint.
+    return {"model": {"overrides": {f"key_{i}": "'" * quotes_each for i in range(64)}}}
+
+
+def test_a_training_config_longer_than_one_argument_may_be_is_refused() -> None:
+    """64 overrides of 1 KiB quotes made a 329 KB entrypoint; `/bin/sh -c` then fails: Argument list too long."""
+    (found,) = problems(_overrides(1024))
+    assert found.startswith("spec.model.overrides: the training config would be a 329")
+    assert "Linux starts no process with one over 131072 bytes" in found
+
+
+def test_the_largest_accepted_training_config_still_fits_one_argument() -> None:
+    from fsdp_operator.spec import MAX_ARG_STRLEN
+
+    storage = "s3://" + "b" * 63 + "/" + "p" * 900  # the other long strings of the entrypoint, at their longest
+
+    def job_with(quotes_each: int) -> Any:
+        spec = {**_overrides(quotes_each), "training": {"checkpoint": {"storage": storage}}}
+        return parse_job(manifest(spec, name="j" * 63))
+
+    low, high = 0, 1024  # the most quotes per override that is still accepted
+    while low < high:
+        middle = (low + high + 1) // 2
+        try:
+            job_with(middle)
+            low = middle
+        except SpecError:
+            high = middle - 1
+    assert 0 < low < 1024
+    entrypoint = render.submission(job_with(low), "sid", "/pkg").entrypoint
+    assert MAX_ARG_STRLEN - 16384 < len(entrypoint.encode()) < MAX_ARG_STRLEN
+
+
+def test_an_environment_larger_than_a_process_may_have_is_refused() -> None:
+    env = {f"VAR_{i}": "x" * 32768 for i in range(40)}
+    (found,) = problems({"runtimeEnv": {"envVars": env}})
+    assert found.startswith("spec.runtimeEnv.envVars: 1311")
