@@ -9,6 +9,7 @@ Assertions read the status the operator wrote, Ray's own job list, and the job's
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import io
 import os
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fsdp_operator import render
 from fsdp_operator.local.kuberay import kill_marked
 from fsdp_operator.local.run import RUN_MARKER, TERMINAL_PHASES, LocalRun
 from fsdp_operator.reconcile import dashboard_url
@@ -57,16 +59,29 @@ async def ray_address(run: LocalRun, job_name: str) -> str:
     return dashboard_url(cluster)
 
 
-def ray_jobs(address: str) -> list[Any]:
+async def ray_token(run: LocalRun, job_name: str) -> str:
+    """The job's Ray auth token, read from its Secret as the operator reads it ('' with token auth off)."""
+    path = f"/api/v1/namespaces/{run.namespace}/secrets/{render.auth_secret_name(job_name)}"
+    code, secret = await run._get(path)
+    if code == 404:
+        return ""
+    assert code == 200, secret
+    return base64.b64decode(secret["data"][render.AUTH_TOKEN_KEY]).decode()
+
+
+def _client(address: str, token: str) -> Any:
     from ray.job_submission import JobSubmissionClient
 
-    return list(JobSubmissionClient(address).list_jobs())
+    # Explicit headers, as the operator sends them: Ray's own lookup reads one token from the environment.
+    return JobSubmissionClient(address, headers={"Authorization": f"Bearer {token}"} if token else None)
 
 
-def ray_log(address: str, submission_id: str) -> str:
-    from ray.job_submission import JobSubmissionClient
+def ray_jobs(address: str, token: str) -> list[Any]:
+    return list(_client(address, token).list_jobs())
 
-    return str(JobSubmissionClient(address).get_job_logs(submission_id))
+
+def ray_log(address: str, token: str, submission_id: str) -> str:
+    return str(_client(address, token).get_job_logs(submission_id))
 
 
 async def run_with(manifest: dict[str, Any], tmp_path: Path, scenario: Callable[[LocalRun], Any]) -> Any:
@@ -103,7 +118,7 @@ def test_operator_sigkilled_during_training_the_job_still_succeeds_once(tmp_path
         final = await until(run, lambda s: s.get("phase") in TERMINAL_PHASES, "the job to finish")
         print(f"\nSIGKILL: killed at step {before['progress']['step']}; final {final['phase']}/{final['reason']}")
         address = await ray_address(run, "tiny-kill")
-        jobs = await asyncio.to_thread(ray_jobs, address)
+        jobs = await asyncio.to_thread(ray_jobs, address, await ray_token(run, "tiny-kill"))
 
         assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
         assert final["attempts"] == 1 and final["submissionId"] == before["submissionId"]
@@ -146,7 +161,9 @@ def test_a_lost_worker_node_restarts_training_from_the_latest_checkpoint(tmp_pat
         print(f"\nLOST WORKER: killed {pod} at step {during['progress']['step']}; final {final['phase']}/"
               f"{final['reason']} {final.get('message')}, workerRestarts {final.get('workerRestarts')}")  # fmt: skip
         address = await ray_address(run, "tiny-lost")
-        events = list(parse_lines((await asyncio.to_thread(ray_log, address, final["submissionId"])).splitlines()))
+        token = await ray_token(run, "tiny-lost")
+        log = await asyncio.to_thread(ray_log, address, token, final["submissionId"])
+        events = list(parse_lines(log.splitlines()))
 
         assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
         assert final["attempts"] == 1 and final.get("workerRestarts") == 1, final
