@@ -31,7 +31,7 @@ from fsdp_train.events import Placement, Step, Summary, parse_lines
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
 
-pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 Status = dict[str, Any]
 
@@ -101,6 +101,31 @@ async def run_with(manifest: dict[str, Any], tmp_path: Path, scenario: Callable[
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def test_operator_sigkilled_while_provisioning_the_job_still_succeeds_once(tmp_path: Path) -> None:
+    """The default run's sample of this suite: a short job, the operator killed before its workers are up."""
+    manifest = copy.deepcopy(EXAMPLE)
+    manifest["metadata"]["name"] = "tiny-early"
+    manifest["spec"]["runPolicy"] = {"cleanup": "Keep"}  # Ray's job list is read after the job finished
+
+    async def scenario(run: LocalRun) -> None:
+        before = await until(run, lambda s: s.get("phase") == "Provisioning", "the cluster to be asked for")
+        assert run.operator is not None
+        os.killpg(run.operator.pid, signal.SIGKILL)
+        assert await run.operator.wait() == -signal.SIGKILL
+        await run.start_operator()
+        final = await until(run, lambda s: s.get("phase") in TERMINAL_PHASES, "the job to finish")
+        address = await ray_address(run, "tiny-early")
+        jobs = await asyncio.to_thread(ray_jobs, address, await ray_token(run, "tiny-early"))
+
+        assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
+        assert final["attempts"] == 1 and final["submissionId"] == before["submissionId"]
+        assert [j.submission_id for j in jobs] == [before["submissionId"]]
+        assert run.api.count("create", "rayclusters", "ray.io") == 1
+
+    asyncio.run(run_with(manifest, tmp_path, scenario))
+
+
+@pytest.mark.faults
 def test_operator_sigkilled_during_training_the_job_still_succeeds_once(tmp_path: Path) -> None:
     manifest = copy.deepcopy(EXAMPLE)
     manifest["metadata"]["name"] = "tiny-kill"
@@ -134,6 +159,7 @@ CHECKPOINT_INTERVAL = 20
 STEPS = 400
 
 
+@pytest.mark.faults
 def test_a_lost_worker_node_restarts_training_from_the_latest_checkpoint(tmp_path: Path) -> None:
     manifest = copy.deepcopy(EXAMPLE)
     manifest["metadata"]["name"] = "tiny-lost"
