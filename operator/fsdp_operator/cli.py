@@ -13,8 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from fsdp_operator import data_check_cli, manifest_yaml, render, schema
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
 
@@ -77,7 +75,7 @@ def print_problems(source: str, problems: list[str]) -> None:
 def _dump(obj: Any, output: str) -> str:
     if output == "json":
         return json.dumps(obj, indent=2)
-    return yaml.safe_dump(obj, sort_keys=False, width=120)
+    return manifest_yaml.dump(obj)
 
 
 def cmd_render(args: argparse.Namespace) -> int:

@@ -50,11 +50,13 @@ from fsdp_operator.reconcile import (
     MUST_STOP_ACTIONS,
     RAY_TERMINAL,
     ApplyNetworkPolicy,
+    ChildView,
     ClusterView,
     CreateAuthSecret,
     CreateRayCluster,
     Decision,
     DeleteJob,
+    DeleteLeftover,
     DeleteRayCluster,
     Observed,
     PostEvent,
@@ -288,6 +290,10 @@ def _zone_of(node: Obj) -> str:
     return str(labels.get(ZONE_LABEL) or "")
 
 
+class ObjectNotOurs(Exception):
+    """A create answered 409 and the object under that name is not the job's own (never taken as success)."""
+
+
 class JobLoop:
     """Reconciles one FSDPTrainingJob until it is finished (or deleted)."""
 
@@ -317,6 +323,8 @@ class JobLoop:
         self.pending_verifier: tuple[str, Verifier] | None = None
         """The verifier after this pass's lines: it replaces `verifier` only once the status that records their
         offset is written (a failed write re-reads the same lines, which must verify again)."""
+        self.conflicts: set[str] = set()
+        """Kinds (Secret, NetworkPolicy) whose create answered 409 with an object not the job's own: observed next."""
         self.discarding_line = False
         """The log chunk last read ended inside a line longer than a whole chunk: skip to its end."""
         self.first_pass_due = False
@@ -405,6 +413,7 @@ class JobLoop:
             # A new object under the same name: forget what the previous one's loop knew.
             self.uid, self.status, self.pending_write, self.token = uid, None, False, ""
             self.events_key, self.verifier = b"", None
+            self.conflicts = set()
         raw_status = obj.get("status")
         stored = dict(raw_status) if isinstance(raw_status, Mapping) else {}
         status = self._current(stored)
@@ -489,12 +498,16 @@ class JobLoop:
                 return Observed(now=now, zone_choice=await self._choose_zone(job))
         if status.phase in (None, Phase.PENDING) or not status.ray_cluster_name:
             return Observed(now=now)
+        children = await self._conflicting_children() if status.phase == Phase.PROVISIONING else ()
         cluster_obj = await self.rt.kube.get_raycluster(self.namespace, status.ray_cluster_name)
         if cluster_obj is None:
-            return Observed(now=now, submit_error=submit_error)
+            return Observed(now=now, submit_error=submit_error, children=children)
         cluster = ClusterView.from_object(cluster_obj)
         if self.uid and cluster.owner_uid != self.uid:
-            return Observed(now=now, cluster=cluster)  # not ours: no word with its Ray (`reconcile` fails the job)
+            # Not ours: no word with its Ray (`reconcile` replaces it when a deleted namesake left it, else fails).
+            return Observed(now=now, cluster=cluster, children=children)
+        if children:
+            return Observed(now=now, cluster=cluster, children=children)
         self.address = self.rt.ray_address(cluster_obj)
         if self.address and not self.token:
             self.token, foreign_secret = await cluster_token(self.rt, self.namespace, self.name, self.uid)
@@ -588,6 +601,21 @@ class JobLoop:
     def _status_moved_on(self) -> None:
         if self.pending_verifier is not None:
             self.verifier, self.pending_verifier = self.pending_verifier, None
+
+    async def _conflicting_children(self) -> tuple[ChildView, ...]:
+        """The objects whose create answered 409 with one not the job's own, as they are now (gone or the job's own
+        by now: forgotten)."""
+        found = []
+        for kind in sorted(self.conflicts):
+            if kind == "Secret":
+                obj = await self.rt.kube.get_secret(self.namespace, render.auth_secret_name(self.name))
+            else:
+                obj = await self.rt.kube.get_network_policy(self.namespace, render.network_policy_name(self.name))
+            if obj is None or _owned_by(obj, self.uid):
+                self.conflicts.discard(kind)
+            else:
+                found.append(ChildView.from_object(kind, obj))
+        return tuple(found)
 
     def _complete_lines(self, chunk: str, *, full: bool, final: bool) -> tuple[str, int, int]:
         """(whole lines to parse, characters consumed, over-long lines skipped) of one log chunk.
@@ -701,7 +729,7 @@ class JobLoop:
                 continue
             try:
                 await self._act_one(obj, decision, action)
-            except (KubeError, RayUnavailable) as e:
+            except (KubeError, RayUnavailable, ObjectNotOurs) as e:
                 # Level-triggered: the next pass decides the same action again if it is still needed.
                 self.log.warning(f"{type(action).__name__} failed, the next pass retries: {e}")
                 if isinstance(action, CreateAuthSecret | ApplyNetworkPolicy):
@@ -715,9 +743,18 @@ class JobLoop:
                 data = {render.AUTH_TOKEN_KEY: token, render.EVENTS_KEY_KEY: events_key}
                 created = await self.rt.kube.create_secret({**manifest, "data": data})
                 self.log.info(f"Secret {manifest['metadata']['name']} " + ("created" if created else "exists"))
+                if not created:
+                    existing = await self.rt.kube.get_secret(self.namespace, manifest["metadata"]["name"])
+                    self._own_or_conflict("Secret", existing)
             case ApplyNetworkPolicy(manifest=manifest):
                 created = await self.rt.kube.create_network_policy(manifest)
                 self.log.info(f"NetworkPolicy {manifest['metadata']['name']} " + ("created" if created else "exists"))
+                if not created:
+                    existing = await self.rt.kube.get_network_policy(self.namespace, manifest["metadata"]["name"])
+                    self._own_or_conflict("NetworkPolicy", existing)
+            case DeleteLeftover(kind=kind, namespace=namespace, name=name, uid=uid):
+                if await self.rt.kube.delete_owned(kind, namespace, name, uid):
+                    self.log.info(f"{kind} {name} (uid {uid}, left by a deleted job of the same name) deleted")
             case CreateRayCluster(manifest=manifest):
                 created = await self.rt.kube.create_raycluster(manifest)
                 self.log.info(f"RayCluster {manifest['metadata']['name']} " + ("created" if created else "exists"))
@@ -740,6 +777,15 @@ class JobLoop:
             case DeleteJob():
                 self.log.info("ttlSecondsAfterFinished passed: deleting the job")
                 await self.rt.kube.delete_job(self.namespace, self.name)
+
+    def _own_or_conflict(self, kind: str, existing: Obj | None) -> None:
+        """A 409 is success only for the job's own object; another one (a deleted namesake's the garbage collector
+        has not reached yet, someone else's) is observed by the next pass, and the RayCluster waits."""
+        if existing is not None and (not self.uid or _owned_by(existing, self.uid)):
+            self.conflicts.discard(kind)
+            return
+        self.conflicts.add(kind)
+        raise ObjectNotOurs(f"{kind} exists and is not this job's own")
 
     async def _submit(self, submission_id: str, decision: Decision, action: SubmitJob) -> None:
         if not self.address:

@@ -590,6 +590,8 @@ def _type_schema(hint: Any, meta: Meta, *, defaults: bool = True) -> dict[str, A
         return schema
     if hint is str:
         schema = {"type": "string", "maxLength": _max_length(meta)}
+        if meta.grammar is not None and meta.grammar.check("") is not None:
+            schema["minLength"] = 1  # the parser refuses "": so does the API server, before the operator sees it
         if meta.grammar is not None and meta.grammar.pattern:
             schema["pattern"] = meta.grammar.pattern
         return schema

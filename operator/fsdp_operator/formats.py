@@ -232,6 +232,26 @@ def _positive_quantity(value: str) -> str | None:
 POSITIVE_QUANTITY = Grammar("positive quantity", _positive_quantity, 64, QUANTITY_PATTERN)
 
 
+def _cpu_quantity(value: str) -> str | None:
+    reason = _positive_quantity(value)
+    if reason is None and parse_quantity(value) * 1000 % 1 != 0:
+        # Kubernetes counts CPU in millicores: 1n would become 1m, 1.5m 2m; say so instead of rounding.
+        return "is finer than 1m (CPU is counted in whole millicores)"
+    return reason
+
+
+def _byte_quantity(value: str) -> str | None:
+    reason = _positive_quantity(value)
+    if reason is None and parse_quantity(value) % 1 != 0:
+        # `160m` is 0.16 bytes, not 160 MB (M or Mi): no node can give a fraction of a byte.
+        return "is not a whole number of bytes (m means milli; for megabytes write M or Mi)"
+    return reason
+
+
+CPU_QUANTITY = Grammar("CPU quantity", _cpu_quantity, 64, QUANTITY_PATTERN)
+BYTE_QUANTITY = Grammar("byte quantity", _byte_quantity, 64, QUANTITY_PATTERN)
+
+
 # --- OCI image references (github.com/distribution/reference, grammar in its reference.go) -----------
 
 _ALNUM = r"[a-z0-9]+"

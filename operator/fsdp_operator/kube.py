@@ -82,6 +82,13 @@ class Kube(Protocol):
         """True when created, False when one of that name already exists (409)."""
         ...
 
+    async def get_network_policy(self, namespace: str, name: str) -> Obj | None: ...
+
+    async def delete_owned(self, kind: str, namespace: str, name: str, uid: str) -> bool:
+        """Delete the `kind` (Secret, NetworkPolicy, RayCluster) of that name only while it is the object `uid`
+        (a precondition): True when a delete was issued, False when it is gone or another object by now."""
+        ...
+
     async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]: ...
 
     async def list_events(self, namespace: str, field_selector: str) -> list[Obj]: ...
@@ -292,6 +299,21 @@ class AioKube:
         path = f"/apis/networking.k8s.io/v1/namespaces/{quote(namespace)}/networkpolicies"
         status, _ = await self._request("POST", path, body=manifest, allow=(409,))
         return status != 409
+
+    async def get_network_policy(self, namespace: str, name: str) -> Obj | None:
+        path = f"/apis/networking.k8s.io/v1/namespaces/{quote(namespace)}/networkpolicies/{quote(name)}"
+        return await self._on_object("GET", path, name)
+
+    async def delete_owned(self, kind: str, namespace: str, name: str, uid: str) -> bool:
+        collection = {
+            "Secret": f"/api/v1/namespaces/{quote(namespace)}/secrets",
+            "NetworkPolicy": f"/apis/networking.k8s.io/v1/namespaces/{quote(namespace)}/networkpolicies",
+            "RayCluster": _cluster_path(namespace),
+        }[kind]
+        # Background propagation, as kubectl's default; the uid precondition answers 409 for a newer object.
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        status, _ = await self._request("DELETE", f"{collection}/{quote(name)}", body=body, allow=(404, 409))
+        return status not in (404, 409)
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
         _, listing = await self._request(

@@ -18,6 +18,9 @@ boolean and ``2001-01-01`` a string. Here:
   surrogate pairs Python's ``json.dumps`` writes for characters beyond U+FFFF included, which YAML's
   ``\\u`` escapes cannot spell; the same bounds and duplicate-key rule apply (a YAML flow mapping that
   is not JSON is read as YAML).
+
+`dump` writes YAML the other way round: a string is left unquoted only where no reader (YAML 1.1, 1.2,
+Go's yaml.v2 as kubectl uses it) could take it for anything but that string.
 """
 
 from __future__ import annotations
@@ -357,3 +360,39 @@ _Loader.add_constructor(MERGE, lambda loader, node: node.value)
 for _tag in ("binary", "timestamp", "set", "omap", "pairs"):
     _Loader.add_constructor(f"tag:yaml.org,2002:{_tag}", _Loader.refuse_tag)
 _Loader.add_constructor(None, _Loader.refuse_tag)
+
+
+# --- writing ---------------------------------------------------------------------------------------------
+
+# Unquoted only: a letter first (no number, timestamp, `<<`, `~`, `.inf` or indicator starts so), then printable
+# ASCII without what ends or comments a plain scalar (`: `, ` #`, a trailing `:` or space), and not a word
+# YAML 1.1 reads as a boolean or null (`y`, `off`, ...) in any case.
+_PLAIN = re.compile(r"[A-Za-z]([\x20-\x7e]*[\x21-\x39\x3b-\x7e])?")
+_WORDS = frozenset({"y", "n", "yes", "no", "on", "off", "true", "false", "null"})
+
+
+def plain_is_safe(text: str) -> bool:
+    """`text` unquoted reads back as the same string in every YAML reader."""
+    return (
+        bool(_PLAIN.fullmatch(text))
+        and ": " not in text
+        and " #" not in text
+        and text.lower() not in _WORDS
+        and go_resolve(text) == (STR, text)
+    )
+
+
+class _Dumper(yaml.SafeDumper):
+    def represent_str(self, data: str) -> yaml.ScalarNode:
+        return self.represent_scalar(STR, data, style=None if plain_is_safe(data) else '"')
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True  # a manifest spells every value out (no &anchors and *aliases)
+
+
+_Dumper.add_representer(str, _Dumper.represent_str)
+
+
+def dump(obj: Any) -> str:
+    """`obj` as YAML that kubectl (and any YAML 1.1 or 1.2 reader) reads back as exactly `obj`."""
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from fsdp_train.events import Event, clean_text
 
-from fsdp_operator import render
+from fsdp_operator import render, schema
 from fsdp_operator.capacity import ZoneChoice
 from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.status import (
@@ -65,6 +65,9 @@ class ClusterView:
     """KubeRay's `status.reason`: why the state is what it is (set with `failed`)."""
     head_not_ready: str = ""
     """KubeRay's HeadPodReady condition when it is False: its reason and message (the head pod's Ready); else empty."""
+    owner_kind: str = ""
+    owner_name: str = ""
+    uid: str = ""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> ClusterView:
@@ -80,6 +83,9 @@ class ClusterView:
             desired_workers=_count(status.get("desiredWorkerReplicas")),
             deleting=bool(meta.get("deletionTimestamp")),
             owner_uid=str(owner.get("uid", "")),
+            owner_kind=str(owner.get("kind", "")),
+            owner_name=str(owner.get("name", "")),
+            uid=str(meta.get("uid", "")),
             dashboard_url=dashboard_url(obj),
             reason=str(status.get("reason") or ""),
             head_not_ready=_head_not_ready(status.get("conditions")),
@@ -92,6 +98,25 @@ def _head_not_ready(conditions: Any) -> str:
         if c.get("type") == "HeadPodReady" and c.get("status") == "False":
             return f"{c.get('reason') or 'HeadPodNotReady'}: {c.get('message') or 'no message'}"[:512]
     return ""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildView:
+    """An object under one of the job's names (its auth Secret, its NetworkPolicy) that a create found there and
+    that is not the job's own."""
+
+    kind: str
+    name: str
+    uid: str
+    owner_uid: str = ""
+    owner_kind: str = ""
+    owner_name: str = ""
+    deleting: bool = False
+
+    @classmethod
+    def from_object(cls, kind: str, obj: Mapping[str, Any]) -> ChildView:
+        view = ClusterView.from_object(obj)
+        return cls(kind, view.name, view.uid, view.owner_uid, view.owner_kind, view.owner_name, view.deleting)
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -157,6 +182,8 @@ class Observed:
     """More of the job log is waiting than one pass reads: the next pass comes at once."""
     foreign_secret: str = ""
     """The job's auth Secret exists and is not owned by this job: its name."""
+    children: tuple[ChildView, ...] = ()
+    """Objects under the job's names whose create answered 409 and that are not the job's own."""
     zone_choice: ZoneChoice | None = None
     """For `placement.availabilityZone: auto` before the cluster exists: the zone AWS advised (or why none)."""
 
@@ -200,6 +227,17 @@ class ApplyNetworkPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class DeleteLeftover:
+    """Delete what a deleted job of the same name left under this job's names, only while it is the object `uid`
+    (a precondition: never a newer one); its create follows once it is gone."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
 class PostEvent:
     type: Literal["Normal", "Warning"]
     reason: str
@@ -220,6 +258,7 @@ Action = (
     | DeleteJob
     | CreateAuthSecret
     | ApplyNetworkPolicy
+    | DeleteLeftover
 )
 
 MUST_STOP_ACTIONS = (StopJob, DeleteRayCluster)
@@ -408,19 +447,66 @@ def _foreign(cluster: ClusterView | None, uid: str) -> bool:
     return cluster is not None and bool(uid) and cluster.owner_uid != uid
 
 
+def _left_by_namesake(job: Job, child: ClusterView | ChildView) -> bool:
+    """Owned by an earlier FSDPTrainingJob of the same name (deleted and created again, as GitOps tools do on an
+    immutable change): garbage the garbage collector deletes in its own time, never this job's."""
+    return (
+        child.owner_kind == schema.KIND
+        and child.owner_name == job.name
+        and bool(child.owner_uid)
+        and child.owner_uid != job.uid
+    )
+
+
+def _replace_leftovers(job: Job, status: JobStatus, obs: Observed) -> Decision | None:
+    """What a deleted job of the same name left under this job's names is deleted (with a uid precondition) and
+    created again by a later pass, or waited for while it is being deleted; the status says which."""
+    found: list[ClusterView | ChildView] = list(obs.children)
+    if obs.cluster is not None and _left_by_namesake(job, obs.cluster):
+        found.append(obs.cluster)
+    leftovers = [c for c in found if _left_by_namesake(job, c)]
+    if not leftovers:
+        return None
+    kinds = {id(c): "RayCluster" if isinstance(c, ClusterView) else c.kind for c in leftovers}
+    deleting = [f"{kinds[id(c)]} {c.name}" for c in leftovers if c.deleting]
+    replacing = [c for c in leftovers if not c.deleting]
+    parts = []
+    if replacing:
+        parts.append("replacing " + ", ".join(f"{kinds[id(c)]} {c.name}" for c in replacing))
+    if deleting:
+        parts.append("waiting for " + ", ".join(deleting) + " to be deleted")
+    owner = leftovers[0].owner_uid
+    message = f"{' and '.join(parts)}: left by a deleted FSDPTrainingJob of the same name (uid {owner})"
+    new = replace(status, reason=Reason.CLUSTER_CREATING, message=message)
+    actions = tuple(DeleteLeftover(kinds[id(c)], job.namespace, c.name, c.uid) for c in replacing)
+    return Decision(new, actions, requeue_after=LEFTOVER_RECHECK_SECONDS)
+
+
+LEFTOVER_RECHECK_SECONDS = 1.0
+"""How soon a pass looks again whether what a deleted namesake left is gone."""
+
+
 def _name_taken(job: Job, status: JobStatus, obs: Observed) -> Decision | None:
-    """Fail with `ClusterNameTaken` when the cluster (or the auth Secret) under the job's names is not ours."""
-    if _foreign(obs.cluster, job.uid):
-        assert obs.cluster is not None
-        owner = f"owned by uid {obs.cluster.owner_uid}" if obs.cluster.owner_uid else "with no owner reference"
+    """Fail with `ClusterNameTaken` when the cluster (or the auth Secret, or the NetworkPolicy) under the job's
+    names is not ours, nor left by a deleted job of the same name (`_replace_leftovers` replaces those)."""
+    cluster = obs.cluster
+    foreign_child = next((c for c in obs.children if not _left_by_namesake(job, c)), None)
+    if cluster is not None and _foreign(cluster, job.uid) and not _left_by_namesake(job, cluster):
+        owner = f"owned by uid {cluster.owner_uid}" if cluster.owner_uid else "with no owner reference"
         message = (
-            f"RayCluster {obs.cluster.name} exists and was not created for this job ({owner}); it is left alone: "
+            f"RayCluster {cluster.name} exists and was not created for this job ({owner}); it is left alone: "
             "delete it or rename the job"
         )
     elif obs.foreign_secret:
         message = (
             f"Secret {obs.foreign_secret} (Ray's auth token for this job) exists and was not created for this job; "
             "it is left alone: delete it or rename the job"
+        )
+    elif foreign_child is not None:
+        owner = f"owned by uid {foreign_child.owner_uid}" if foreign_child.owner_uid else "with no owner reference"
+        message = (
+            f"{foreign_child.kind} {foreign_child.name} exists and was not created for this job ({owner}); it is left "
+            "alone: delete it or rename the job"
         )
     else:
         return None
@@ -649,6 +735,10 @@ def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str, 
     since = status.provisioning_since or obs.now
     waited = (obs.now - since).total_seconds()
     timeout = job.spec.run_policy.wait_for_workers_timeout_seconds
+    if (taken := _name_taken(job, status, obs)) is not None:
+        return taken
+    if waited < timeout and (replacing := _replace_leftovers(job, status, obs)) is not None:
+        return replacing
     if cluster is None or cluster.deleting:
         if waited >= timeout:
             # A create the API server keeps refusing (quota, admission, RBAC) ends here too.
@@ -660,8 +750,6 @@ def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str, 
             replace(status, reason=Reason.CLUSTER_CREATING, message="creating RayCluster"),
             _cluster_actions(job, status, security),
         )
-    if (taken := _name_taken(job, status, obs)) is not None:
-        return taken
     desired = job.spec.workers.replicas
     workers = f"{min(cluster.ready_workers, desired)}/{desired}"
     gap = _workers_gap(job, cluster, obs.ray_nodes, obs.ray_error)

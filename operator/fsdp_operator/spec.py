@@ -27,8 +27,10 @@ Adding a field
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -181,16 +183,89 @@ class FieldSelector:
     field_path: str = declare(
         "Path of the field, e.g. status.podIP.", default="", required=True, grammar=formats.FIELD_PATH
     )
-    api_version: str = declare("Version of the schema the path is written in.", default="", max_length=64)
+    api_version: str = declare("Version of the schema the path is written in (v1).", default="", max_length=64)
+
+    @staticmethod
+    def _rules(v: dict[str, Any], path: str, problems: Problems) -> None:
+        field_path = v["field_path"]
+        subscripted = ENV_FIELD_PATH_SUBSCRIPT.fullmatch(field_path)
+        if subscripted is not None:
+            reason = formats.QUALIFIED_NAME.check(subscripted.group(2))
+            if reason is not None:
+                problems.append(f"{path}.fieldPath: the key {show(subscripted.group(2))} {reason}")
+        elif field_path not in ENV_FIELD_PATHS:
+            problems.append(
+                f"{path}.fieldPath: {show(field_path)} is not a field the API server lets an environment variable "
+                f"read; supported: {', '.join(ENV_FIELD_PATHS)}, metadata.labels['KEY'], metadata.annotations['KEY']"
+            )
+        if v["api_version"] not in (None, "", "v1"):  # shape items keep what the manifest left out as None
+            problems.append(f"{path}.apiVersion: {show(v['api_version'])} is not supported; the pod API is v1")
+
+
+# What an environment variable may read of its pod (Kubernetes pkg/apis/core/validation,
+# validEnvDownwardAPIFieldPathExpressions; labels and annotations only one key at a time).
+ENV_FIELD_PATHS = (
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.hostIPs",
+    "status.podIP",
+    "status.podIPs",
+)
+ENV_FIELD_PATH_SUBSCRIPT = re.compile(r"metadata\.(labels|annotations)\['(.*)'\]", re.DOTALL)
+
+# The resources an environment variable may read, and the divisors valid for each
+# (validContainerResourceFieldPathExpressions, validContainerResourceDivisorForCPU/ForMemory).
+_CPU_DIVISORS = ("1m", "1")
+_BYTE_DIVISORS = ("1", "1k", "1M", "1G", "1T", "1P", "1E", "1Ki", "1Mi", "1Gi", "1Ti", "1Pi", "1Ei")
+ENV_RESOURCE_DIVISORS = {
+    f"{kind}.{resource}": _CPU_DIVISORS if resource == "cpu" else _BYTE_DIVISORS
+    for kind in ("limits", "requests")
+    for resource in ("cpu", "memory", "ephemeral-storage")
+}
+ENV_HUGEPAGES_PREFIXES = ("limits.hugepages-", "requests.hugepages-")
 
 
 @dataclass(frozen=True, slots=True)
 class ResourceSelector:
     """A resource limit or request of a container (downward API)."""
 
-    resource: str = declare("The resource, e.g. limits.memory.", default="", required=True, max_length=64)
+    resource: str = declare(
+        "The resource: limits.cpu, limits.memory, limits.ephemeral-storage or the same under requests.",
+        default="",
+        required=True,
+        max_length=64,
+    )
     container_name: str = declare("The container; default: this one.", default="", max_length=63)
-    divisor: Quantity = declare("Unit of the value.", default="1", grammar=formats.POSITIVE_QUANTITY)
+    divisor: Quantity = declare(
+        "Unit of the value: 1m or 1 for cpu; 1, 1k..1E or 1Ki..1Ei for memory and storage.",
+        default="1",
+        grammar=formats.POSITIVE_QUANTITY,
+    )
+
+    @staticmethod
+    def _rules(v: dict[str, Any], path: str, problems: Problems) -> None:
+        resource = v["resource"]
+        if resource.startswith(ENV_HUGEPAGES_PREFIXES):
+            divisors: tuple[str, ...] = _BYTE_DIVISORS
+        elif resource in ENV_RESOURCE_DIVISORS:
+            divisors = ENV_RESOURCE_DIVISORS[resource]
+        else:
+            problems.append(
+                f"{path}.resource: {show(resource)} is not a resource the API server lets an environment variable "
+                f"read; supported: {', '.join(ENV_RESOURCE_DIVISORS)} (extended resources such as nvidia.com/gpu "
+                "are not)"
+            )
+            return
+        # The API server compares the canonical form (1000m is 1): compare values.
+        divisor = "1" if v["divisor"] is None else v["divisor"]
+        if parse_quantity(divisor) not in {parse_quantity(d) for d in divisors}:
+            problems.append(
+                f"{path}.divisor: {show(divisor)} is not a valid divisor for {resource}; one of {', '.join(divisors)}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +336,7 @@ class Model:
         v["overrides"] = model_configs.check_overrides(v["name"], v["overrides"], f"{path}.overrides", problems)
 
 
+DEFAULT_SHARED_MEMORY = "32Gi"
 _NODE_SELECTOR = {"keys": formats.QUALIFIED_NAME, "values": formats.LABEL_VALUE, "max_items": 64}
 _TOLERATIONS = {"shape": Toleration, "max_items": 64}
 
@@ -270,10 +346,10 @@ class Head:
     """The Ray head pod. It schedules work and serves the job API; it gets no GPU."""
 
     cpu: Quantity = declare(
-        "CPU for the head container (request = limit).", default=Quantity("2"), grammar=formats.POSITIVE_QUANTITY
+        "CPU for the head container (request = limit).", default=Quantity("2"), grammar=formats.CPU_QUANTITY
     )
     memory: Quantity = declare(
-        "Memory for the head container (request = limit).", default=Quantity("8Gi"), grammar=formats.POSITIVE_QUANTITY
+        "Memory for the head container (request = limit).", default=Quantity("8Gi"), grammar=formats.BYTE_QUANTITY
     )
     node_selector: dict[str, str] = declare("Node labels the head must run on.", factory=dict, **_NODE_SELECTOR)
     tolerations: list[dict[str, Any]] = declare(
@@ -304,15 +380,20 @@ class Workers:
         unset="gpusPerWorker; required when gpusPerWorker is 0 (CPU training)",
     )
     cpu: Quantity = declare(
-        "CPU per worker container (request = limit).", default=Quantity("40"), grammar=formats.POSITIVE_QUANTITY
+        "CPU per worker container (request = limit); at most the instance type's allocatable CPU.",
+        default=Quantity("40"),
+        grammar=formats.CPU_QUANTITY,
     )
     memory: Quantity = declare(
-        "Memory per worker container (request = limit).", default=Quantity("160Gi"), grammar=formats.POSITIVE_QUANTITY
+        "Memory per worker container (request = limit); at most the instance type's allocatable memory.",
+        default=Quantity("160Gi"),
+        grammar=formats.BYTE_QUANTITY,
     )
     shared_memory: Quantity = declare(
-        "Size of the memory-backed /dev/shm for NCCL and dataloaders.",
-        default=Quantity("32Gi"),
-        grammar=formats.POSITIVE_QUANTITY,
+        "Size of the memory-backed /dev/shm for NCCL and dataloaders; at most memory (it is counted in it).",
+        default=Quantity(DEFAULT_SHARED_MEMORY),
+        grammar=formats.BYTE_QUANTITY,
+        unset=f"{DEFAULT_SHARED_MEMORY}, or memory when that is less",
     )
     node_selector: dict[str, str] = declare(
         "Extra node labels the workers must run on (the instance-type label comes from instanceType).",
@@ -344,6 +425,15 @@ class Workers:
             problems.append(
                 f"{path}.efaPerWorker: unknown instance type {show(instance_type)}; EFA can only be checked on known "
                 f"types ({', '.join(catalog.INSTANCE_TYPES)}); set efaPerWorker: 0 or use a known type"
+            )
+        if w["shared_memory"] is None:
+            smaller = parse_quantity(w["memory"]) < parse_quantity(DEFAULT_SHARED_MEMORY)
+            w["shared_memory"] = w["memory"] if smaller else DEFAULT_SHARED_MEMORY
+        elif parse_quantity(w["shared_memory"]) > parse_quantity(w["memory"]):
+            # /dev/shm is memory-backed and counted against the container's memory: it can never fill up.
+            problems.append(
+                f"{path}.sharedMemory: {w['shared_memory']} is more than {path}.memory ({w['memory']}), "
+                "which it is counted in"
             )
         if w["ranks_per_worker"] is None:
             if gpus == 0:
@@ -853,11 +943,20 @@ def default_interconnect_floor_gbps(instance_type: str) -> float:
 
 
 def _fits_instance(known: catalog.InstanceType, w: dict[str, Any], path: str, problems: Problems) -> None:
-    """A worker pod larger than its instance type can never be scheduled: say so before anything is created."""
-    if parse_quantity(w["cpu"]) > known.vcpus:
-        problems.append(f"{path}.cpu: {w['cpu']} CPUs requested, {known.name} has {known.vcpus} vCPUs")
-    if parse_quantity(w["memory"]) > known.memory_mib * 2**20:
-        problems.append(f"{path}.memory: {w['memory']} requested, {known.name} has {known.memory_mib // 1024}Gi")
+    """A worker pod larger than what its node leaves to pods (the allocatable: capacity less the kubelet's and
+    the system's reservations) can never be scheduled: say so before anything is created."""
+    if parse_quantity(w["cpu"]) * 1000 > known.allocatable_millicpu:
+        problems.append(
+            f"{path}.cpu: {w['cpu']} CPUs requested, a {known.name} node leaves {known.allocatable_millicpu}m "
+            f"allocatable to pods ({known.vcpus} vCPUs less {catalog.eks_reserved_millicpu(known.vcpus)}m "
+            "kube-reserved on EKS AMIs)"
+        )
+    if parse_quantity(w["memory"]) > known.allocatable_memory_mib * 2**20:
+        problems.append(
+            f"{path}.memory: {w['memory']} requested, a {known.name} node leaves {known.allocatable_memory_mib}Mi "
+            f"allocatable to pods ({known.memory_mib}Mi less {catalog.eks_reserved_memory_mib(known.max_pods)}Mi "
+            f"kube-reserved and eviction threshold for {known.max_pods} pods on EKS AMIs)"
+        )
 
 
 # --- the object around the spec ---------------------------------------------------------------------------
@@ -987,8 +1086,49 @@ def _train_paths() -> dict[str, str]:
 
 def _check_train_config(spec: Spec, problems: Problems) -> None:
     try:
-        train_config(spec)
+        config = train_config(spec)
     except ConfigError as e:
         paths = _train_paths()
         detail = re.sub(r"training\.([a-z_]+)", lambda m: paths.get(m.group(1), m.group(0)), e.detail)
         problems.append(f"{paths.get(e.field, 'spec.training')}: {detail}")
+        return
+    _check_command_line(spec, config.to_dict(), problems)
+
+
+# Linux refuses to start a process when one of its arguments or environment strings is longer than
+# MAX_ARG_STRLEN (32 pages: 131072 bytes, the closing NUL included; execve(2), "Limits on size of arguments and
+# environment"), and when all of them together pass a quarter of the stack limit (2 MiB with the usual 8 MiB).
+# Ray runs the entrypoint as `/bin/sh -c ENTRYPOINT`: the training config travels in that one argument
+# (render.submission), the runtime environment's variables in the environment.
+MAX_ARG_STRLEN = 131072
+ENTRYPOINT_OVERHEAD = 8192
+"""What the entrypoint holds besides the training config (the command, Ray Train's scaling, the job name and
+checkpoint storage, each shell-quoted): room kept for it below MAX_ARG_STRLEN."""
+ENVIRONMENT_BUDGET = 1024 * 1024
+"""The part of execve's 2 MiB the job's own variables and entrypoint may take (Ray, the image and Kubernetes
+set variables of their own)."""
+
+
+def command_line_bytes(value: Any) -> int:
+    """Bytes `value` takes as JSON in the entrypoint, shell-quoted as render.submission quotes it."""
+    return len(shlex.quote(json.dumps(value, separators=(",", ":"), sort_keys=True)).encode())
+
+
+def _check_command_line(spec: Spec, config: dict[str, Any], problems: Problems) -> None:
+    size = command_line_bytes(config)
+    limit = MAX_ARG_STRLEN - 1 - ENTRYPOINT_OVERHEAD
+    if size > limit:
+        paths = _train_paths()
+        largest = max(config, key=lambda name: command_line_bytes(config[name]))
+        problems.append(
+            f"{paths.get(largest, 'spec.training')}: the training config would be a {size}-byte command-line "
+            f"argument, and Linux starts no process with one over {MAX_ARG_STRLEN} bytes (the entrypoint keeps "
+            f"{limit} for it); this field takes {command_line_bytes(config[largest])}: shorten it"
+        )
+        return
+    environment = sum(len(f"{name}={value}".encode()) + 1 for name, value in spec.runtime_env.env_vars.items())
+    if environment + size > ENVIRONMENT_BUDGET:
+        problems.append(
+            f"spec.runtimeEnv.envVars: {environment} bytes of environment next to a {size}-byte training config; "
+            f"the job's own may take {ENVIRONMENT_BUDGET} bytes of the 2 MiB Linux allows a process for both"
+        )

@@ -69,6 +69,38 @@ def test_each_entry_agrees_with_ec2(name: str, ec2_instance_types: dict[str, dic
         assert entry.network_gbps == _gbps(performance)
 
 
+@pytest.mark.parametrize("name", sorted(catalog.INSTANCE_TYPES))
+def test_max_pods_is_what_the_vpc_cni_gives_on_ec2s_network_data(
+    name: str, ec2_instance_types: dict[str, dict[str, object]]
+) -> None:
+    """amazon-eks-ami's eni-max-pods.txt formula: ENIs of network card 0 * (IPv4 per ENI - 1) + 2."""
+    network: Any = ec2_instance_types[name]["NetworkInfo"]
+    (card0,) = [card for card in network["NetworkCards"] if card["NetworkCardIndex"] == 0]
+    expected = card0["MaximumNetworkInterfaces"] * (network["Ipv4AddressesPerInterface"] - 1) + 2
+    assert catalog.INSTANCE_TYPES[name].max_pods == expected
+
+
+def test_allocatable_follows_the_eks_ami_reservations() -> None:
+    # amazon-eks-ami: kube-reserved cpu 6% + 1% + 2 * 0.5% + 0.25% per further core; t3.xlarge (4) keeps 80m.
+    assert [catalog.eks_reserved_millicpu(n) for n in (1, 2, 4, 48, 192)] == [60, 70, 80, 190, 550]
+    # kube-reserved memory 11Mi per pod + 255Mi, and the 100Mi hard eviction threshold.
+    assert catalog.eks_reserved_memory_mib(234) == 11 * 234 + 255 + 100
+    g6 = catalog.INSTANCE_TYPES["g6.12xlarge"]
+    assert (g6.allocatable_millicpu, g6.allocatable_memory_mib) == (47810, 196608 - 2929)
+
+
+def test_a_worker_asking_for_the_raw_capacity_is_refused_with_the_allocatable() -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec({"workers": {"instanceType": "g6.12xlarge", "memory": "192Gi", "cpu": 48}})
+    assert e.value.problems == [
+        "spec.workers.cpu: 48 CPUs requested, a g6.12xlarge node leaves 47810m allocatable to pods (48 vCPUs less "
+        "190m kube-reserved on EKS AMIs)",
+        "spec.workers.memory: 192Gi requested, a g6.12xlarge node leaves 193679Mi allocatable to pods (196608Mi "
+        "less 2929Mi kube-reserved and eviction threshold for 234 pods on EKS AMIs)",
+    ]
+    parse_spec({"workers": {"instanceType": "g6.12xlarge", "memory": "193679Mi", "cpu": "47810m"}})
+
+
 def test_covers_the_training_families_in_several_sizes() -> None:
     families: dict[str, int] = {}
     for entry in catalog.INSTANCE_TYPES.values():
@@ -133,8 +165,10 @@ def test_validation_reads_the_catalog() -> None:
             }
         )
     assert e.value.problems == [
-        "spec.workers.cpu: 40 CPUs requested, g6.xlarge has 4 vCPUs",
-        "spec.workers.memory: 160Gi requested, g6.xlarge has 16Gi",
+        "spec.workers.cpu: 40 CPUs requested, a g6.xlarge node leaves 3920m allocatable to pods (4 vCPUs less 80m "
+        "kube-reserved on EKS AMIs)",
+        "spec.workers.memory: 160Gi requested, a g6.xlarge node leaves 15391Mi allocatable to pods (16384Mi less "
+        "993Mi kube-reserved and eviction threshold for 58 pods on EKS AMIs)",
     ]
     with pytest.raises(SpecError) as e:
         parse_spec({"workers": {"instanceType": "p5en.48xlarge", "gpusPerWorker": 9, "efaPerWorker": 17}})

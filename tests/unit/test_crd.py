@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from fsdp_operator import schema
+from fsdp_operator.spec import SpecError, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,3 +51,28 @@ def test_api_reference_names_spec_and_status_fields() -> None:
         "| `status.conditions[].reason` | string |",
     ):
         assert row in text
+
+
+def _string_nodes(node: object, path: str = "") -> list[tuple[str, dict[str, object]]]:
+    if not isinstance(node, dict):
+        return []
+    found = [(path, node)] if node.get("type") == "string" else []
+    for key, child in node.get("properties", {}).items():
+        found += _string_nodes(child, f"{path}.{key}")
+    for key in ("items", "additionalProperties"):
+        found += _string_nodes(node.get(key), f"{path}[]")
+    return found
+
+
+def test_strings_the_parser_refuses_empty_are_refused_empty_by_the_crd() -> None:
+    """`spec.image: ""` used to pass the API server and fail later in the operator."""
+    (version,) = schema.crd()["spec"]["versions"]
+    spec_schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    image = spec_schema["properties"]["image"]
+    assert image["minLength"] == 1
+    for path, node in _string_nodes(spec_schema, "spec"):
+        if "default" in node and "minLength" in node:
+            assert len(str(node["default"])) >= 1, f"{path}: its default breaks its own minLength"
+    job = {"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "metadata": {"name": "a"}}
+    with pytest.raises(SpecError, match=r"spec\.image: '' is not an OCI image reference"):
+        parse_job({**job, "spec": {"image": ""}})

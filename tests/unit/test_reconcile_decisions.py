@@ -15,10 +15,12 @@ import pytest
 from fsdp_operator import schema
 from fsdp_operator.reconcile import (
     ApplyNetworkPolicy,
+    ChildView,
     ClusterView,
     CreateAuthSecret,
     CreateRayCluster,
     DeleteJob,
+    DeleteLeftover,
     DeleteRayCluster,
     Observed,
     PostEvent,
@@ -284,6 +286,53 @@ def test_a_foreign_cluster_is_a_conflict_and_left_alone() -> None:
         "delete it or rename the job"
     )
     assert without_events(d.actions) == []
+
+
+OLD_UID = "9f8e7d6c-0000-0000-0000-000000000001"
+NAMESAKE = {"owner_uid": OLD_UID, "owner_kind": "FSDPTrainingJob", "owner_name": "qwen"}
+
+
+def test_what_a_deleted_namesake_left_is_replaced_and_the_status_says_so() -> None:
+    secret = ChildView("Secret", "qwen-ray-auth", "secret-uid", **NAMESAKE)
+    policy = ChildView("NetworkPolicy", "qwen-ray", "policy-uid", deleting=True, **NAMESAKE)
+    d = run(
+        manifest(),
+        at(Phase.PROVISIONING, provisioning_since=NOW),
+        cluster=cluster(uid="cluster-uid", **NAMESAKE),
+        children=(secret, policy),
+    )
+    assert (d.status.phase, d.status.reason) == (Phase.PROVISIONING, Reason.CLUSTER_CREATING)
+    assert d.status.message == (
+        "replacing Secret qwen-ray-auth, RayCluster qwen-ray and waiting for NetworkPolicy qwen-ray to be deleted: "
+        f"left by a deleted FSDPTrainingJob of the same name (uid {OLD_UID})"
+    )
+    # Deleted only while each is still that object (uid precondition); nothing is created in this pass.
+    assert without_events(d.actions) == [
+        DeleteLeftover("Secret", "ml", "qwen-ray-auth", "secret-uid"),
+        DeleteLeftover("RayCluster", "ml", "qwen-ray", "cluster-uid"),
+    ]
+
+
+def test_once_the_leftovers_are_gone_the_job_creates_its_own() -> None:
+    d = run(manifest(), at(Phase.PROVISIONING, provisioning_since=NOW))
+    assert [type(a) for a in without_events(d.actions)] == [CreateAuthSecret, ApplyNetworkPolicy, CreateRayCluster]
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [
+        {"owner_uid": "x", "owner_kind": "FSDPTrainingJob", "owner_name": "other-job"},
+        {"owner_uid": "x", "owner_kind": "Deployment", "owner_name": "qwen"},
+        {},
+    ],
+)
+def test_an_object_no_namesake_left_is_a_conflict_and_left_alone(owner: dict[str, str]) -> None:
+    policy = ChildView("NetworkPolicy", "qwen-ray", "policy-uid", **owner)
+    d = run(manifest(), at(Phase.PROVISIONING, provisioning_since=NOW), children=(policy,))
+    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.CLUSTER_NAME_TAKEN)
+    assert d.status.message.startswith("NetworkPolicy qwen-ray exists and was not created for this job (")
+    # Nothing is created or replaced (the cleanup's delete of the absent RayCluster by name is a 404).
+    assert without_events(d.actions) == [DeleteRayCluster("ml", CLUSTER)]
 
 
 # --- reading KubeRay's RayCluster ---------------------------------------------------------------------------

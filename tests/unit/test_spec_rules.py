@@ -496,3 +496,131 @@ def test_compile_cache_dir_reaches_the_training_function_and_must_be_absolute() 
     assert problems({"training": {"compileCacheDir": "cache"}}) == [
         "spec.training.compileCacheDir: 'cache' must be an absolute path"
     ]
+
+
+def _env_from(source: dict[str, Any]) -> list[str]:
+    return problems({"env": [{"name": "A", "valueFrom": source}]})
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ({"fieldRef": {"fieldPath": "metadata.labels"}}, "spec.env[0].valueFrom.fieldRef.fieldPath: "),
+        ({"fieldRef": {"fieldPath": "spec.containers"}}, "spec.env[0].valueFrom.fieldRef.fieldPath: "),
+        ({"fieldRef": {"fieldPath": "metadata.labels['-bad']"}}, "spec.env[0].valueFrom.fieldRef.fieldPath: "),
+        (
+            {"fieldRef": {"fieldPath": "metadata.name", "apiVersion": "v9"}},
+            "spec.env[0].valueFrom.fieldRef.apiVersion: 'v9' is not supported",
+        ),
+        (
+            {"resourceFieldRef": {"resource": "limits.nvidia.com/gpu"}},
+            "spec.env[0].valueFrom.resourceFieldRef.resource: 'limits.nvidia.com/gpu' is not a resource",
+        ),
+        (
+            {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "3"}},
+            "spec.env[0].valueFrom.resourceFieldRef.divisor: '3' is not a valid divisor for limits.cpu",
+        ),
+        (
+            {"resourceFieldRef": {"resource": "requests.memory", "divisor": "1m"}},
+            "spec.env[0].valueFrom.resourceFieldRef.divisor: '1m' is not a valid divisor for requests.memory",
+        ),
+    ],
+)
+def test_env_references_a_real_api_server_refuses_are_refused(source: dict[str, Any], expected: str) -> None:
+    (found,) = _env_from(source)
+    assert found.startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        {"fieldRef": {"fieldPath": path}}
+        for path in ("metadata.name", "status.podIPs", "spec.nodeName", "metadata.labels['app.kubernetes.io/name']")
+    ]
+    + [{"fieldRef": {"fieldPath": "metadata.annotations['a/b']", "apiVersion": "v1"}}]
+    + [
+        {"resourceFieldRef": {"resource": resource, "divisor": divisor}}
+        for resource, divisor in [
+            ("limits.cpu", "1m"),
+            ("requests.cpu", 1),
+            ("limits.cpu", "1000m"),
+            ("limits.memory", "1Mi"),
+            ("requests.ephemeral-storage", "1G"),
+            ("limits.hugepages-2Mi", "1Ki"),
+        ]
+    ],
+)
+def test_env_references_a_real_api_server_accepts_pass(source: dict[str, Any]) -> None:
+    parse_job(manifest({"env": [{"name": "A", "valueFrom": source}]}))
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"workers": {"memory": "160m"}}, "spec.workers.memory: '160m' is not a whole number of bytes"),
+        ({"head": {"memory": "0.5"}}, "spec.head.memory: '0.5' is not a whole number of bytes"),
+        ({"workers": {"sharedMemory": "1.5"}}, "spec.workers.sharedMemory: '1.5' is not a whole number of bytes"),
+        ({"head": {"cpu": "1n"}}, "spec.head.cpu: '1n' is finer than 1m"),
+        ({"workers": {"cpu": "40.0001"}}, "spec.workers.cpu: '40.0001' is finer than 1m"),
+        (
+            {"workers": {"memory": "64Gi", "sharedMemory": "65Gi"}},
+            "spec.workers.sharedMemory: 65Gi is more than spec.workers.memory (64Gi), which it is counted in",
+        ),
+    ],
+)
+def test_resources_no_node_can_give_are_refused(spec: dict[str, Any], expected: str) -> None:
+    (found,) = problems(spec)
+    assert found.startswith(expected)
+
+
+def test_resources_at_whole_units_pass() -> None:
+    job = parse_job(manifest({"head": {"cpu": "1m", "memory": "1e9"}, "workers": {"cpu": "40.5", "sharedMemory": 1}}))
+    assert (job.spec.head.cpu, job.spec.workers.cpu) == ("1m", "40.5")
+    # Left out, /dev/shm is the default or the whole memory when that is less, never more than memory.
+    assert parse_job(manifest({"workers": {"memory": "12Gi"}})).spec.workers.shared_memory == "12Gi"
+    assert parse_job(manifest()).spec.workers.shared_memory == "32Gi"
+
+
+# --- the command line Ray starts ----------------------------------------------------------------------------
+
+
+def _overrides(quotes_each: int) -> dict[str, Any]:
+    # A `'` costs five bytes once shell-quoted ('"'"'): the most a value can grow in the entrypoint.
+    return {"model": {"overrides": {f"key_{i}": "'" * quotes_each for i in range(64)}}}
+
+
+def test_a_training_config_longer_than_one_argument_may_be_is_refused() -> None:
+    """64 overrides of 1 KiB quotes made a 329 KB entrypoint; `/bin/sh -c` then fails: Argument list too long.
+    Overrides are config fields of the model's class now, so the manifest is refused key by key."""
+    found = problems(_overrides(1024))
+    assert len(found) == 64 and all(p.startswith("spec.model.overrides.key_") for p in found), found[:2]
+
+
+def test_a_config_over_one_argument_is_refused_naming_its_largest_field() -> None:
+    from fsdp_operator.spec import _check_command_line
+
+    job = parse_job(manifest({}))
+    found: list[str] = []
+    _check_command_line(job.spec, {"data": "'" * 30000}, found)
+    (message,) = found
+    assert message.startswith("spec.data.source: the training config would be a 15")
+    assert "Linux starts no process with one over 131072 bytes" in message
+
+
+def test_the_longest_accepted_strings_still_fit_one_argument() -> None:
+    from fsdp_operator.spec import MAX_ARG_STRLEN
+
+    longest = "s3://" + "b" * 63 + "/" + "p" * 900
+    spec = {
+        "training": {"checkpoint": {"storage": longest}},
+        "data": {"source": longest, "validationSource": longest, "tokenizer": longest[:256]},
+        "output": {"storage": longest},
+    }
+    entrypoint = render.submission(parse_job(manifest(spec, name="j" * 63)), "sid", "/pkg").entrypoint
+    assert len(entrypoint.encode()) < MAX_ARG_STRLEN
+
+
+def test_an_environment_larger_than_a_process_may_have_is_refused() -> None:
+    env = {f"VAR_{i}": "x" * 32768 for i in range(40)}
+    (found,) = problems({"runtimeEnv": {"envVars": env}})
+    assert found.startswith("spec.runtimeEnv.envVars: 1311")

@@ -80,6 +80,22 @@ class InstanceType:
     def on_demand_quota(self) -> OnDemandQuota | None:
         return on_demand_quota(self.name)
 
+    @property
+    def max_pods(self) -> int:
+        """The kubelet's maxPods on an EKS AMI: what the VPC CNI can give pods (`EKS_MAX_PODS`)."""
+        return EKS_MAX_PODS[self.name]
+
+    @property
+    def allocatable_millicpu(self) -> int:
+        """CPU left to pods on an EKS AMI node in millicores: the vCPUs less kube-reserved (`eks_reserved_millicpu`)."""
+        return self.vcpus * 1000 - eks_reserved_millicpu(self.vcpus)
+
+    @property
+    def allocatable_memory_mib(self) -> int:
+        """Memory left to pods on an EKS AMI node, in MiB: EC2's figure less kube-reserved and the hard eviction
+        threshold (`eks_reserved_memory_mib`). An upper bound: the kernel keeps some of EC2's figure too."""
+        return self.memory_mib - eks_reserved_memory_mib(self.max_pods)
+
 
 # fmt: off
 # name, GPU model, GPUs, MiB per GPU, vCPUs, memory MiB, EFA interfaces, Gbit/s sustained[, Gbit/s burst]
@@ -117,6 +133,40 @@ INSTANCE_TYPES: dict[str, InstanceType] = {t.name: t for t in (
     InstanceType("p6-b200.48xlarge", B200, 8, 183359, 192, 2097152, 8, 3200),
 )}
 # fmt: on
+
+# maxPods per type as the EKS AMIs set it (amazon-eks-ami, nodeadm/internal/kubelet/eni-max-pods.txt):
+# ENIs of network card 0 * (IPv4 addresses per ENI - 1) + 2 host-network pods (the VPC CNI and kube-proxy).
+# tests/unit/test_catalog.py recomputes each from EC2's data.
+# fmt: off
+EKS_MAX_PODS: dict[str, int] = {
+    "g5.xlarge": 58, "g5.2xlarge": 58, "g5.4xlarge": 234, "g5.8xlarge": 234,
+    "g5.12xlarge": 737, "g5.16xlarge": 234, "g5.24xlarge": 737, "g5.48xlarge": 345,
+    "g6.xlarge": 58, "g6.2xlarge": 58, "g6.4xlarge": 234, "g6.8xlarge": 234,
+    "g6.12xlarge": 234, "g6.16xlarge": 737, "g6.24xlarge": 737, "g6.48xlarge": 737,
+    "g6e.xlarge": 58, "g6e.2xlarge": 58, "g6e.4xlarge": 234, "g6e.8xlarge": 234,
+    "g6e.12xlarge": 292, "g6e.16xlarge": 737, "g6e.24xlarge": 492, "g6e.48xlarge": 492,
+    "p4d.24xlarge": 737, "p4de.24xlarge": 737, "p5.4xlarge": 118, "p5.48xlarge": 100,
+    "p5e.48xlarge": 100, "p5en.48xlarge": 198, "p6-b200.48xlarge": 198,
+}
+# fmt: on
+
+# The hard eviction threshold EKS AMIs give the kubelet (evictionHard memory.available): never allocatable.
+EKS_EVICTION_HARD_MEMORY_MIB = 100
+
+
+def eks_reserved_memory_mib(max_pods: int) -> int:
+    """Memory an EKS AMI node keeps from pods, in MiB: kube-reserved (11 MiB per pod + 255 MiB,
+    amazon-eks-ami `getMemoryMebibytesToReserve`) plus the hard eviction threshold."""
+    return 11 * max_pods + 255 + EKS_EVICTION_HARD_MEMORY_MIB
+
+
+def eks_reserved_millicpu(vcpus: int) -> int:
+    """CPU an EKS AMI node keeps from pods (kube-reserved), in millicores: 6% of the first core, 1% of the
+    second, 0.5% of the third and fourth, 0.25% of every further one (amazon-eks-ami
+    `getCPUMillicoresToReserve`, after GKE's node-allocatable tiers)."""
+    total = vcpus * 1000
+    tiers = ((0, 1000, 600), (1000, 2000, 100), (2000, 4000, 50), (4000, total, 25))
+    return sum((min(total, end) - start) * basis_points // 10000 for start, end, basis_points in tiers if total > start)
 
 
 def instance_type(name: str) -> InstanceType | None:
