@@ -181,6 +181,9 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:900]}"
 
 
+_CREATES = (CreateAuthSecret, ApplyNetworkPolicy, CreateRayCluster)
+
+
 def _transient(error: KubeError) -> bool:
     """A failed request worth repeating as it was: no answer (the request may have taken effect), a server error,
     throttling, a conflict, or the object gone (the next pass finds out). Other 4xx refuse the request itself."""
@@ -323,6 +326,9 @@ class JobLoop:
         self.pending_verifier: tuple[str, Verifier] | None = None
         """The verifier after this pass's lines: it replaces `verifier` only once the status that records their
         offset is written (a failed write re-reads the same lines, which must verify again)."""
+        self.refused = ""
+        """The API server's refusal of this job's last create that a retry alone does not change (a 4xx other than
+        404, 409 and 429): shown in status by the next pass, cleared once the creates of a pass go through."""
         self.conflicts: set[str] = set()
         """Kinds (Secret, NetworkPolicy) whose create answered 409 with an object not the job's own: observed next."""
         self.discarding_line = False
@@ -413,7 +419,7 @@ class JobLoop:
             # A new object under the same name: forget what the previous one's loop knew.
             self.uid, self.status, self.pending_write, self.token = uid, None, False, ""
             self.events_key, self.verifier = b"", None
-            self.conflicts = set()
+            self.conflicts, self.refused = set(), ""
         raw_status = obj.get("status")
         stored = dict(raw_status) if isinstance(raw_status, Mapping) else {}
         status = self._current(stored)
@@ -426,6 +432,8 @@ class JobLoop:
         except Exception as e:  # contained: becomes the ReconcileError condition
             self.log.exception("observing the job failed")
             observed, failure = Observed(now=self.rt.clock()), _describe(e)
+        if self.refused and not observed.create_refused:
+            observed = replace(observed, create_refused=self.refused)
         if not failure:
             settings: dict[str, Any] = {
                 "training_package": self.rt.config.training_package,
@@ -525,7 +533,12 @@ class JobLoop:
 
         if status.phase == Phase.PROVISIONING:
             if cluster.state != "ready":
-                return Observed(now=now, cluster=cluster, unschedulable=await self._unschedulable(cluster.name))
+                return Observed(
+                    now=now,
+                    cluster=cluster,
+                    unschedulable=await self._unschedulable(cluster.name),
+                    create_refused=await self._pods_refused(cluster.name),
+                )
             if not self.address:
                 return Observed(now=now, cluster=cluster, ray_error="no dashboard address in RayCluster status")
             try:
@@ -682,6 +695,20 @@ class JobLoop:
         latest = max(ours, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
         return f"pod {latest['involvedObject']['name']}: {latest.get('message', '')}"
 
+    async def _pods_refused(self, cluster_name: str) -> str:
+        """KubeRay's latest word that the API server refused a pod of the cluster (its FailedToCreateHeadPod and
+        FailedToCreateWorkerPod Warning events on the RayCluster); empty when none."""
+        selector = f"involvedObject.kind=RayCluster,involvedObject.name={cluster_name}"
+        events = [
+            e
+            for e in await self.rt.kube.list_events(self.namespace, selector)
+            if e.get("reason") in ("FailedToCreateHeadPod", "FailedToCreateWorkerPod")
+        ]
+        if not events:
+            return ""
+        latest = max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+        return f"KubeRay could not create a pod ({latest.get('reason')}): {str(latest.get('message', ''))[:600]}"
+
     def _ray(self) -> RayJobs:
         return self.rt.ray(self.address, self.token)
 
@@ -716,7 +743,7 @@ class JobLoop:
     async def act(self, obj: Obj, decision: Decision) -> None:
         """Take each action; one that fails (API refused, Ray unreachable) does not keep the others from running,
         except the RayCluster's own create after what it needs failed (its Secret, its NetworkPolicy)."""
-        missing = ""
+        missing, refused, created_any = "", [], False
         for action in decision.actions:
             if isinstance(action, PostEvent) and self.first_pass_due:
                 # A first pass's work is done once its cluster is asked for: its events wait for the other first passes.
@@ -734,6 +761,16 @@ class JobLoop:
                 self.log.warning(f"{type(action).__name__} failed, the next pass retries: {e}")
                 if isinstance(action, CreateAuthSecret | ApplyNetworkPolicy):
                     missing = "Secret" if isinstance(action, CreateAuthSecret) else "NetworkPolicy"
+                if isinstance(e, KubeError) and isinstance(action, _CREATES) and not _transient(e):
+                    # RBAC, admission, validation or quota: repeating the request changes nothing; say so in status.
+                    kind = {CreateAuthSecret: "Secret", ApplyNetworkPolicy: "NetworkPolicy"}.get(
+                        type(action), "RayCluster"
+                    )
+                    refused.append(f"the API server refused the job's {kind}: {str(e)[:600]}")
+            else:
+                created_any = created_any or isinstance(action, _CREATES)
+        if refused or created_any:
+            self.refused = "; ".join(refused)
 
     async def _act_one(self, obj: Obj, decision: Decision, action: Any) -> None:
         match action:

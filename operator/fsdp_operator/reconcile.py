@@ -164,6 +164,10 @@ class Observed:
     cluster: ClusterView | None = None
     unschedulable: str = ""
     """The scheduler's message for a Pending worker or head pod (FailedScheduling); empty when none."""
+    create_refused: str = ""
+    """The API server's refusal of a create the job needs, for a reason a retry does not change by itself (RBAC,
+    admission, validation, quota): of the job's Secret, NetworkPolicy or RayCluster by the operator, or of a pod by
+    KubeRay (its FailedToCreateHeadPod / FailedToCreateWorkerPod event). Empty when none."""
     ray_nodes: RayNodes | None = None
     ray_job: RayJobInfo | None = None
     ray_error: str = ""
@@ -744,12 +748,17 @@ def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str, 
             # A create the API server keeps refusing (quota, admission, RBAC) ends here too.
             what = "does not exist" if cluster is None else "is being deleted"
             message = f"waitForWorkersTimeoutSeconds ({timeout}s) exceeded: RayCluster {status.ray_cluster_name} {what}"
+            if obs.create_refused:
+                message += f"; {obs.create_refused}"
             return _finish(job, status, obs, Phase.FAILED, Reason.WAIT_FOR_WORKERS_TIMEOUT, message, stop_job=False)
         # Not there (yet, or any more) while provisioning: creating it again is idempotent.
-        return Decision(
-            replace(status, reason=Reason.CLUSTER_CREATING, message="creating RayCluster"),
-            _cluster_actions(job, status, security),
-        )
+        reason, message = Reason.CLUSTER_CREATING, "creating RayCluster"
+        if obs.create_refused:
+            reason, message = (
+                Reason.CREATE_REFUSED,
+                f"creating RayCluster {status.ray_cluster_name}: {obs.create_refused}",
+            )
+        return Decision(replace(status, reason=reason, message=message), _cluster_actions(job, status, security))
     desired = job.spec.workers.replicas
     workers = f"{min(cluster.ready_workers, desired)}/{desired}"
     gap = _workers_gap(job, cluster, obs.ray_nodes, obs.ray_error)
@@ -761,10 +770,14 @@ def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str, 
                 message = f"workers not scheduled after {waited:.0f}s: {obs.unschedulable}"
                 return _finish(job, status, obs, Phase.FAILED, Reason.UNSCHEDULABLE, message, stop_job=False)
             message = f"waitForWorkersTimeoutSeconds ({timeout}s) exceeded: {gap}"
+            if obs.create_refused:
+                message += f"; {obs.create_refused}"
             return _finish(job, status, obs, Phase.FAILED, Reason.WAIT_FOR_WORKERS_TIMEOUT, message, stop_job=False)
         reason, message = Reason.WORKERS_NOT_READY, gap
         if obs.unschedulable:
             reason, message = Reason.UNSCHEDULABLE, obs.unschedulable
+        elif obs.create_refused:
+            reason, message = Reason.CREATE_REFUSED, f"{gap}; {obs.create_refused}"
         new = replace(
             status,
             reason=reason,

@@ -69,6 +69,7 @@ class Reason(StrEnum):
     CLUSTER_CREATING = "ClusterCreating"
     WORKERS_NOT_READY = "WorkersNotReady"
     UNSCHEDULABLE = "Unschedulable"
+    CREATE_REFUSED = "CreateRefused"
     WORKERS_READY = "WorkersReady"
     JOB_RUNNING = "JobRunning"
     RAY_UNREACHABLE = "RayUnreachable"
@@ -94,7 +95,7 @@ class Reason(StrEnum):
 # Reasons posted as Warning events (everything in phase Failed is a Warning too). Waiting for workers
 # is the normal start of every job and posts Normal events; a pod the scheduler cannot place is a Warning,
 # as the scheduler's own FailedScheduling event is.
-WARNING_REASONS = frozenset({Reason.UNSCHEDULABLE, Reason.RAY_UNREACHABLE, Reason.RETRYING})
+WARNING_REASONS = frozenset({Reason.UNSCHEDULABLE, Reason.CREATE_REFUSED, Reason.RAY_UNREACHABLE, Reason.RETRYING})
 
 
 class ConditionType(StrEnum):
@@ -155,7 +156,9 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
         doc="The spec passed validation.",
     ),
     ConditionType.WORKERS_READY: ConditionRule(
-        reasons=frozenset({"AllWorkersJoined", Reason.WORKERS_NOT_READY, Reason.UNSCHEDULABLE, "Suspended"}),
+        reasons=frozenset(
+            {"AllWorkersJoined", Reason.WORKERS_NOT_READY, Reason.UNSCHEDULABLE, Reason.CREATE_REFUSED, "Suspended"}
+        ),
         resets_on_new_attempt=False,  # a retry reuses the RayCluster and re-checks it
         warning_when_false=False,  # False while provisioning is the normal start
         doc="Every worker pod is ready and joined Ray with its GPUs.",

@@ -344,3 +344,52 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
     assert (("namespaces", "cluster") in scopes) is not watch_all
     job_scopes = {scope for resource, scope in scopes if resource == "fsdptrainingjobs"}
     assert job_scopes == ({"cluster", "namespace"} if watch_all else {"namespace"})
+
+
+def test_a_create_the_api_server_refuses_is_named_in_the_jobs_status() -> None:
+    """Under the chart's RBAC without `update` on `fsdptrainingjobs/finalizers` (as before it had it), the admission
+    plugin refuses the job's Secret: the job says so in its status, not only in the operator's log."""
+    docs = rendered_rbac(watch_all=False)
+    for doc in docs:
+        for rule in doc.get("rules") or []:
+            rule["resources"] = [r for r in rule["resources"] if r != f"{schema.PLURAL}/finalizers"]
+    api, _ = secured_server(docs)
+    ray = FakeRay(script=Script())
+    kuberay = FakeKubeRay(api.url, ray)
+    kuberay.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+    admin = requests.Session()
+    admin.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{RELEASE_NAMESPACE}/{schema.PLURAL}"
+
+    def status() -> dict[str, Any]:
+        found = api.store.find(schema.PLURAL, schema.GROUP, RELEASE_NAMESPACE)
+        return dict(found[0].get("status") or {}) if found else {}
+
+    async def main() -> None:
+        async with kuberay.running():
+            kube = AioKube(api.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=FAST.kube_timeout)
+            runtime = Runtime(FAST, kube=kube, ray=ray.client, zones=FixedZone("us-east-1b"))
+            registry = build_registry(runtime, login=False)
+            async with kopf_operator(registry, api.url, namespaces=[RELEASE_NAMESPACE], token=OPERATOR_TOKEN):
+                await eventually(
+                    lambda: api.count("watch", schema.PLURAL, schema.GROUP) > 0,
+                    message="the operator never started watching the jobs",
+                )
+                response = await asyncio.to_thread(admin.post, api.url + jobs, json=manifest())
+                assert response.status_code == 201, response.text
+                await eventually(
+                    lambda: status().get("reason") == "CreateRefused",
+                    timeout=30,
+                    message="the refused create never reached the job's status",
+                )
+
+    try:
+        asyncio.run(main())
+    finally:
+        api.stop()
+    found = status()
+    assert found["phase"] == "Provisioning", found
+    assert "the API server refused the job's Secret" in found["message"], found
+    assert "the API server refused the job's NetworkPolicy" in found["message"], found
+    assert "cannot set blockOwnerDeletion" in found["message"], found
+    assert not api.store.find("rayclusters"), "a RayCluster was created without its Secret"

@@ -578,3 +578,25 @@ def test_transition_events_name_the_new_phase_only_when_it_changes() -> None:
     recovered = run(manifest(), at(Phase.RUNNING, reason=Reason.RAY_UNREACHABLE, message="m"), cluster=cluster(),
                     ray_job=RayJobInfo(SID1, "RUNNING"))  # fmt: skip
     assert [a for a in recovered.actions if isinstance(a, PostEvent)] == []
+
+
+REFUSED_POD = 'KubeRay could not create a pod (FailedToCreateWorkerPod): Pod "qwen-ray-w-0" is invalid: env[0].name'
+
+
+def test_a_pod_the_api_server_refused_is_the_reason_while_waiting_and_at_the_timeout() -> None:
+    m = manifest(runPolicy={"waitForWorkersTimeoutSeconds": 300})
+    d = run(m, at(Phase.PROVISIONING, provisioning_since=NOW), cluster=cluster(state="", ready_workers=0),
+            create_refused=REFUSED_POD)  # fmt: skip
+    assert (d.status.phase, d.status.reason) == (Phase.PROVISIONING, Reason.CREATE_REFUSED)
+    assert d.status.message.endswith(REFUSED_POD) and d.status.message.startswith("0/2 worker pods ready")
+    late = at(Phase.PROVISIONING, provisioning_since=NOW - timedelta(seconds=300))
+    d = run(m, late, cluster=cluster(state="", ready_workers=0), create_refused=REFUSED_POD)
+    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.WAIT_FOR_WORKERS_TIMEOUT)
+    assert d.status.message.endswith(REFUSED_POD)
+
+
+def test_a_refused_create_of_the_cluster_is_the_reason_while_it_does_not_exist() -> None:
+    refused = "the API server refused the job's RayCluster: 403: rayclusters.ray.io is forbidden"
+    d = run(manifest(), at(Phase.PROVISIONING, provisioning_since=NOW), create_refused=refused)
+    assert (d.status.phase, d.status.reason) == (Phase.PROVISIONING, Reason.CREATE_REFUSED)
+    assert d.status.message == f"creating RayCluster {CLUSTER}: {refused}"
