@@ -34,7 +34,7 @@ def measure(tree: Path, lines: int, samples: int) -> dict[str, Any]:
     for path in ("operator", "training", "tests", "tests/integration"):
         sys.path.insert(0, str(tree / path))
     import requests
-    from fsdp_operator import render
+    from fsdp_operator.api import render
     from fsdp_operator.local import ThreadedApiServer
     from fsdp_train import events
     from test_operator import JOBS, World, manifest

@@ -2,6 +2,6 @@
 
 import sys
 
-from fsdp_operator.operator_main import main
+from fsdp_operator.runtime.operator_main import main
 
 sys.exit(main())

@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator import render
+from fsdp_operator.api import render
+from fsdp_operator.decide.observed import dashboard_url
 from fsdp_operator.local.kuberay import kill_marked
 from fsdp_operator.local.run import RUN_MARKER, TERMINAL_PHASES, LocalRun
-from fsdp_operator.reconcile import dashboard_url
 from fsdp_train.events import Placement, Step, Summary, parse_lines
 
 ROOT = Path(__file__).resolve().parents[2]

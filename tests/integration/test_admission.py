@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import requests
-from fsdp_operator import schema
+from fsdp_operator.api import generate, schema
 from fsdp_operator.local import ThreadedApiServer, protobuf
 from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
 from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
@@ -38,7 +38,7 @@ def start(*, admission: bool = True) -> ThreadedApiServer:
     plugin = OwnerReferencesPermissionEnforcement() if admission else None
     api = ThreadedApiServer(access=access, admission=plugin).start()
     api.store.create(api.store.resource("namespaces"), {"metadata": {"name": "ml"}})
-    api.store.create(api.store.resource("customresourcedefinitions", "apiextensions.k8s.io"), schema.crd())
+    api.store.create(api.store.resource("customresourcedefinitions", "apiextensions.k8s.io"), generate.crd())
     return api
 
 

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 import requests
-from fsdp_operator import schema
+from fsdp_operator.api import generate, schema
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
-from fsdp_operator.rayjobs import FakeRay
+from fsdp_operator.runtime.rayjobs import FakeRay
 from support.crds import GROUP, KIND, PLURAL, VERSION, widget_crd
 from support.fake_kuberay import FakeKubeRay
 
@@ -40,7 +40,7 @@ def api() -> Any:
 
 
 def test_the_crd_as_it_was_is_refused_with_the_real_servers_message(api: ThreadedApiServer) -> None:
-    crd = schema.crd()
+    crd = generate.crd()
     overrides = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["model"][
         "properties"
     ]["overrides"]
@@ -68,7 +68,7 @@ def test_the_crd_as_it_was_is_refused_with_the_real_servers_message(api: Threade
 
 
 def test_the_crds_a_real_server_accepts_are_accepted(api: ThreadedApiServer) -> None:
-    for crd in (schema.crd(), RAYCLUSTER_CRD, widget_crd()):
+    for crd in (generate.crd(), RAYCLUSTER_CRD, widget_crd()):
         code, status = post(api, CRDS, crd)
         assert code == 201, status.get("message")
 

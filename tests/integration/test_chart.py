@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator import schema
+from fsdp_operator.api import generate, schema
 from support import k8s_tools
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_default_render(helm: Path) -> None:
         "Service", "ServiceAccount",
     ]  # fmt: skip
     crds = {c["metadata"]["name"]: c for c in kinds["CustomResourceDefinition"]}
-    assert crds[f"{schema.PLURAL}.{schema.GROUP}"] == schema.crd()
+    assert crds[f"{schema.PLURAL}.{schema.GROUP}"] == generate.crd()
     assert set(crds) == {f"{schema.PLURAL}.{schema.GROUP}", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
     deployment = one(docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -171,7 +171,7 @@ def test_every_admin_value_lands_where_it_should(helm: Path) -> None:
 
 def test_job_security_settings_reach_the_operator(helm: Path) -> None:
     """The chart's values become the environment `OperatorConfig.from_env` reads."""
-    from fsdp_operator.settings import OperatorConfig
+    from fsdp_operator.runtime.settings import OperatorConfig
 
     def config(*args: str) -> OperatorConfig:
         env = {e["name"]: e for e in container(template(helm, *args))["env"]}

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator import render, schema
-from fsdp_operator.kube import AioKube
+from fsdp_operator.api import render, schema
+from fsdp_operator.api.spec import parse_job
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
-from fsdp_operator.spec import parse_job
+from fsdp_operator.runtime.kube import AioKube
 from support import k8s_tools
 from support.tls import self_signed
 from test_operator import manifest

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fsdp_operator import schema
-from fsdp_operator.cli import main
+from fsdp_operator.api import generate, schema
+from fsdp_operator.cli.main import main
 from fsdp_operator.local import ThreadedApiServer
 
 pytestmark = pytest.mark.integration
@@ -34,7 +34,7 @@ def test_status_shows_the_summary_and_the_loss_curve(
     apiserver: ThreadedApiServer, kubeconfig: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = apiserver.store
-    store.create(store.resource("customresourcedefinitions", "apiextensions.k8s.io"), schema.crd())
+    store.create(store.resource("customresourcedefinitions", "apiextensions.k8s.io"), generate.crd())
     jobs = store.resource(schema.PLURAL, schema.GROUP)
     store.create(jobs, {"apiVersion": schema.API_VERSION, "kind": schema.KIND, "metadata": {"name": "tiny"},
                         "spec": {"workers": {"replicas": 2}}}, "default")  # fmt: skip

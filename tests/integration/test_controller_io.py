@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from fsdp_operator.controller import JobLoop, Runtime
-from fsdp_operator.kube import AioKube, KubeError
 from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.rayjobs import FakeJob, FakeRay
+from fsdp_operator.runtime.controller import JobLoop
+from fsdp_operator.runtime.kube import AioKube, KubeError
+from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
+from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import Placement, Probe, Step, Summary, Transport
 from test_operator import EFA_LINE, FAST, NAMESPACE, Script, World, manifest
 

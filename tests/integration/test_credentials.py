@@ -16,14 +16,14 @@ from typing import Any
 import kopf
 import pytest
 import requests
-from fsdp_operator import schema
-from fsdp_operator.controller import Runtime
-from fsdp_operator.handlers import build_registry
-from fsdp_operator.kube import AioKube, KubeError
+from fsdp_operator.api import generate, schema
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.rbac import MASTERS, Access, User
-from fsdp_operator.rayjobs import FakeRay
+from fsdp_operator.runtime.handlers import build_registry
+from fsdp_operator.runtime.kube import AioKube, KubeError
+from fsdp_operator.runtime.rayjobs import FakeRay
+from fsdp_operator.runtime.shared import Runtime
 from kubernetes.config import kube_config
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
@@ -71,7 +71,7 @@ def test_the_operator_follows_a_rotated_token(kind: str, tmp_path: Path, monkeyp
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     admin = requests.Session()
     admin.headers["Authorization"] = "Bearer admin"
-    for crd in (schema.crd(), RAYCLUSTER_CRD):
+    for crd in (generate.crd(), RAYCLUSTER_CRD):
         assert admin.post(f"{api.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd).ok
     ray = FakeRay(script=Script())
     kuberay = FakeKubeRay(api.url, ray)
@@ -106,7 +106,7 @@ def test_the_client_retries_once_with_fresh_credentials_and_fails_typed_without(
     access = Access()
     access.add_token("old", User(OPERATOR, (MASTERS,)))
     api = ThreadedApiServer(access=access).start()
-    api.store.create(api.store.resource("customresourcedefinitions"), schema.crd())  # a 404 then names the job
+    api.store.create(api.store.resource("customresourcedefinitions"), generate.crd())  # a 404 then names the job
     fresh: list[str | None] = [None]
     asked: list[int] = []
 

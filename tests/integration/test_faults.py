@@ -16,7 +16,7 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.faults import REQUEST_FAULTS, WATCH_FAULTS, FaultInjector, FaultPlan
-from fsdp_operator.rayjobs import RAY_PENDING, FakeJob, FakeRay
+from fsdp_operator.runtime.rayjobs import RAY_PENDING, FakeJob, FakeRay
 from integration.test_operator import CLUSTERS, FAST, Script, World, manifest, scenario
 from support.kopf_runner import eventually
 

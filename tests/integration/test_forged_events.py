@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.rayjobs import FakeJob, FakeRay
+from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
 from fsdp_train.events import PREFIX, Signer, Transport, attempt_key
 from support.kopf_runner import eventually
 from test_operator import SOCKET_LINE, Script, World, manifest, scenario

@@ -19,13 +19,14 @@ from typing import Any
 
 import aiohttp
 import pytest
-from fsdp_operator import render
-from fsdp_operator.controller import JobLoop, Runtime
-from fsdp_operator.handlers import build_registry
-from fsdp_operator.kube import AioKube, KubeError
+from fsdp_operator.api import render
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.kuberay import free_port
-from fsdp_operator.rayjobs import LOG_CHUNK, FakeJob, FakeRay
+from fsdp_operator.runtime.controller import JobLoop
+from fsdp_operator.runtime.handlers import build_registry
+from fsdp_operator.runtime.kube import AioKube, KubeError
+from fsdp_operator.runtime.rayjobs import LOG_CHUNK, FakeJob, FakeRay
+from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import PREFIX, Placement, Step, Summary, Transport
 from support.kopf_runner import eventually, kopf_operator
 from test_operator import CLUSTERS, FAST, NAMESPACE, WATCHED, Script, World, manifest
@@ -212,7 +213,7 @@ def test_a_pass_that_raises_becomes_a_condition_and_the_log_moves_on(
 ) -> None:
     """A bug no check foresaw (here: folding raises on step 2): ReconcileError and a Warning event, the offset
     moves past the line, later passes go on and the condition turns False."""
-    from fsdp_operator import reconcile
+    from fsdp_operator.decide import reconcile
 
     real_fold = reconcile.fold_events
 

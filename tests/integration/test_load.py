@@ -22,12 +22,12 @@ from typing import Any
 
 import aiohttp
 import pytest
-from fsdp_operator import schema
-from fsdp_operator.controller import Runtime
-from fsdp_operator.handlers import build_registry
-from fsdp_operator.kube import AioKube
-from fsdp_operator.rayjobs import FakeJob, FakeRay
-from fsdp_operator.settings import OperatorConfig
+from fsdp_operator.api import schema
+from fsdp_operator.runtime.handlers import build_registry
+from fsdp_operator.runtime.kube import AioKube
+from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
+from fsdp_operator.runtime.settings import OperatorConfig
+from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import Placement, Step, Summary, Transport
 from integration.test_operator import EFA_LINE, manifest
 from support.apiserver_process import ApiServerProcess

@@ -16,15 +16,16 @@ from typing import Any
 
 import pytest
 import requests
-from fsdp_operator import render, schema
-from fsdp_operator.controller import Runtime, with_event_key
-from fsdp_operator.handlers import build_registry
-from fsdp_operator.kube import AioKube
+from fsdp_operator.api import generate, render, schema
+from fsdp_operator.api.spec import parse_job
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
-from fsdp_operator.rayjobs import RAY_FAILED, FakeJob, FakeRay
-from fsdp_operator.settings import OperatorConfig
-from fsdp_operator.spec import parse_job
+from fsdp_operator.runtime.handlers import build_registry
+from fsdp_operator.runtime.job_secret import with_event_key
+from fsdp_operator.runtime.kube import AioKube
+from fsdp_operator.runtime.rayjobs import RAY_FAILED, FakeJob, FakeRay
+from fsdp_operator.runtime.settings import OperatorConfig
+from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import Placement, Step, Summary, Transport
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
@@ -116,7 +117,7 @@ class World:
         self.ray = FakeRay(script=self.script)
         self.kuberay = FakeKubeRay(api.url, self.ray)
         self.http = requests.Session()
-        for crd in (schema.crd(), RAYCLUSTER_CRD):
+        for crd in (generate.crd(), RAYCLUSTER_CRD):
             response = self.http.post(f"{api.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd)
             assert response.status_code == 201, response.text
 

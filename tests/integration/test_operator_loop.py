@@ -17,10 +17,11 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from fsdp_operator.controller import JobLoop, Runtime
-from fsdp_operator.kube import AioKube, KubeError
 from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.rayjobs import RayJobsClient, RayUnavailable
+from fsdp_operator.runtime.controller import JobLoop
+from fsdp_operator.runtime.kube import AioKube, KubeError
+from fsdp_operator.runtime.rayjobs import RayJobsClient, RayUnavailable
+from fsdp_operator.runtime.shared import Runtime
 from test_operator import CLUSTERS, FAST, NAMESPACE, Script, World, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fsdp_operator.capacity import Boto3Clients, Ec2ZoneAdvisor, NoCredentials
+from fsdp_operator.capacity.ec2 import Boto3Clients, Ec2ZoneAdvisor, NoCredentials
 from fsdp_operator.local import ThreadedApiServer
 from support.aws import FixedZone
 from support.kopf_runner import eventually

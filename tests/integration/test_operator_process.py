@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from fsdp_operator import render, schema
+from fsdp_operator.api import generate, render, schema
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 
@@ -28,7 +28,7 @@ def _free_port() -> int:
 
 def test_operator_process_reconciles_and_stops(apiserver: ThreadedApiServer, kubeconfig: Path) -> None:
     http = requests.Session()
-    for crd in (schema.crd(), RAYCLUSTER_CRD):
+    for crd in (generate.crd(), RAYCLUSTER_CRD):
         assert http.post(f"{apiserver.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd).ok
     port, metrics_port = _free_port(), _free_port()
     env = {**os.environ, "KUBECONFIG": str(kubeconfig)}

@@ -15,7 +15,7 @@ import copy
 from typing import Any
 
 import pytest
-from fsdp_operator import render, schema
+from fsdp_operator.api import render, schema
 from fsdp_operator.local import ThreadedApiServer
 from support.kopf_runner import eventually
 from test_operator import CLUSTERS, JOBS, NAMESPACE, World, manifest

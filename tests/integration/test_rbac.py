@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from fsdp_operator import schema
-from fsdp_operator.controller import Runtime
-from fsdp_operator.handlers import build_registry
-from fsdp_operator.kube import AioKube
+from fsdp_operator.api import generate, schema
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
-from fsdp_operator.rayjobs import FakeRay
+from fsdp_operator.runtime.handlers import build_registry
+from fsdp_operator.runtime.kube import AioKube
+from fsdp_operator.runtime.rayjobs import FakeRay
+from fsdp_operator.runtime.shared import Runtime
 from support import k8s_tools
 from support.aws import FixedZone
 from support.fake_kuberay import FakeKubeRay
@@ -123,7 +123,7 @@ def secured_server(docs: list[dict[str, Any]], namespaces: tuple[str, ...] = ())
     for namespace in {RELEASE_NAMESPACE, *namespaces}:
         store.create(store.resource("namespaces"), {"metadata": {"name": namespace}})
     crds = store.resource("customresourcedefinitions", "apiextensions.k8s.io")
-    store.create(crds, schema.crd())
+    store.create(crds, generate.crd())
     store.create(crds, RAYCLUSTER_CRD)
     for doc in docs:
         group, _ = doc["apiVersion"].split("/")

@@ -24,14 +24,14 @@ from typing import Any
 import kopf
 import pytest
 from aiohttp import web
-from fsdp_operator import schema
-from fsdp_operator.controller import Runtime
-from fsdp_operator.handlers import build_registry
-from fsdp_operator.kube import USER_AGENT, AioKube
+from fsdp_operator.api import schema
+from fsdp_operator.api.render import Submission
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.faults import FaultInjector
-from fsdp_operator.rayjobs import LOG_CHUNK, RayJobInfo, RayJobs, RayNodes
-from fsdp_operator.render import Submission
+from fsdp_operator.runtime.handlers import build_registry
+from fsdp_operator.runtime.kube import USER_AGENT, AioKube
+from fsdp_operator.runtime.rayjobs import LOG_CHUNK, RayJobInfo, RayJobs, RayNodes
+from fsdp_operator.runtime.shared import Runtime
 from integration.test_operator import FAST, WATCHED, Script, World, manifest, scenario
 from support.kopf_runner import eventually, operator_settings
 

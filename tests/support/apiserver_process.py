@@ -17,12 +17,12 @@ from types import TracebackType
 from typing import Any
 
 from aiohttp import web
-from fsdp_operator import schema
-from fsdp_operator.kube import USER_AGENT
+from fsdp_operator.api import generate, schema
 from fsdp_operator.local import ApiServer
 from fsdp_operator.local.faults import FaultInjector, FaultPlan
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.store import WatchEvent
+from fsdp_operator.runtime.kube import USER_AGENT
 
 OPERATOR_AGENTS = ("kopf/", USER_AGENT)
 
@@ -66,7 +66,7 @@ async def _main(conn: Connection, plan: FaultPlan | None) -> None:
     await api.start()
     store = api.store
     crds = store.resource("customresourcedefinitions", "apiextensions.k8s.io")
-    store.create(crds, schema.crd())
+    store.create(crds, generate.crd())
     store.create(crds, RAYCLUSTER_CRD)
 
     def recorder(bucket: dict[str, float]) -> Any:

@@ -17,7 +17,7 @@ import boto3
 from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 from botocore.stub import Stubber
-from fsdp_operator.capacity import ZoneChoice
+from fsdp_operator.capacity.plan import ZoneChoice
 
 STUBBED_EC2 = frozenset(
     {

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from fsdp_operator.rayjobs import FakeRay, RayNodes
-from fsdp_operator.spec import parse_quantity
+from fsdp_operator.api.spec import parse_quantity
+from fsdp_operator.runtime.rayjobs import FakeRay, RayNodes
 
 Obj = dict[str, Any]
 RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"

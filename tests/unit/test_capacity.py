@@ -16,9 +16,12 @@ pytest.importorskip("boto3")
 moto = pytest.importorskip("moto")
 
 from botocore.retries import standard  # noqa: E402
-from fsdp_operator import capacity, capacity_cli  # noqa: E402
-from fsdp_operator.capacity import Boto3Clients, Request  # noqa: E402
-from fsdp_operator.cli import main  # noqa: E402
+from fsdp_operator.capacity import ec2 as capacity  # noqa: E402
+from fsdp_operator.capacity import plan as capacity_plan  # noqa: E402
+from fsdp_operator.capacity.ec2 import Boto3Clients  # noqa: E402
+from fsdp_operator.capacity.plan import Request  # noqa: E402
+from fsdp_operator.cli import capacity as capacity_cli  # noqa: E402
+from fsdp_operator.cli.main import main  # noqa: E402
 
 from tests.support.aws import Ec2Split, Regions, client, fail_first, quota_answer  # noqa: E402
 
@@ -290,11 +293,11 @@ def test_probe_reserves_and_cancels_or_classifies_the_refusal(aws: None) -> None
     _expect_cancel(ec2, "cr-1")
     ec2.stub.add_client_error("create_capacity_reservation", "InsufficientInstanceCapacity", "none left")
     ec2.stub.add_client_error("create_capacity_reservation", "VcpuLimitExceeded", "over the limit")
-    assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1") == capacity.Probe(
+    assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1") == capacity_plan.Probe(
         "reserved", "2 reserved and released (cr-1)"
     )
     assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1").outcome == "no-capacity"
-    assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1") == capacity.Probe(
+    assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1") == capacity_plan.Probe(
         "quota", "VcpuLimitExceeded: over the limit"
     )
     ec2.stub.assert_no_pending_responses()  # a refusal creates nothing, so nothing was cancelled
@@ -377,7 +380,7 @@ def test_probe_in_the_plan_and_ctrl_c_while_regions_run(aws: None) -> None:
     # Every handler of this event runs (the Stubber answers the later `before-call`, ending that one).
     west.stubbed.meta.events.register("before-parameter-build.ec2.CreateCapacityReservation", slow)
 
-    def on_done(region: capacity.Region) -> None:
+    def on_done(region: capacity_plan.Region) -> None:
         in_flight.wait(10)
         raise KeyboardInterrupt
 
@@ -434,7 +437,7 @@ def test_the_operator_advisor_picks_among_the_zones_with_nodes(aws: None) -> Non
     advisor = capacity.Ec2ZoneAdvisor(AdvisorClients(regions), region="us-east-1")
     choice = asyncio.run(advisor.choose(G6, 2, ["us-east-1c", "us-east-1d"]))
     regions.assert_all_answered()
-    assert choice == capacity.ZoneChoice(
+    assert choice == capacity_plan.ZoneChoice(
         "us-east-1d",
         "best of 2 usable zone(s) among the zones with nodes of the type (us-east-1c, us-east-1d): "
         "quota: 144 vCPUs free >= 96 needed; Spot placement score 7/10",
@@ -447,7 +450,7 @@ def test_the_operator_advisor_without_room(aws: None) -> None:
     _spot(regions.ec2["us-west-2"], "us-west-2", {"usw2-az1": 9})
     advisor = capacity.Ec2ZoneAdvisor(AdvisorClients(regions), region="us-west-2")
     choice = asyncio.run(advisor.choose(G6, 2, []))
-    assert choice == capacity.ZoneChoice("", "no zone for 2x g6.12xlarge: no usable zone in the region")
+    assert choice == capacity_plan.ZoneChoice("", "no zone for 2x g6.12xlarge: no usable zone in the region")
 
 
 def test_the_command_line_with_boto3s_own_clients(
@@ -525,8 +528,10 @@ def test_a_failed_create_whose_lookup_fails_says_how_to_find_the_reservation(aws
     assert f"aws ec2 describe-capacity-reservations --region eu-north-1 --filters Name=tag:{capacity.PROBE_TAG}," in (
         probe.message
     )
-    plan = capacity.Plan(REQUEST, (capacity.Region("eu-north-1", (capacity.Zone("eu-north-1c", probe=probe),)),), True)
-    assert capacity.leftovers(plan) == [probe.message]  # printed as a warning by the command
+    plan = capacity_plan.Plan(
+        REQUEST, (capacity_plan.Region("eu-north-1", (capacity_plan.Zone("eu-north-1c", probe=probe),)),), True
+    )
+    assert capacity_plan.leftovers(plan) == [probe.message]  # printed as a warning by the command
 
 
 def test_a_server_error_on_create_is_looked_up_a_refusal_is_not(aws: None) -> None:
@@ -535,10 +540,10 @@ def test_a_server_error_on_create_is_looked_up_a_refusal_is_not(aws: None) -> No
     ec2.stub.add_client_error("create_capacity_reservation", "InternalError", "oops", 500)
     ec2.stub.add_response("describe_capacity_reservations", {"CapacityReservations": []})
     denied = capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1")
-    assert denied == capacity.Probe(
+    assert denied == capacity_plan.Probe(
         "error", "probe: access denied (UnauthorizedOperation); the credentials need permission for it"
     )
-    assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1") == capacity.Probe(
+    assert capacity.probe_zone(ec2, REQUEST, "eu-north-1a", "eu-north-1") == capacity_plan.Probe(
         "error", "probe: InternalError: oops"
     )
     ec2.stub.assert_no_pending_responses()
@@ -618,14 +623,14 @@ def test_quota_usage_counts_on_demand_g_and_vt_only_on_every_page() -> None:
 
 
 def test_quota_numbers_are_printed_whole() -> None:
-    increase = capacity.QuotaIncrease("us-east-1", G_AND_VT, 1234560.0)
+    increase = capacity_plan.QuotaIncrease("us-east-1", G_AND_VT, 1234560.0)
     assert increase.command.endswith("--desired-value 1234560")
-    zone = capacity.Zone("us-east-1a", offered=True)
-    quota = capacity.Quota(G_AND_VT, "G and VT", value=0.0, used=0)  # offered, but a quota of zero
-    plan = capacity.Plan(Request(G6, 2, 48), (capacity.Region("us-east-1", (zone,), quota),), False)
-    (ranked,) = capacity.rank(plan)
+    zone = capacity_plan.Zone("us-east-1a", offered=True)
+    quota = capacity_plan.Quota(G_AND_VT, "G and VT", value=0.0, used=0)  # offered, but a quota of zero
+    plan = capacity_plan.Plan(Request(G6, 2, 48), (capacity_plan.Region("us-east-1", (zone,), quota),), False)
+    (ranked,) = capacity_plan.rank(plan)
     assert not ranked.usable and ranked.why.startswith("quota: 0 vCPUs free < 96 needed")
-    assert [q.command for q in capacity.increases(plan)] == [
+    assert [q.command for q in capacity_plan.increases(plan)] == [
         "aws service-quotas request-service-quota-increase --region us-east-1 --service-code ec2 "
         "--quota-code L-DB2E81BA --desired-value 96"
     ]
@@ -648,5 +653,5 @@ def test_an_unexpected_error_in_one_region_is_that_regions_row(aws: None) -> Non
         return regions(service, region)
 
     plan = capacity.check(factory, ["us-east-1", "us-west-2"], Request(G6, 2, 48))
-    assert plan.regions[1] == capacity.Region("us-west-2", error="check: RuntimeError: no client for you")
-    assert capacity.rank(plan)[0].usable
+    assert plan.regions[1] == capacity_plan.Region("us-west-2", error="check: RuntimeError: no client for you")
+    assert capacity_plan.rank(plan)[0].usable

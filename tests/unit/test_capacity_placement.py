@@ -7,10 +7,11 @@ from typing import Any
 
 import jsonschema
 import pytest
-from fsdp_operator import render
-from fsdp_operator.capacity import ZoneChoice
-from fsdp_operator.reconcile import CreateRayCluster, Decision, Observed, reconcile
-from fsdp_operator.status import ConditionType, JobStatus, Phase, get_condition
+from fsdp_operator.api import render
+from fsdp_operator.capacity.plan import ZoneChoice
+from fsdp_operator.decide.observed import CreateRayCluster, Decision, Observed
+from fsdp_operator.decide.reconcile import reconcile
+from fsdp_operator.decide.status import ConditionType, JobStatus, Phase, get_condition
 from test_reconcile import NOW, PACKAGE, at, manifest
 from test_render import KUBERAY_VERSIONS, group, job, kuberay_schema, unknown_fields
 

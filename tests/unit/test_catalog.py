@@ -12,8 +12,8 @@ import pytest
 boto3 = pytest.importorskip("boto3")
 moto = pytest.importorskip("moto")
 
-from fsdp_operator import render, schema  # noqa: E402
-from fsdp_operator.spec import Job, Spec, SpecError, parse_job  # noqa: E402
+from fsdp_operator.api import render, schema  # noqa: E402
+from fsdp_operator.api.spec import Job, Spec, SpecError, parse_job  # noqa: E402
 from fsdp_train import catalog  # noqa: E402
 from fsdp_train.metrics import peak_flops  # noqa: E402
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fsdp_operator.cli import main
+from fsdp_operator.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -122,7 +122,7 @@ def test_standard_input_closed_is_a_message_not_a_traceback(
 
 def test_standard_input_closed_from_the_shell() -> None:
     """The real case: `fsdpctl validate -f - <&-` in a shell."""
-    command = f"'{sys.executable}' -m fsdp_operator.cli validate -f - <&-"
+    command = f"'{sys.executable}' -m fsdp_operator.cli.main validate -f - <&-"
     proc = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "standard input is closed" in proc.stderr

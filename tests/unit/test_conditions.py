@@ -6,8 +6,16 @@ import ast
 from dataclasses import replace
 from pathlib import Path
 
-from fsdp_operator.reconcile import RayJobInfo
-from fsdp_operator.status import CONDITIONS, ConditionType, JobStatus, Phase, Reason, cleared_run_data, get_condition
+from fsdp_operator.decide.observed import RayJobInfo
+from fsdp_operator.decide.status import (
+    CONDITIONS,
+    ConditionType,
+    JobStatus,
+    Phase,
+    Reason,
+    cleared_run_data,
+    get_condition,
+)
 from test_reconcile import ALL_NODES, NOW, at, cluster, events, manifest, run, sid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +108,7 @@ def test_dashboard_url_comes_from_the_raycluster() -> None:
 def test_every_reason_written_with_a_condition_is_in_the_table() -> None:
     """Each `set_condition(..., ConditionType.X, status, "Reason", ...)` literal in the operator is declared."""
     written: list[tuple[str, str]] = []
-    for path in (ROOT / "operator" / "fsdp_operator").glob("*.py"):
+    for path in (ROOT / "operator" / "fsdp_operator").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "set_condition" and len(node.args) >= 4:
                 type_arg, reason_arg = node.args[1], node.args[3]
@@ -116,8 +124,8 @@ def test_every_reason_written_with_a_condition_is_in_the_table() -> None:
 
 
 def test_the_loss_history_is_bounded_and_spans_the_whole_run() -> None:
-    from fsdp_operator.spec import parse_job
-    from fsdp_operator.status import LOSS_HISTORY_POINTS, fold_events
+    from fsdp_operator.api.spec import parse_job
+    from fsdp_operator.decide.folding import LOSS_HISTORY_POINTS, fold_events
     from fsdp_train.events import Step
 
     job = parse_job(manifest())
@@ -140,7 +148,9 @@ def test_the_loss_history_is_bounded_and_spans_the_whole_run() -> None:
 def test_every_reason_a_job_can_fail_with_is_a_reason_of_the_failed_condition() -> None:
     """`_finish(..., Phase.FAILED, Reason.X, ...)` and `_attempt_failed(..., Reason.X, ...)` in reconcile.py."""
     failing: set[str] = {"VALIDATION_FAILED"}
-    tree = ast.parse((ROOT / "operator" / "fsdp_operator" / "reconcile.py").read_text())
+    decide = ROOT / "operator" / "fsdp_operator" / "decide"
+    modules = [ast.parse((decide / name).read_text()) for name in ("reconcile.py", "guards.py")]
+    tree = ast.Module([statement for module in modules for statement in module.body], [])
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
             continue

@@ -16,9 +16,10 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from fsdp_operator import schema
-from fsdp_operator.reconcile import RAY_RUNNING, ClusterView, Observed, RayJobInfo, reconcile
-from fsdp_operator.status import JobStatus, Phase, Reason
+from fsdp_operator.api import schema
+from fsdp_operator.decide.observed import RAY_RUNNING, ClusterView, Observed, RayJobInfo
+from fsdp_operator.decide.reconcile import reconcile
+from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_train.events import (
     EVENT_TYPES,
     Checkpoint,

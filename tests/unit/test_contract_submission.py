@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator import render
-from fsdp_operator.spec import SpecError, parse_job
+from fsdp_operator.api import render
+from fsdp_operator.api.spec import SpecError, parse_job
 from fsdp_train import ray_entry
 from fsdp_train.config import TrainConfig
 from fsdp_train.ray_entry import RayJobConfig

@@ -7,30 +7,30 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fsdp_operator import schema
-from fsdp_operator.spec import SpecError, parse_job
+from fsdp_operator.api import generate
+from fsdp_operator.api.spec import SpecError, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_crd_file_matches_the_schema_in_code() -> None:
     on_disk = yaml.safe_load((ROOT / "crds" / "fsdptrainingjob.yaml").read_text())
-    assert on_disk == schema.crd(), "crds/fsdptrainingjob.yaml is stale: run `make crds`"
+    assert on_disk == generate.crd(), "crds/fsdptrainingjob.yaml is stale: run `make crds`"
 
 
 def test_chart_crd_matches_the_schema_in_code() -> None:
     chart_copy = ROOT / "charts" / "fsdp-operator" / "crds" / "fsdptrainingjob.yaml"
-    assert yaml.safe_load(chart_copy.read_text()) == schema.crd(), "the chart's CRD is stale: run `make crds`"
+    assert yaml.safe_load(chart_copy.read_text()) == generate.crd(), "the chart's CRD is stale: run `make crds`"
 
 
 def test_names_users_type() -> None:
-    names = schema.crd()["spec"]["names"]
+    names = generate.crd()["spec"]["names"]
     assert names["plural"] == "fsdptrainingjobs"
     assert {"trainingjobs", "trainingjob", "ftj"} <= set(names["shortNames"])
 
 
 def test_printer_columns() -> None:
-    (version,) = schema.crd()["spec"]["versions"]
+    (version,) = generate.crd()["spec"]["versions"]
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert {"Phase", "Workers", "Transport", "Step", "Tokens/s", "Age"} <= set(columns)
     assert version["subresources"] == {"status": {}}
@@ -38,11 +38,11 @@ def test_printer_columns() -> None:
 
 def test_api_reference_matches_the_declarations() -> None:
     on_disk = (ROOT / "docs" / "api.md").read_text()
-    assert on_disk == schema.api_reference(), "docs/api.md is stale: run `make crds`"
+    assert on_disk == generate.api_reference(), "docs/api.md is stale: run `make crds`"
 
 
 def test_api_reference_names_spec_and_status_fields() -> None:
-    text = schema.api_reference()
+    text = generate.api_reference()
     for row in (
         "| `spec.workers.replicas` | integer | 2 | Number of worker pods (Ray nodes). (>= 1, <= 512) |",
         "| `spec.training.warmupSteps` | integer | 0 |",
@@ -66,7 +66,7 @@ def _string_nodes(node: object, path: str = "") -> list[tuple[str, dict[str, obj
 
 def test_strings_the_parser_refuses_empty_are_refused_empty_by_the_crd() -> None:
     """`spec.image: ""` used to pass the API server and fail later in the operator."""
-    (version,) = schema.crd()["spec"]["versions"]
+    (version,) = generate.crd()["spec"]["versions"]
     spec_schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     image = spec_schema["properties"]["image"]
     assert image["minLength"] == 1

@@ -7,11 +7,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from fsdp_operator import render, schema
-from fsdp_operator.rayjobs import RayJobInfo
-from fsdp_operator.reconcile import Observed, PostEvent, StopJob, reconcile
-from fsdp_operator.spec import SpecError, parse_job, train_config
-from fsdp_operator.status import JobStatus, Phase, Reason
+from fsdp_operator.api import generate, render, schema
+from fsdp_operator.api.spec import SpecError, parse_job, train_config
+from fsdp_operator.decide.observed import Observed, PostEvent, StopJob
+from fsdp_operator.decide.reconcile import reconcile
+from fsdp_operator.decide.status import JobStatus, Phase, Reason
+from fsdp_operator.runtime.rayjobs import RayJobInfo
 from fsdp_train.events import Evaluation, Export, Failure, Step, Summary
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -92,7 +93,7 @@ def test_bad_data_and_output_fields_are_named(spec: dict[str, Any], expected: st
 
 
 def test_the_crd_has_the_groups_and_the_eval_loss_column() -> None:
-    version = schema.crd()["spec"]["versions"][0]
+    version = generate.crd()["spec"]["versions"][0]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     assert spec["data"]["properties"]["source"]["default"] == "random"
     assert set(spec["output"]["properties"]) == {"storage", "everyCheckpoint"}
@@ -116,7 +117,7 @@ def running_status() -> JobStatus:
 
 
 def observe(*events: Any, ray: str = "RUNNING", message: str = "") -> Observed:
-    from fsdp_operator.reconcile import ClusterView
+    from fsdp_operator.decide.observed import ClusterView
 
     view = ClusterView(name="sft-ray", state="ready", ready_workers=2, desired_workers=2, owner_uid=UID)
     info = RayJobInfo(render.submission_id(NAME, UID, 1), ray, message)
@@ -195,7 +196,7 @@ def test_other_failures_keep_their_reason() -> None:
 
 
 def test_the_summary_lines_tell_the_eval_loss_the_data_and_where_the_model_went() -> None:
-    from fsdp_operator.summary import summary_lines
+    from fsdp_operator.decide.summary import summary_lines
 
     status = {
         "phase": "Succeeded",

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fsdp_operator.diagnose import diagnose_nccl
+from fsdp_operator.cli.diagnose import diagnose_nccl
 
 NCCL_DIR = Path(__file__).resolve().parents[1] / "data" / "nccl"
 EFA = str(NCCL_DIR / "efa-g6-assembled.log")

@@ -10,9 +10,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from fsdp_operator import schema
-from fsdp_operator.spec import parse_job
-from fsdp_operator.status import RANK_FAILURES_KEPT, JobStatus, fold_events
+from fsdp_operator.api import schema
+from fsdp_operator.api.spec import parse_job
+from fsdp_operator.decide.folding import fold_events
+from fsdp_operator.decide.status import RANK_FAILURES_KEPT, JobStatus
 from fsdp_train import events
 from fsdp_train.events import (
     FORGED,

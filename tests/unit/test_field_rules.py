@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fsdp_operator import model_configs, schema
-from fsdp_operator.spec import SpecError, parse_job
+from fsdp_operator.api import model_configs, schema
+from fsdp_operator.api.spec import SpecError, parse_job
 
 
 def problems(spec: dict[str, Any]) -> list[str]:
@@ -166,7 +166,7 @@ def test_toleration_rules_as_kubernetes_has_them() -> None:
 
 
 def test_operator_owned_prefixes_cover_their_family_only() -> None:
-    from fsdp_operator.spec import operator_owned
+    from fsdp_operator.api.env_rules import operator_owned
 
     for name in ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "NCCL_DEBUG_SUBSYS", "RAY_AUTH_TOKEN", " fi_provider "):
         assert operator_owned(name), name
@@ -175,7 +175,7 @@ def test_operator_owned_prefixes_cover_their_family_only() -> None:
 
 
 def test_not_a_job_says_what_it_got() -> None:
-    from fsdp_operator.spec import NotAJobError
+    from fsdp_operator.api.spec import NotAJobError
 
     with pytest.raises(NotAJobError) as missing:
         parse_job({"metadata": {"name": "x"}})
@@ -196,7 +196,7 @@ def test_a_one_gpu_worker_asks_ray_for_its_gpu_and_the_entrypoint_is_canonical_j
     import json
     import shlex
 
-    from fsdp_operator import render
+    from fsdp_operator.api import render
 
     workers = {"replicas": 2, "instanceType": "g6.xlarge", "gpusPerWorker": 1, "efaPerWorker": 0, "cpu": "3",
                "memory": "12Gi"}  # fmt: skip

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fsdp_operator.cli import main
+from fsdp_operator.cli.main import main
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "hostile"
 # Values planted in credential-like places of the corpus: they must never be printed.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from fsdp_operator.transport import INTERCONNECT_CONDITION, interconnect_status
+from fsdp_operator.decide.transport import INTERCONNECT_CONDITION, interconnect_status
 from fsdp_train.events import Probe
 
 

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsdp_operator import render
+from fsdp_operator.api import render
+from fsdp_operator.api.spec import parse_job, parse_quantity
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.kuberay import (
     RAYCLUSTER_CRD,
@@ -25,7 +26,6 @@ from fsdp_operator.local.kuberay import (
     marked_processes,
     secret_refs,
 )
-from fsdp_operator.spec import parse_job, parse_quantity
 
 
 def rendered_worker() -> dict[str, object]:

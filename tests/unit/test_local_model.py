@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fsdp_operator.cli import main
-from fsdp_operator.spec import parse_job
+from fsdp_operator.api.spec import parse_job
+from fsdp_operator.cli.main import main
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-finetune.yaml"
 

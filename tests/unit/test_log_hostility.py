@@ -10,15 +10,17 @@ from typing import Any
 
 import jsonschema
 import pytest
-from fsdp_operator import formats, schema
-from fsdp_operator.spec import parse_job
-from fsdp_operator.status import JobStatus, fold_events, status_budget, within_budget
+from fsdp_operator.api import formats, generate, schema
+from fsdp_operator.api.spec import parse_job
+from fsdp_operator.decide.budget import status_budget, within_budget
+from fsdp_operator.decide.folding import fold_events
+from fsdp_operator.decide.status import JobStatus
 from fsdp_train.events import MALFORMED, Event, Failure, Placement, Transport, clean_text, parse_event, parse_log
 from fsdp_train.nccl import classify_by_rank, classify_text
 from support.hostile_logs import corpus, event_lines, nccl_lines
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
-STATUS_SCHEMA = schema.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+STATUS_SCHEMA = generate.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
 
 
 def job(replicas: int = 2, ranks_per_worker: int = 4) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-from fsdp_operator.manifest_yaml import dump, load_all, plain_is_safe
+from fsdp_operator.api.manifest_yaml import dump, load_all, plain_is_safe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

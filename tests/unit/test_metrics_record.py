@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from fsdp_operator.metrics import Metrics
-from fsdp_operator.status import JobStatus, Phase, Reason
+from fsdp_operator.decide.status import JobStatus, Phase, Reason
+from fsdp_operator.runtime.metrics import Metrics
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 KEY = ("ml", "qwen")

@@ -1,4 +1,4 @@
-"""The table of what `spec.model.overrides` may set (fsdp_operator.model_configs), held to transformers itself.
+"""The table of what `spec.model.overrides` may set (fsdp_operator.api.model_configs), held to transformers itself.
 
 The operator never imports transformers; this test does, so the table cannot drift from the config
 classes of the pinned version: every scalar `__init__` parameter of each family's config class is in
@@ -13,8 +13,8 @@ import typing
 from typing import Any
 
 import pytest
-from fsdp_operator import model_configs
-from fsdp_operator.spec import SpecError, parse_job
+from fsdp_operator.api import model_configs
+from fsdp_operator.api.spec import SpecError, parse_job
 
 transformers = pytest.importorskip("transformers")
 
@@ -122,10 +122,10 @@ def test_the_reported_overrides_are_refused_with_the_field_path(overrides: dict[
 def test_the_crd_types_the_overrides_too() -> None:
     """The API server (the emulated one applies the CRD's schema and prunes as a real one) refuses a wrong type
     or an impossible value before the operator sees it, and drops what is not a config field of any family."""
-    from fsdp_operator import schema
+    from fsdp_operator.api import generate
     from fsdp_operator.local import validation
 
-    crd = schema.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    crd = generate.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
     def stored(overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str], list[tuple[str, str]]]:
         obj = {"spec": {"model": {"overrides": overrides}}}

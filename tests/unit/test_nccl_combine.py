@@ -45,7 +45,7 @@ def test_libfabric_plugin_names() -> None:
 
 
 def test_the_job_summary_of_rank_transports() -> None:
-    from fsdp_operator.transport import _summary
+    from fsdp_operator.decide.transport import _summary
 
     assert _summary({}, complete=False) == "pending"
     # A fallback shows at once, before every rank reported; two different ones are "mixed".

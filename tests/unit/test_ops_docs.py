@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from fsdp_operator.metrics import Metrics
-from fsdp_operator.status import CONDITIONS, Reason
+from fsdp_operator.decide.status import CONDITIONS, Reason
+from fsdp_operator.runtime.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 TROUBLESHOOTING = (ROOT / "docs" / "troubleshooting.md").read_text()

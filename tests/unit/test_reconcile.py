@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from fsdp_operator import schema
-from fsdp_operator.rayjobs import summarize_nodes
-from fsdp_operator.reconcile import (
+from fsdp_operator.api import schema
+from fsdp_operator.decide.guards import finalize_actions
+from fsdp_operator.decide.observed import (
     RAY_PENDING,
     RAY_RUNNING,
     RAY_STOPPED,
@@ -26,10 +26,10 @@ from fsdp_operator.reconcile import (
     StopJob,
     SubmitJob,
     dashboard_url,
-    finalize_actions,
-    reconcile,
 )
-from fsdp_operator.status import ConditionType, JobStatus, Phase, Reason, get_condition
+from fsdp_operator.decide.reconcile import reconcile
+from fsdp_operator.decide.status import ConditionType, JobStatus, Phase, Reason, get_condition
+from fsdp_operator.runtime.rayjobs import summarize_nodes
 from fsdp_train.events import Failure, Placement, Step, Summary, Transport
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
@@ -358,7 +358,7 @@ def running(**observed: Any) -> dict[str, Any]:
 
 def on_efa(m: dict[str, Any] | None = None) -> tuple[Transport, ...]:
     """Every rank's verified EFA transport: what a job under requireEFA (the default for efa) needs to succeed."""
-    from fsdp_operator.spec import parse_job
+    from fsdp_operator.api.spec import parse_job
 
     world = parse_job(m or manifest()).spec.workers.world_size
     return tuple(Transport(rank=r, transport="efa", evidence="NET/OFI Selected provider is efa") for r in range(world))

@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from fsdp_operator import schema
-from fsdp_operator.reconcile import (
+from fsdp_operator.api import schema
+from fsdp_operator.decide.observed import (
     ApplyNetworkPolicy,
     ChildView,
     ClusterView,
@@ -27,9 +27,9 @@ from fsdp_operator.reconcile import (
     RayJobInfo,
     StopJob,
     dashboard_url,
-    reconcile,
 )
-from fsdp_operator.status import JobStatus, Phase, Reason, get_condition
+from fsdp_operator.decide.reconcile import reconcile
+from fsdp_operator.decide.status import JobStatus, Phase, Reason, get_condition
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 UID = "0b8a2b5e-1111-2222-3333-444455556666"
@@ -371,7 +371,7 @@ def test_dashboard_address(status: dict[str, Any], namespace: str | None, url: s
 
 
 def test_a_failed_pass_sets_reconcile_error_posts_one_warning_and_moves_the_log_offset() -> None:
-    from fsdp_operator.reconcile import pass_failed
+    from fsdp_operator.decide.reconcile import pass_failed
 
     before = at(Phase.RUNNING, log_offset=100, skipped_events=2)
     d = pass_failed(before, Observed(now=NOW, log_offset=250, skipped_lines=3), "boom\x00 in pass")
@@ -391,7 +391,7 @@ def test_a_failed_pass_sets_reconcile_error_posts_one_warning_and_moves_the_log_
 
 
 def test_a_failed_pass_that_read_no_log_keeps_the_offset() -> None:
-    from fsdp_operator.reconcile import pass_failed
+    from fsdp_operator.decide.reconcile import pass_failed
 
     d = pass_failed(at(Phase.RUNNING, log_offset=100, skipped_events=2), Observed(now=NOW, skipped_lines=9), "x")
     assert (d.status.log_offset, d.status.skipped_events) == (100, 2)

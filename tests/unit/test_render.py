@@ -11,8 +11,8 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from fsdp_operator import render, schema
-from fsdp_operator.spec import Job, SpecError, parse_job
+from fsdp_operator.api import render, schema
+from fsdp_operator.api.spec import Job, SpecError, parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fsdp_operator import render
-from fsdp_operator.spec import parse_job
+from fsdp_operator.api import render
+from fsdp_operator.api.spec import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden"

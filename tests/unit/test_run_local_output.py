@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fsdp_operator.cli import main
+from fsdp_operator.cli.main import main
+from fsdp_operator.decide.summary import loss_curve, summary_lines
 from fsdp_operator.local.run import Progress
-from fsdp_operator.summary import loss_curve, summary_lines
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -84,9 +84,9 @@ def test_without_a_terminal_step_lines_come_although_no_exact_tenth_is_seen(monk
 
 
 def test_the_timeout_is_in_the_help_and_never_cuts_a_run_the_job_allows(capsys: pytest.CaptureFixture[str]) -> None:
-    from fsdp_operator.cli import build_parser
+    from fsdp_operator.api.spec import parse_job
+    from fsdp_operator.cli.main import build_parser
     from fsdp_operator.local.run import DEADLINE_ALLOWANCE_SECONDS, default_timeout
-    from fsdp_operator.spec import parse_job
 
     with pytest.raises(SystemExit):
         main(["run-local", "--help"])

@@ -6,8 +6,8 @@ import copy
 from typing import Any
 
 import pytest
-from fsdp_operator import schema
-from fsdp_operator.spec import NotAJobError, SpecError, parse_job, parse_quantity
+from fsdp_operator.api import generate, schema
+from fsdp_operator.api.spec import NotAJobError, SpecError, parse_job, parse_quantity
 
 
 def manifest(spec: dict[str, Any] | None = None, name: str = "job") -> dict[str, Any]:
@@ -208,4 +208,4 @@ def test_every_schema_field_is_described_and_typed() -> None:
         for key, sub in items.get("properties", {}).items():
             walk(sub, f"{path}[].{key}")
 
-    walk(schema.spec_schema(), "spec")
+    walk(generate.spec_schema(), "spec")

@@ -18,11 +18,11 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import jsonschema
 import pytest
-from fsdp_operator import fields, formats, render, schema
-from fsdp_operator.fields import Quantity
+from fsdp_operator.api import fields, formats, generate, render, schema
+from fsdp_operator.api.fields import Quantity
+from fsdp_operator.api.manifest_yaml import ManifestError, decode, load_all
+from fsdp_operator.api.spec import INSTANCE_TYPES, NotAJobError, Spec, SpecError, parse_job, train_config
 from fsdp_operator.local import validation
-from fsdp_operator.manifest_yaml import ManifestError, decode, load_all
-from fsdp_operator.spec import INSTANCE_TYPES, NotAJobError, Spec, SpecError, parse_job, train_config
 from fsdp_train.config import TrainConfig
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
@@ -245,7 +245,7 @@ VALIDATORS = [(v, jsonschema.Draft7Validator(s)) for v, s in KUBERAY if s is not
 
 
 def our_crd() -> dict[str, Any]:
-    (version,) = schema.crd()["spec"]["versions"]
+    (version,) = generate.crd()["spec"]["versions"]
     openapi: dict[str, Any] = version["schema"]["openAPIV3Schema"]
     return openapi
 

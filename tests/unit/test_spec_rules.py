@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator import render, schema
-from fsdp_operator.cli import main
-from fsdp_operator.formats import parse_quantity
+from fsdp_operator.api import generate, render, schema
+from fsdp_operator.api.env_rules import OPERATOR_ENV, operator_owned
+from fsdp_operator.api.formats import parse_quantity
+from fsdp_operator.api.spec import SpecError, parse_job, train_config
+from fsdp_operator.cli.main import main
 from fsdp_operator.local import validation
-from fsdp_operator.spec import OPERATOR_ENV, SpecError, operator_owned, parse_job, train_config
 from fsdp_train.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -401,7 +402,7 @@ def test_missing_spec_and_unknown_top_level_fields() -> None:
 
 
 def crd_schema() -> dict[str, Any]:
-    (version,) = schema.crd()["spec"]["versions"]
+    (version,) = generate.crd()["spec"]["versions"]
     openapi: dict[str, Any] = version["schema"]["openAPIV3Schema"]
     return openapi
 
@@ -436,7 +437,7 @@ def test_yaml_numbers_are_read_as_kubectl_reads_them(tmp_path: Path, capsys: pyt
         "spec:\n  training: {learningRate: 1e-4, steps: 1e3, seed: 0o17}\n  workers: {memory: 1e11}\n"
     )
     assert main(["validate", "-f", str(path)]) == 0
-    from fsdp_operator.manifest_yaml import decode, load_all
+    from fsdp_operator.api.manifest_yaml import decode, load_all
 
     (doc,) = load_all(decode(path.read_bytes()))
     assert doc["spec"]["training"] == {"learningRate": 1e-4, "steps": 1000.0, "seed": 15}
@@ -465,7 +466,7 @@ def test_yaml_numbers_are_read_as_kubectl_reads_them(tmp_path: Path, capsys: pyt
     ],
 )
 def test_plain_scalars_resolve_as_go_yaml_v2(text: str, value: Any) -> None:
-    from fsdp_operator.manifest_yaml import load_all
+    from fsdp_operator.api.manifest_yaml import load_all
 
     (doc,) = load_all(f"v: {text}\n")
     assert doc["v"] == value and type(doc["v"]) is type(value)
@@ -597,7 +598,7 @@ def test_a_training_config_longer_than_one_argument_may_be_is_refused() -> None:
 
 
 def test_a_config_over_one_argument_is_refused_naming_its_largest_field() -> None:
-    from fsdp_operator.spec import _check_command_line
+    from fsdp_operator.api.spec import _check_command_line
 
     job = parse_job(manifest({}))
     found: list[str] = []
@@ -608,7 +609,7 @@ def test_a_config_over_one_argument_is_refused_naming_its_largest_field() -> Non
 
 
 def test_the_longest_accepted_strings_still_fit_one_argument() -> None:
-    from fsdp_operator.spec import MAX_ARG_STRLEN
+    from fsdp_operator.api.spec import MAX_ARG_STRLEN
 
     longest = "s3://" + "b" * 63 + "/" + "p" * 900
     spec = {

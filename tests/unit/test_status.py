@@ -6,18 +6,17 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fsdp_operator import schema
-from fsdp_operator.spec import Job, parse_job
-from fsdp_operator.status import (
+from fsdp_operator.api import schema
+from fsdp_operator.api.spec import Job, parse_job
+from fsdp_operator.decide.budget import merge_patch, progress_only
+from fsdp_operator.decide.folding import fold_events
+from fsdp_operator.decide.status import (
     ConditionType,
     JobStatus,
     Phase,
     Reason,
-    fold_events,
     get_condition,
     is_terminal,
-    merge_patch,
-    progress_only,
     set_condition,
 )
 from fsdp_train.events import (
@@ -264,7 +263,7 @@ def test_fold_counts_worker_group_restarts_once_each() -> None:
 def test_without_rank_detail_keeps_the_verdict_and_drops_what_each_rank_reported() -> None:
     from dataclasses import replace
 
-    from fsdp_operator.status import without_rank_detail
+    from fsdp_operator.decide.folding import without_rank_detail
 
     full = replace(
         JobStatus(phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, progress={"step": 3}, conditions=[{"type": "X"}]),

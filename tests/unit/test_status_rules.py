@@ -5,17 +5,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from fsdp_operator.status import (
-    LOSS_HISTORY_POINTS,
-    JobStatus,
-    Phase,
-    Reason,
-    _with_loss_point,
-    get_condition,
-    status_budget,
-    with_lifecycle_conditions,
-    within_budget,
-)
+from fsdp_operator.decide.budget import status_budget, within_budget
+from fsdp_operator.decide.folding import LOSS_HISTORY_POINTS, _with_loss_point
+from fsdp_operator.decide.status import JobStatus, Phase, Reason, get_condition, with_lifecycle_conditions
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 AT = "2026-11-29T12:00:00Z"

@@ -10,9 +10,11 @@ import copy
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdp_operator import schema
-from fsdp_operator.spec import parse_job
-from fsdp_operator.status import JobStatus, Phase, Reason, cleared_run_data, fold_events, merge_patch, parse_time
+from fsdp_operator.api import schema
+from fsdp_operator.api.spec import parse_job
+from fsdp_operator.decide.budget import merge_patch
+from fsdp_operator.decide.folding import fold_events
+from fsdp_operator.decide.status import JobStatus, Phase, Reason, cleared_run_data, parse_time
 
 CONDITION = {"type": "Validated", "status": "True", "reason": "Valid", "message": "spec is valid",
              "lastTransitionTime": "2026-11-29T12:00:00Z", "observedGeneration": 3}  # fmt: skip

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator import schema
+from fsdp_operator.api import generate
 from fsdp_operator.local import structural
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 from support.crds import KUBERAY_CRDS, KUBERAY_VERSIONS, widget_crd
@@ -315,7 +315,7 @@ def _crds(path: Path) -> list[dict[str, Any]]:
 
 
 def test_our_crds_pass_the_rules_of_a_real_server() -> None:
-    assert messages(schema.crd()) == []
+    assert messages(generate.crd()) == []
     assert messages(RAYCLUSTER_CRD) == []
     for path in [ROOT / "crds" / "fsdptrainingjob.yaml", *sorted((ROOT / "charts").glob("*/crds/*.yaml"))]:
         for crd in _crds(path):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fsdp_operator.transport import interconnect_status, transport_status
+from fsdp_operator.decide.transport import interconnect_status, transport_status
 from fsdp_train.events import Probe, Transport, TransportName
 
 

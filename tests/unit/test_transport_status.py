@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fsdp_operator.transport import (
+from fsdp_operator.decide.transport import (
     FAILURE_REASON,
     INTERCONNECT_CONDITION,
     TRANSPORT_CONDITION,

@@ -26,7 +26,7 @@ from torch.optim import Optimizer
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 KEEP_LAST = 2
 FINGERPRINT_FILE = "fingerprint.json"
-"""Beside each snapshot's DCP files: what decided the run's trajectory (``fsdp_train.loop.run_fingerprint``)."""
+"""Beside each snapshot's DCP files: what decided the run's trajectory (``fsdp_train.fingerprint.run_fingerprint``)."""
 
 Fingerprint = Mapping[str, Any]
 

@@ -4,8 +4,8 @@ and hand every rank its samples in an order that a resumed run reproduces exactl
 One pipeline, two front ends. Under Ray, Ray Data reads the source and tokenizes in ``map_batches``
 (``ray_datasets``); under torchrun the same ``Tokenize`` runs over pyarrow's readers
 (``load_packed``). Both feed the same ``pack_documents``, and the packed sequences reach the loop
-through a ``DataLoader`` whose sampler is torch's ``DistributedSampler`` plus a start offset
-(``ResumableSampler``), so where a run stands is two numbers, epoch and step in epoch, that the
+through a ``DataLoader`` (``fsdp_train.feed``) whose sampler is torch's ``DistributedSampler`` plus a
+start offset (``ResumableSampler``), so where a run stands is two numbers, epoch and step in epoch, that the
 checkpoint carries (``DataPosition``).
 
 How documents become packed sequences, and what a position in them is, lives in ``fsdp_train.packing``
@@ -14,7 +14,6 @@ How documents become packed sequences, and what a position in them is, lives in 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import io
@@ -30,24 +29,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fsdp_train.packing import (
-    BOUNDS_KEY,
-    DOC_START,
-    IGNORE_INDEX,
-    DataPosition,
     DataReport,
     Packed,
-    document_bounds,
-    labels,
     pack_documents,
-    position_ids,
 )
 
 if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.fs as pafs
-    import torch
 
     from fsdp_train.config import TrainConfig
+from fsdp_train.storage import DataUnavailable, filesystem, on_one_rank_per_node
 
 EXTENSIONS: dict[str, tuple[str, ...]] = {
     "jsonl": (".jsonl", ".json", ".jsonl.gz", ".json.gz"),
@@ -69,37 +61,7 @@ class BadRow(ValueError):
     """One row that cannot be trained on; the message says why (counted per file, not fatal alone)."""
 
 
-class DataUnavailable(RuntimeError):
-    """The data source cannot be read, holds no documents, or too few for one global batch."""
-
-    reason = "DataUnavailable"
-
-
 # --- where the documents are ----------------------------------------------------------------------
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """pyarrow's filesystem for a location, and the path inside it.
-
-    ``s3://`` honours ``AWS_ENDPOINT_URL`` (S3-compatible stores, moto in tests); ``hf://datasets/``
-    goes through huggingface_hub's fsspec filesystem; anything else is a local (or mounted) path.
-    """
-    import pyarrow.fs as pafs
-
-    if uri.startswith("hf://"):
-        from huggingface_hub import HfFileSystem
-
-        return pafs.PyFileSystem(pafs.FSSpecHandler(HfFileSystem())), uri.removeprefix("hf://")
-    if uri.startswith("s3://"):
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        fs = pafs.S3FileSystem(endpoint_override=endpoint, region=region) if endpoint else pafs.S3FileSystem()
-        return fs, uri.removeprefix("s3://")
-    if uri.startswith("file://"):
-        return pafs.LocalFileSystem(), uri.removeprefix("file://")
-    if "://" in uri:
-        return pafs.FileSystem.from_uri(uri)  # type: ignore[no-any-return]
-    return pafs.LocalFileSystem(), uri
 
 
 def infer_format(path: str) -> str | None:
@@ -416,31 +378,6 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get(CACHE_DIR_ENV) or Path(tempfile.gettempdir()) / "fsdp-train-data")
 
 
-@contextlib.contextmanager
-def on_one_rank_per_node(local_rank: int, what: str) -> Iterator[None]:
-    """Run the body (which acts on local rank 0 only), then let every rank learn whether it failed.
-
-    Every rank reaches the exchange, so no rank waits forever for a failed one; the failed rank re-raises
-    its own error and the others raise one that names it.
-    """
-    import torch.distributed as dist
-
-    error: BaseException | None = None
-    try:
-        yield
-    except Exception as e:
-        error = e
-    texts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(texts, f"{type(error).__name__}: {error}" if error else "")
-    if error is not None:
-        raise error
-    failed = next((t for t in texts if t), "")
-    if failed.startswith(f"{DataUnavailable.__name__}: "):
-        raise DataUnavailable(failed.split(": ", 1)[1])
-    if failed:
-        raise RuntimeError(f"{what} failed on another rank: {failed}")
-
-
 def prepare_on_each_node(cfg: TrainConfig, tokenizer_dir: str, *, rank: int, local_rank: int) -> Prepared:
     """Read, tokenize and pack on local rank 0 of each node into a cache file every rank then loads.
 
@@ -469,183 +406,7 @@ def prepare_on_each_node(cfg: TrainConfig, tokenizer_dir: str, *, rank: int, loc
 # --- order and resume -------------------------------------------------------------------------------------
 
 
-class PackedDataset:
-    """Map-style dataset over packed rows: (input_ids, labels, position_ids) as torch tensors."""
-
-    def __init__(self, packed: Packed) -> None:
-        self.packed = packed
-
-    def __len__(self) -> int:
-        return len(self.packed)
-
-    def __getitem__(self, index: int) -> int:
-        return index  # the collate function gathers rows in one numpy fancy-index, not row by row
-
-
-@dataclass(slots=True)
-class Collate:
-    packed: Packed
-    document_mask: bool = True
-    """Position ids restart per document (see ``TrainConfig.document_mask``); else 0..seq_len-1 per row."""
-
-    def __call__(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        import torch
-
-        rows = np.asarray(indices, dtype=np.int64)
-        ids = self.packed.input_ids[rows]
-        flags = self.packed.flags[rows]
-        positions = position_ids(flags) if self.document_mask else np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
-        batch = {
-            "input_ids": torch.from_numpy(ids.astype(np.int64)),
-            "labels": torch.from_numpy(labels(ids, flags)),
-            "position_ids": torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)),
-            "sample_ids": torch.from_numpy(rows),
-        }
-        if self.document_mask:  # for fsdp_train.attention: attention inside documents without a dense mask
-            batch[BOUNDS_KEY] = torch.from_numpy(document_bounds((flags & DOC_START) != 0))
-        return batch
-
-
-class ResumableSampler:
-    """torch's ``DistributedSampler`` (seeded per epoch, ``drop_last``) that starts ``skip`` samples in."""
-
-    def __init__(self, size: int, *, world_size: int, rank: int, seed: int) -> None:
-        from torch.utils.data import DistributedSampler
-
-        self._sampler = DistributedSampler(
-            range(size), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
-        )
-        self.skip = 0
-
-    def set_epoch(self, epoch: int, skip: int = 0) -> None:
-        self._sampler.set_epoch(epoch)
-        self.skip = skip
-
-    def __iter__(self) -> Iterator[int]:
-        for i, index in enumerate(self._sampler):
-            if i >= self.skip:
-                yield index
-
-    def __len__(self) -> int:
-        return len(self._sampler) - self.skip
-
-    @property
-    def per_rank(self) -> int:
-        return len(self._sampler)
-
-
-def epoch_order(size: int, *, world_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """Every rank's sample order for one epoch, as each rank's ``ResumableSampler`` yields it."""
-    orders = []
-    for rank in range(world_size):
-        sampler = ResumableSampler(size, world_size=world_size, rank=rank, seed=seed)
-        sampler.set_epoch(epoch)
-        orders.append(list(sampler))
-    return orders
-
-
 # --- what the loop consumes ------------------------------------------------------------------------------
-
-
-class TrainFeed:
-    """The packed training sequences as this rank's micro-batches, step after step, epoch after epoch.
-
-    A ``DataLoader`` over the rank's ``ResumableSampler``; ``DataPosition`` (in the checkpoint) says
-    where to start. Each step also yields every rank's sample ids (all ranks compute the same epoch
-    order), so the position can assert that the whole job trains each sample once per epoch.
-    """
-
-    def __init__(
-        self,
-        packed: Packed,
-        *,
-        rank: int,
-        world_size: int,
-        batch_size: int,
-        grad_accum: int,
-        seed: int,
-        pin_memory: bool = False,
-        document_mask: bool = True,
-    ) -> None:
-        self.packed = packed
-        self.document_mask = document_mask
-        self.rank, self.world_size = rank, world_size
-        self.batch_size, self.grad_accum, self.seed = batch_size, grad_accum, seed
-        self.pin_memory = pin_memory
-        self.position = DataPosition(len(packed), world_size * batch_size * grad_accum)
-        self.sampler = ResumableSampler(len(packed), world_size=world_size, rank=rank, seed=seed)
-        self._iterator: Iterator[dict[str, torch.Tensor]] | None = None
-        self._orders: list[list[int]] = []
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return self.position.steps_per_epoch
-
-    @property
-    def seq_len(self) -> int:
-        return self.packed.seq_len
-
-    def _start_epoch(self) -> None:
-        from torch.utils.data import DataLoader
-
-        per_rank_step = self.batch_size * self.grad_accum
-        self.sampler.set_epoch(self.position.epoch, skip=self.position.step_in_epoch * per_rank_step)
-        loader = DataLoader(
-            PackedDataset(self.packed),  # type: ignore[arg-type]
-            batch_size=self.batch_size,
-            sampler=self.sampler,  # type: ignore[arg-type]
-            collate_fn=Collate(self.packed, self.document_mask),
-            drop_last=True,
-            pin_memory=self.pin_memory,
-        )
-        self._iterator = iter(loader)
-        self._orders = epoch_order(
-            len(self.packed), world_size=self.world_size, seed=self.seed, epoch=self.position.epoch
-        )
-
-    def next_step(self) -> tuple[list[dict[str, torch.Tensor]], list[int]]:
-        """This rank's micro-batches for the next step, and the global sample ids of the step."""
-        if self._iterator is None:
-            self._start_epoch()
-        assert self._iterator is not None
-        micro = [next(self._iterator) for _ in range(self.grad_accum)]
-        per_rank_step = self.batch_size * self.grad_accum
-        first = self.position.step_in_epoch * per_rank_step
-        step_ids = [i for order in self._orders for i in order[first : first + per_rank_step]]
-        mine = [int(i) for batch in micro for i in batch["sample_ids"]]
-        if mine != self._orders[self.rank][first : first + per_rank_step]:
-            raise AssertionError(f"rank {self.rank}: the loader's samples {mine[:4]}... are not the epoch order's")
-        self.position.record(step_ids)
-        return micro, step_ids
-
-    def finish_step(self) -> None:
-        if self.position.finish_step():
-            self._iterator = None  # the next step starts the next epoch, reshuffled
-
-    def total_steps(self, steps: int, epochs: int) -> int:
-        return min(steps, epochs * self.steps_per_epoch) if epochs else steps
-
-
-def eval_batches(
-    packed: Packed, *, rank: int, world_size: int, batch_size: int, document_mask: bool = True
-) -> Iterator[dict[str, torch.Tensor]]:
-    """This rank's share of the validation rows (every ``world_size``-th), in batches.
-
-    Every rank yields the same number of batches (FSDP's forward is collective): a rank with fewer
-    rows gets rows with no targets, which count for nothing in the loss.
-    """
-    import torch
-
-    rows = list(range(rank, len(packed), world_size))
-    per_rank = -(-len(packed) // world_size)
-    collate = Collate(packed, document_mask)
-    padded = rows + [-1] * (per_rank - len(rows))
-    for start in range(0, per_rank, batch_size):
-        chunk = padded[start : start + batch_size]
-        batch = collate([max(i, 0) for i in chunk])
-        dummy = torch.tensor([i < 0 for i in chunk])
-        batch["labels"][dummy] = IGNORE_INDEX
-        yield batch
 
 
 # --- under Ray: Ray Data reads and tokenizes, every worker gets the packed rows -------------------------

@@ -171,7 +171,8 @@ class Checkpoint(Event):
     path: str
     seconds: float = 0.0
     resumed: bool = False
-    """True: not written but resumed from (same fingerprint, ``fsdp_train.loop.run_fingerprint``), at ``step``."""
+    """True: not written but resumed from (same fingerprint, ``fsdp_train.fingerprint.run_fingerprint``), at
+    ``step``."""
 
 
 @dataclass(kw_only=True, slots=True)

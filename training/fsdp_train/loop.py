@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import sys
 import time
@@ -24,26 +23,13 @@ from torch import nn
 from fsdp_train import report
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
 from fsdp_train.config import RANDOM_DATA, TrainConfig
-from fsdp_train.data import (
-    Collate,
-    Prepared,
-    TrainFeed,
-    check_usable,
-    eval_batches,
-    load_tokenizer,
-    prepare_on_each_node,
-    tokenizer_location,
-)
+from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
 from fsdp_train.events import Checkpoint, Evaluation, Export, Failure, Probe, Summary, as_dict, emit
+from fsdp_train.feed import Collate, TrainFeed, eval_batches
+from fsdp_train.fingerprint import run_fingerprint
 from fsdp_train.loss import IGNORE_INDEX, use_chunked_loss
 from fsdp_train.metrics import Backend, EventsBackend, Metrics, StepMetrics, flops_per_token, peak_flops
-from fsdp_train.model import (
-    build_meta_model,
-    decoder_blocks,
-    hf_config,
-    init_weights,
-    load_pretrained_weights,
-)
+from fsdp_train.model import build_meta_model, decoder_blocks, hf_config, init_weights
 from fsdp_train.packing import Packed, samples_digest
 from fsdp_train.parallelize import Topology, build_mesh, parallelize, resolve_sharding
 from fsdp_train.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
@@ -53,6 +39,7 @@ from fsdp_train.startup import (
     fill_bytecode_cache,
     finish_bytecode_cache,
 )
+from fsdp_train.weights import load_pretrained_weights
 
 FAIL_AT_STEP_ENV = "FSDP_TRAIN_FAIL_AT_STEP"
 """Fault injection: raise after step N (and its checkpoint) unless the run resumed at or past N."""
@@ -125,47 +112,6 @@ def _train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
         dist.barrier()
         dist.destroy_process_group()
     return summary
-
-
-TRAJECTORY_FIELDS = (
-    "model",
-    "model_init",
-    "model_overrides",
-    "seed",
-    "data",
-    "data_format",
-    "data_field",
-    "data_kind",
-    "tokenizer",
-    "validation_split",
-    "validation_data",
-    "shuffle_seed",
-    "document_mask",
-    "epochs",
-    "steps",
-    "seq_len",
-    "learning_rate",
-    "lr_schedule",
-    "warmup_steps",
-    "weight_decay",
-    "max_grad_norm",
-    "mixed_precision",
-    "precision",
-)
-"""The settings that decide a run's trajectory: a checkpoint resumes only a run with the same values
-(``steps`` and ``epochs`` too: the learning-rate schedule depends on the length)."""
-
-
-def run_fingerprint(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
-    """What decides the trajectory: the ``TRAJECTORY_FIELDS``, the global batch, and the data files' listing."""
-    values: dict[str, Any] = {name: getattr(cfg, name) for name in TRAJECTORY_FIELDS}
-    values["global_batch"] = world_size * cfg.batch_size_per_rank * cfg.grad_accum
-    if cfg.data != RANDOM_DATA:
-        from fsdp_train.data import open_source
-
-        # File names and sizes: new content under the same location is another run.
-        values["data_files"] = open_source(cfg.data, cfg.data_format).fingerprint()
-    return json.loads(json.dumps(values, sort_keys=True, default=str))  # as stored, for comparing
 
 
 def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> dict[str, Any]:

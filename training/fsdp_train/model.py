@@ -41,7 +41,7 @@ KNOWN_CONFIGS: dict[str, dict[str, Any]] = {"Qwen/Qwen2.5-1.5B": QWEN25_1_5B}
 def _refuse_non_fields(config_class: type | None, overrides: dict[str, Any], model_type: str) -> None:
     """The overrides become keyword arguments of the config: a key that is none of its class's fields is a
     loader option (``trust_remote_code``, ``token``) or nothing at all. The operator refuses these first
-    (fsdp_operator.model_configs); this holds for every other way a TrainConfig arrives."""
+    (fsdp_operator.api.model_configs); this holds for every other way a TrainConfig arrives."""
     if not overrides:
         return
     if config_class is None:
@@ -165,18 +165,3 @@ def _rebuild_rotary(model: nn.Module, config: Any, device: torch.device) -> None
             if type(child).__name__.endswith("RotaryEmbedding"):
                 with torch.device(device):  # transformers >= 5.17 deprecates its ``device`` argument
                     setattr(parent, child_name, type(child)(config=config))
-
-
-def load_pretrained_weights(model: nn.Module, cfg: TrainConfig, device: torch.device) -> None:
-    """Materialize the sharded model and fill it from ``cfg.model``, a local directory (``fsdp_train.weights``).
-
-    Safetensors go straight into each rank's shards; other weight files are loaded on rank 0 and broadcast.
-    """
-    from fsdp_train import weights
-
-    to_empty_keeping_ties(model, device)
-    if weights.has_safetensors(cfg.model):
-        weights.load_sharded(model, cfg.model)
-    else:
-        weights.load_broadcast(model, cfg.model, dict(cfg.model_overrides))
-    _rebuild_rotary(model, model.config, device)

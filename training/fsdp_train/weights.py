@@ -25,6 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from fsdp_train.config import TrainConfig
+from fsdp_train.model import _rebuild_rotary, to_empty_keeping_ties
+
 MODEL_CACHE_ENV = "FSDP_TRAIN_MODEL_CACHE"
 HF_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -59,7 +62,7 @@ def fetch(location: str, *, patterns: list[str] | None = None) -> str:
         return str(snapshot_download(location, allow_patterns=patterns or HF_FILE_PATTERNS))
     import pyarrow.fs as pafs
 
-    from fsdp_train.data import filesystem
+    from fsdp_train.storage import filesystem
 
     wanted = patterns or HF_FILE_PATTERNS
     target = cache_root() / hashlib.sha256(json.dumps([location, wanted]).encode()).hexdigest()[:16]
@@ -94,7 +97,7 @@ def fetch_on_each_node(location: str, *, local_rank: int, patterns: list[str] | 
     """``fetch`` on local rank 0 of every node while the other ranks wait; every rank gets the path."""
     if not dist.is_initialized():
         return fetch(location, patterns=patterns)
-    from fsdp_train.data import on_one_rank_per_node
+    from fsdp_train.storage import on_one_rank_per_node
 
     path = ""
     with on_one_rank_per_node(local_rank, f"fetching {location}"):
@@ -260,7 +263,7 @@ def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:
 def _publish(staging: Path, destination: str) -> None:
     import pyarrow.fs as pafs
 
-    from fsdp_train.data import filesystem
+    from fsdp_train.storage import filesystem
 
     if not is_remote(destination):
         target = Path(destination.removeprefix("file://"))
@@ -341,3 +344,17 @@ def describe(directory: Path) -> dict[str, Any]:
     return {p.name: p.stat().st_size for p in sorted(directory.iterdir())} | {
         "config": json.loads((directory / "config.json").read_text())
     }
+
+
+def load_pretrained_weights(model: nn.Module, cfg: TrainConfig, device: torch.device) -> None:
+    """Materialize the sharded model and fill it from ``cfg.model``, a local directory (``fsdp_train.weights``).
+
+    Safetensors go straight into each rank's shards; other weight files are loaded on rank 0 and broadcast.
+    """
+
+    to_empty_keeping_ties(model, device)
+    if has_safetensors(cfg.model):
+        load_sharded(model, cfg.model)
+    else:
+        load_broadcast(model, cfg.model, dict(cfg.model_overrides))
+    _rebuild_rotary(model, model.config, device)

@@ -42,7 +42,7 @@ from typing import Any
 
 import aiohttp
 
-from fsdp_operator.spec import parse_quantity
+from fsdp_operator.api.spec import parse_quantity
 
 log = logging.getLogger(__name__)
 

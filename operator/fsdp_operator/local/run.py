@@ -29,11 +29,11 @@ from rich.console import Console
 from rich.progress import BarColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
-from fsdp_operator import schema
+from fsdp_operator.api import generate, schema
+from fsdp_operator.api.spec import Job
+from fsdp_operator.decide.summary import loss_curve, summary_lines
 from fsdp_operator.local.apiserver import ApiServer
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, marked_processes
-from fsdp_operator.spec import Job
-from fsdp_operator.summary import loss_curve, summary_lines
 
 Obj = dict[str, Any]
 
@@ -232,7 +232,7 @@ class LocalRun:
     async def start(self) -> None:
         await self.api.start()
         crds = self.api.store.resource("customresourcedefinitions", "apiextensions.k8s.io")
-        self.api.store.create(crds, schema.crd())
+        self.api.store.create(crds, generate.crd())
         self.api.store.create(crds, RAYCLUSTER_CRD)
         self.api.write_kubeconfig(self.kubeconfig, self.namespace)
         self.http = aiohttp.ClientSession()
@@ -247,7 +247,7 @@ class LocalRun:
         self.operator = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "fsdp_operator.cli",
+            "fsdp_operator.cli.main",
             "operator",
             f"--namespace={self.namespace}",
             f"--liveness=http://127.0.0.1:{free_port()}/healthz",

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fsdp_train import data, packing
+from fsdp_train import data, packing, storage
+from fsdp_train import feed as feed_module
 from fsdp_train.config import TrainConfig
 from support.tiny_hf import EOS, IM_END, conversations, documents, train_tokenizer, write_jsonl, write_parquet
 
@@ -103,7 +104,7 @@ def test_the_format_comes_from_the_extension_unless_set(tmp_path: Path) -> None:
     assert data.open_source(str(tmp_path)).format == "jsonl"
     (tmp_path / "corpus.dat").write_text("one\n")
     assert data.open_source(str(tmp_path / "corpus.dat"), "text").files == (str(tmp_path / "corpus.dat"),)
-    with pytest.raises(data.DataUnavailable, match="no file with a known extension"):
+    with pytest.raises(storage.DataUnavailable, match="no file with a known extension"):
         data.open_source(str(tmp_path / "corpus.dat"))
 
 
@@ -124,7 +125,7 @@ def test_an_unreadable_source_is_data_unavailable(
 ) -> None:
     source = tmp_path / "src"
     setup(source)
-    with pytest.raises(data.DataUnavailable, match=message):
+    with pytest.raises(storage.DataUnavailable, match=message):
         prepared(TrainConfig(data=str(source), seq_len=16), tokenizer_dir)
 
 
@@ -132,7 +133,7 @@ def test_too_little_data_for_one_global_batch_is_data_unavailable(tmp_path: Path
     write_jsonl(tmp_path / "a.jsonl", [{"text": "the red fox"}])
     cfg = TrainConfig(data=str(tmp_path / "a.jsonl"), seq_len=16, batch_size_per_rank=2)
     with pytest.raises(
-        data.DataUnavailable, match=r"packs into 1 sequences of 16 tokens, fewer than one global batch \(4"
+        storage.DataUnavailable, match=r"packs into 1 sequences of 16 tokens, fewer than one global batch \(4"
     ):
         data.check_usable(prepared(cfg, tokenizer_dir), cfg, world_size=2, vocab_size=512)
 
@@ -154,7 +155,7 @@ def test_s3_through_moto_reads_the_same_documents(tmp_path: Path, tokenizer_dir:
         source = data.open_source(uri.rsplit("/", 1)[0])
         assert (source.format, source.files) == ("parquet", (f"{s3.bucket}/corpus/train.parquet",))
         from_s3 = prepared(TrainConfig(data=f"s3://{s3.bucket}/corpus", seq_len=32), tokenizer_dir)
-        with pytest.raises(data.DataUnavailable, match=f"s3://{s3.bucket}/missing does not exist"):
+        with pytest.raises(storage.DataUnavailable, match=f"s3://{s3.bucket}/missing does not exist"):
             data.open_source(f"s3://{s3.bucket}/missing")
     from_disk = prepared(TrainConfig(data=str(local), seq_len=32), tokenizer_dir)
     assert np.array_equal(from_s3.train.input_ids, from_disk.train.input_ids)
@@ -212,7 +213,7 @@ def test_chat_rows_from_jsonl_are_read_as_message_lists(tmp_path: Path, tokenize
 def test_chat_rows_that_are_not_message_lists_are_data_unavailable(tmp_path: Path, tokenizer_dir: Path) -> None:
     write_jsonl(tmp_path / "chat.jsonl", [{"messages": "hello"}])
     cfg = TrainConfig(data=str(tmp_path / "chat.jsonl"), data_field="messages", data_kind="chat", seq_len=32)
-    with pytest.raises(data.DataUnavailable, match=r"field 'messages': not a list of \{role, content\} messages"):
+    with pytest.raises(storage.DataUnavailable, match=r"field 'messages': not a list of \{role, content\} messages"):
         prepared(cfg, tokenizer_dir)
 
 
@@ -224,7 +225,7 @@ def human_bot(conversation: list[dict[str, str]]) -> list[dict[str, str]]:
 def test_chat_with_unknown_roles_only_fails_naming_role_field_and_file(tmp_path: Path, tokenizer_dir: Path) -> None:
     path = write_jsonl(tmp_path / "chat" / "a.jsonl", [{"messages": human_bot(c)} for c in conversations(20)])
     cfg = TrainConfig(data=str(tmp_path / "chat"), data_field="messages", data_kind="chat", seq_len=32)
-    with pytest.raises(data.DataUnavailable) as caught:
+    with pytest.raises(storage.DataUnavailable) as caught:
         prepared(cfg, tokenizer_dir)
     message = str(caught.value)
     assert "no row can be trained on" in message
@@ -249,7 +250,7 @@ def test_rows_without_targets_are_counted_per_file_and_fail_above_the_share(
     many = write_jsonl(tmp_path / "many" / "bad.jsonl", no_assistant)
     cfg = TrainConfig(data=str(tmp_path / "many"), data_field="messages", data_kind="chat", seq_len=32)
     expected = re.escape(f"10 of 110 rows cannot be trained on, more than 5% ({many}")
-    with pytest.raises(data.DataUnavailable, match=expected):
+    with pytest.raises(storage.DataUnavailable, match=expected):
         prepared(cfg, tokenizer_dir)
 
 
@@ -257,27 +258,27 @@ def test_a_missing_field_is_named_with_its_file_per_row_and_per_file(tmp_path: P
     rows = [{"text": d} for d in documents(30)] + [{"body": "the red fox"}] * 10
     path = write_jsonl(tmp_path / "mixed.jsonl", rows)
     expected = re.escape(f"{path}: 10 of 40 rows, field 'text': field missing or null")
-    with pytest.raises(data.DataUnavailable, match=expected):
+    with pytest.raises(storage.DataUnavailable, match=expected):
         prepared(TrainConfig(data=str(path), seq_len=32), tokenizer_dir)
     # A batch without the column at all (Ray Data hands the tokenizer whole files' rows): file and field named.
     tokenize = data.Tokenize(str(tokenizer_dir), "conversations", "chat")
     expected = re.escape("s3://b/x.jsonl has no field 'conversations' (fields: text)")
-    with pytest.raises(data.DataUnavailable, match=expected):
+    with pytest.raises(storage.DataUnavailable, match=expected):
         tokenize({"text": ["a"], "path": ["s3://b/x.jsonl"]})
 
 
 # --- order and resume ----------------------------------------------------------------------------------------
 
 
-def feeds(size: int, world: int, batch_size: int = 2, accum: int = 1) -> list[data.TrainFeed]:
+def feeds(size: int, world: int, batch_size: int = 2, accum: int = 1) -> list[feed_module.TrainFeed]:
     packed = packing.Packed(np.arange(size * 4, dtype=np.int32).reshape(size, 4), np.ones((size, 4), np.uint8))
     return [
-        data.TrainFeed(packed, rank=r, world_size=world, batch_size=batch_size, grad_accum=accum, seed=5)
+        feed_module.TrainFeed(packed, rank=r, world_size=world, batch_size=batch_size, grad_accum=accum, seed=5)
         for r in range(world)
     ]
 
 
-def run_steps(group: list[data.TrainFeed], steps: int) -> Iterator[tuple[int, list[int]]]:
+def run_steps(group: list[feed_module.TrainFeed], steps: int) -> Iterator[tuple[int, list[int]]]:
     for _ in range(steps):
         epoch = group[0].position.epoch
         results = [feed.next_step() for feed in group]
@@ -338,7 +339,7 @@ def test_a_position_saved_for_other_data_or_batch_sizes_is_refused() -> None:
 
 def test_eval_batches_give_every_rank_the_same_count_and_each_row_once() -> None:
     packed = packing.Packed(np.arange(7 * 4, dtype=np.int32).reshape(7, 4), np.full((7, 4), packing.TARGET, np.uint8))
-    per_rank = [list(data.eval_batches(packed, rank=r, world_size=3, batch_size=2)) for r in range(3)]
+    per_rank = [list(feed_module.eval_batches(packed, rank=r, world_size=3, batch_size=2)) for r in range(3)]
     assert [len(b) for b in per_rank] == [2, 2, 2]
     real = sorted(
         int(row[0]) // 4
@@ -360,8 +361,8 @@ def test_without_the_document_mask_positions_run_through_the_row() -> None:
     train, _ = packing.pack_documents(
         [batch(([11, 12], [1, 1]), ([21, 22], [1, 1]), ([31], [1]))], seq_len=4, eos_id=0, eos_is_target=True
     )
-    masked = data.Collate(train)([0, 1])  # 11 12 EOS 21 | 22 EOS 31 EOS
-    plain = data.Collate(train, document_mask=False)([0, 1])
+    masked = feed_module.Collate(train)([0, 1])  # 11 12 EOS 21 | 22 EOS 31 EOS
+    plain = feed_module.Collate(train, document_mask=False)([0, 1])
     assert masked["position_ids"].tolist() == [[0, 1, 2, 0], [0, 1, 0, 1]]
     assert plain["position_ids"].tolist() == [[0, 1, 2, 3], [0, 1, 2, 3]]
     assert plain["labels"].tolist() == masked["labels"].tolist()  # the targets do not change

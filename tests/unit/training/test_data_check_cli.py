@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fsdp_operator.cli import main
+from fsdp_operator.cli.main import main
 from support.tiny_hf import conversations, save_tiny_model, write_jsonl
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from fsdp_train.attention import DOCUMENT_ATTENTION, register, varlen_available
-from fsdp_train.data import Collate
+from fsdp_train.feed import Collate
 from fsdp_train.model import build_meta_model
 from fsdp_train.packing import BOUNDS_KEY, DOC_START, TARGET, Packed, document_bounds
 from support.tiny_hf import TINY_QWEN2

@@ -153,8 +153,9 @@ def test_a_model_that_is_not_the_trained_one_fails_the_loss_check(tmp_path: Path
 def test_the_status_folds_both_losses_and_the_verdict() -> None:
     from datetime import UTC, datetime
 
-    from fsdp_operator.spec import parse_job
-    from fsdp_operator.status import JobStatus, fold_events
+    from fsdp_operator.api.spec import parse_job
+    from fsdp_operator.decide.folding import fold_events
+    from fsdp_operator.decide.status import JobStatus
 
     manifest = {"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "metadata": {"name": "j"}, "spec": {}}
     job = parse_job(manifest)

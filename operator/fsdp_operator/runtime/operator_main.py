@@ -10,11 +10,11 @@ from collections.abc import Sequence
 
 import kopf
 
-from fsdp_operator.capacity import Ec2ZoneAdvisor
-from fsdp_operator.cli import add_operator_arguments
-from fsdp_operator.controller import Runtime
-from fsdp_operator.handlers import build_registry
-from fsdp_operator.settings import OperatorConfig
+from fsdp_operator.capacity.ec2 import Ec2ZoneAdvisor
+from fsdp_operator.runtime.handlers import build_registry
+from fsdp_operator.runtime.operator_options import add_operator_arguments
+from fsdp_operator.runtime.settings import OperatorConfig
+from fsdp_operator.runtime.shared import Runtime
 
 
 class _QuietWakeups(logging.Filter):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from fsdp_train.events import Probe, Transport
 
 if TYPE_CHECKING:
-    from fsdp_operator.spec import Transport as RequestedTransport
+    from fsdp_operator.api.spec import Transport as RequestedTransport
 
 TRANSPORT_CONDITION = "TransportVerified"
 INTERCONNECT_CONDITION = "InterconnectHealthy"

@@ -22,10 +22,12 @@ from typing import Any
 
 import kopf
 
-from fsdp_operator import render, schema
-from fsdp_operator.controller import JobLoop, Runtime, finalize
-from fsdp_operator.kube import RAYCLUSTER_GROUP, RAYCLUSTER_PLURAL, RAYCLUSTER_VERSION, AioKube
-from fsdp_operator.settings import configure_kopf
+from fsdp_operator.api import render, schema
+from fsdp_operator.runtime.controller import JobLoop
+from fsdp_operator.runtime.finalizer import finalize
+from fsdp_operator.runtime.kube import RAYCLUSTER_GROUP, RAYCLUSTER_PLURAL, RAYCLUSTER_VERSION, AioKube
+from fsdp_operator.runtime.settings import configure_kopf
+from fsdp_operator.runtime.shared import Runtime
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 MANAGED = {render.LABEL_MANAGED_BY: render.MANAGED_BY}

@@ -12,7 +12,7 @@ from typing import Any
 import fsdp_train
 import kopf
 
-from fsdp_operator import render
+from fsdp_operator.api import render
 
 FINALIZER = "fsdp.dev/finalizer"
 ANNOTATION_PREFIX = "fsdp.dev"

@@ -14,9 +14,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_operator import schema
-from fsdp_operator import spec as spec_mod
-from fsdp_operator.spec import Job, Spec
+from fsdp_operator.api import schema
+from fsdp_operator.api import spec as spec_mod
+from fsdp_operator.api.spec import Job, Spec
 
 MANAGED_BY = "fsdp-operator"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"

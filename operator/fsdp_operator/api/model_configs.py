@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fsdp_operator.fields import Problems, show, show_key, type_name
+from fsdp_operator.api.fields import Problems, show, show_key, type_name
 
 ConfigType = Literal["int", "float", "bool", "str"]
 

@@ -29,10 +29,10 @@ from typing import Any, Protocol, TypeVar
 
 from fsdp_train import events
 
-from fsdp_operator.reconcile import RAY_FAILED, RAY_PENDING, RAY_RUNNING, RAY_STOPPED, RAY_SUCCEEDED, RAY_TERMINAL
-from fsdp_operator.reconcile import RayJobInfo as RayJobInfo
-from fsdp_operator.reconcile import RayNodes as RayNodes
-from fsdp_operator.render import Submission
+from fsdp_operator.api.render import Submission
+from fsdp_operator.decide.observed import RAY_FAILED, RAY_PENDING, RAY_RUNNING, RAY_STOPPED, RAY_SUCCEEDED, RAY_TERMINAL
+from fsdp_operator.decide.observed import RayJobInfo as RayJobInfo
+from fsdp_operator.decide.observed import RayNodes as RayNodes
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

@@ -15,268 +15,67 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
-from fsdp_train.events import Event, clean_text
+from fsdp_train.events import clean_text
 
-from fsdp_operator import render, schema
-from fsdp_operator.capacity import ZoneChoice
-from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
-from fsdp_operator.status import (
+from fsdp_operator.api import render
+from fsdp_operator.api.spec import Job, NotAJobError, SpecError, parse_job
+from fsdp_operator.capacity.plan import ZoneChoice
+from fsdp_operator.decide.folding import fold_events
+from fsdp_operator.decide.guards import (
+    _check_deadline,
+    _check_suspend,
+    _condition_status,
+    _finish,
+    _finished,
+    _job_submitted_false,
+    _left_by_namesake,
+    _name_taken,
+    _next_attempt,
+    _submitted,
+    _validation_failed,
+    _with_identity,
+)
+from fsdp_operator.decide.observed import (
+    RAY_FAILED,
+    RAY_PENDING,
+    RAY_STOPPED,
+    RAY_SUCCEEDED,
+    RAY_TERMINAL,
+    RAY_UNREACHABLE_TIMEOUT,
+    Action,
+    ApplyNetworkPolicy,
+    ChildView,
+    ClusterView,
+    CreateAuthSecret,
+    CreateRayCluster,
+    Decision,
+    DeleteLeftover,
+    Observed,
+    PostEvent,
+    RayNodes,
+    StopJob,
+    SubmitJob,
+    _count,
+    _mapping,
+)
+from fsdp_operator.decide.status import (
     CONDITIONS,
     WARNING_REASONS,
     ConditionType,
     JobStatus,
     Phase,
     Reason,
-    cleared_run_data,
-    fold_events,
     get_condition,
     set_condition,
     with_lifecycle_conditions,
 )
 
-# Ray's job states (ray.job_submission.JobStatus values).
-RAY_PENDING, RAY_RUNNING, RAY_SUCCEEDED = "PENDING", "RUNNING", "SUCCEEDED"
-RAY_FAILED, RAY_STOPPED = "FAILED", "STOPPED"
-RAY_TERMINAL = frozenset({RAY_SUCCEEDED, RAY_FAILED, RAY_STOPPED})
-RAY_UNREACHABLE_TIMEOUT = 300.0
-"""Seconds a submitted job's Ray job API may stay silent before the job fails (the operator's default)."""
-
-
 # --- what was observed ----------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ClusterView:
-    """The parts of a RayCluster object the state machine reads."""
-
-    name: str
-    state: str = ""
-    """KubeRay's `status.state` (`ready`, `failed`, `suspended`, ...); empty before KubeRay wrote one."""
-    ready_workers: int = 0
-    desired_workers: int = 0
-    deleting: bool = False
-    owner_uid: str = ""
-    """The uid in the controller ownerReference; empty when the cluster has none."""
-    dashboard_url: str = ""
-    """Ray's dashboard / job API, from `status.head` and `status.endpoints` as KubeRay writes them."""
-    reason: str = ""
-    """KubeRay's `status.reason`: why the state is what it is (set with `failed`)."""
-    head_not_ready: str = ""
-    """KubeRay's HeadPodReady condition when it is False: its reason and message (the head pod's Ready); else empty."""
-    owner_kind: str = ""
-    owner_name: str = ""
-    uid: str = ""
-
-    @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> ClusterView:
-        meta = _mapping(obj.get("metadata"))
-        status = _mapping(obj.get("status"))
-        references = meta.get("ownerReferences")
-        owners = [_mapping(o) for o in references] if isinstance(references, list) else []
-        owner: Mapping[str, Any] = next((o for o in owners if o.get("controller") is True), {})
-        return cls(
-            name=str(meta.get("name", "")),
-            state=str(status.get("state") or ""),
-            ready_workers=_count(status.get("readyWorkerReplicas")),
-            desired_workers=_count(status.get("desiredWorkerReplicas")),
-            deleting=bool(meta.get("deletionTimestamp")),
-            owner_uid=str(owner.get("uid", "")),
-            owner_kind=str(owner.get("kind", "")),
-            owner_name=str(owner.get("name", "")),
-            uid=str(meta.get("uid", "")),
-            dashboard_url=dashboard_url(obj),
-            reason=str(status.get("reason") or ""),
-            head_not_ready=_head_not_ready(status.get("conditions")),
-        )
-
-
-def _head_not_ready(conditions: Any) -> str:
-    for condition in conditions if isinstance(conditions, list) else []:
-        c = _mapping(condition)
-        if c.get("type") == "HeadPodReady" and c.get("status") == "False":
-            return f"{c.get('reason') or 'HeadPodNotReady'}: {c.get('message') or 'no message'}"[:512]
-    return ""
-
-
-@dataclass(frozen=True, slots=True)
-class ChildView:
-    """An object under one of the job's names (its auth Secret, its NetworkPolicy) that a create found there and
-    that is not the job's own."""
-
-    kind: str
-    name: str
-    uid: str
-    owner_uid: str = ""
-    owner_kind: str = ""
-    owner_name: str = ""
-    deleting: bool = False
-
-    @classmethod
-    def from_object(cls, kind: str, obj: Mapping[str, Any]) -> ChildView:
-        view = ClusterView.from_object(obj)
-        return cls(kind, view.name, view.uid, view.owner_uid, view.owner_kind, view.owner_name, view.deleting)
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _count(value: Any) -> int:
-    """A replica count from another controller's status (typed there, unchecked here)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def dashboard_url(obj: Mapping[str, Any]) -> str:
-    """`http://<head service IP or name>:<dashboard port>` from a RayCluster's status; empty when unknown."""
-    status = obj.get("status") or {}
-    head = status.get("head") or {}
-    meta = obj.get("metadata") or {}
-    port = str((status.get("endpoints") or {}).get("dashboard") or render.DASHBOARD_PORT)
-    host = head.get("serviceIP") or ""
-    if not host and head.get("serviceName"):
-        host = f"{head['serviceName']}.{meta.get('namespace', 'default')}.svc"
-    return f"http://{host}:{port}" if host else ""
-
-
-@dataclass(frozen=True, slots=True)
-class RayNodes:
-    """Ray's own view of the cluster: alive worker (non-head) nodes and their resources."""
-
-    alive_workers: int
-    gpus: float
-    cpus: float
-
-
-@dataclass(frozen=True, slots=True)
-class RayJobInfo:
-    submission_id: str
-    status: str
-    message: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Observed:
-    """Everything one pass saw. `None` means "absent" (cluster, Ray job) or "not asked"."""
-
-    now: datetime
-    cluster: ClusterView | None = None
-    unschedulable: str = ""
-    """The scheduler's message for a Pending worker or head pod (FailedScheduling); empty when none."""
-    create_refused: str = ""
-    """The API server's refusal of a create the job needs, for a reason a retry does not change by itself (RBAC,
-    admission, validation, quota): of the job's Secret, NetworkPolicy or RayCluster by the operator, or of a pod by
-    KubeRay (its FailedToCreateHeadPod / FailedToCreateWorkerPod event). Empty when none."""
-    ray_nodes: RayNodes | None = None
-    ray_job: RayJobInfo | None = None
-    ray_error: str = ""
-    """Why Ray's API could not be asked (connection refused, timeout); empty when it answered."""
-    events: tuple[Event, ...] = ()
-    """Structured events from the job log since `status.logOffset`."""
-    log_offset: int | None = None
-    """The log offset after `events`; None when the log was not read."""
-    submit_error: str = ""
-    """Ray rejected the submission of `status.submissionId` (not a transient error)."""
-    skipped_lines: int = 0
-    """Event lines in the log read this pass that did not parse (malformed, over-long)."""
-    forged_lines: int = 0
-    """Event lines in the log read this pass that failed the signature check (never folded)."""
-    log_pending: bool = False
-    """More of the job log is waiting than one pass reads: the next pass comes at once."""
-    foreign_secret: str = ""
-    """The job's auth Secret exists and is not owned by this job: its name."""
-    children: tuple[ChildView, ...] = ()
-    """Objects under the job's names whose create answered 409 and that are not the job's own."""
-    zone_choice: ZoneChoice | None = None
-    """For `placement.availabilityZone: auto` before the cluster exists: the zone AWS advised (or why none)."""
-
-
 # --- what to do -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CreateRayCluster:
-    manifest: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteRayCluster:
-    namespace: str
-    name: str
-
-
-@dataclass(frozen=True, slots=True)
-class SubmitJob:
-    submission: render.Submission
-
-
-@dataclass(frozen=True, slots=True)
-class StopJob:
-    submission_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class CreateAuthSecret:
-    """The per-job Secret for Ray's auth token and the event key (the controller draws both); 409: it exists."""
-
-    manifest: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class ApplyNetworkPolicy:
-    """The per-job NetworkPolicy closing Ray's ports; 409 means it exists."""
-
-    manifest: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteLeftover:
-    """Delete what a deleted job of the same name left under this job's names, only while it is the object `uid`
-    (a precondition: never a newer one); its create follows once it is gone."""
-
-    kind: str
-    namespace: str
-    name: str
-    uid: str
-
-
-@dataclass(frozen=True, slots=True)
-class PostEvent:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeleteJob:
-    """`ttlSecondsAfterFinished` ran out: delete the FSDPTrainingJob itself."""
-
-
-Action = (
-    CreateRayCluster
-    | DeleteRayCluster
-    | SubmitJob
-    | StopJob
-    | PostEvent
-    | DeleteJob
-    | CreateAuthSecret
-    | ApplyNetworkPolicy
-    | DeleteLeftover
-)
-
-MUST_STOP_ACTIONS = (StopJob, DeleteRayCluster)
-"""Actions that end what runs: taken even when the API server refuses every form of the status decided with them."""
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    status: JobStatus
-    actions: tuple[Action, ...] = ()
-    requeue_after: float | None = None
-    """Seconds until the next pass is due regardless of events (TTL); None: the usual interval."""
-    done: bool = False
-    """Terminal and nothing left to do: the per-job loop can stop."""
 
 
 # --- the state machine ------------------------------------------------------------------------------
@@ -381,87 +180,6 @@ def _decide(
             raise AssertionError(f"unhandled phase {status.phase}")
 
 
-def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems: str, obs: Observed) -> Decision:
-    now = obs.now
-    meta = _mapping(manifest.get("metadata"))
-    generation = _count(meta.get("generation"))
-    already = status.phase == Phase.FAILED and status.reason == Reason.VALIDATION_FAILED
-    # Not `done` (kopf never restarts a daemon that returned): a fixed spec must start the job over.
-    if already and status.observed_generation == generation:
-        return Decision(status)
-    if status.terminal and not already:
-        return Decision(status, done=True)  # a finished run stays as it ended, whatever the spec says now
-    message = "invalid spec: " + problems.replace("\n", "; ")
-    new = replace(
-        status,
-        phase=Phase.FAILED,
-        reason=Reason.VALIDATION_FAILED,
-        message=message,
-        observed_generation=generation,
-        start_time=status.start_time or now,
-        end_time=now,
-        conditions=set_condition(
-            status.conditions, ConditionType.VALIDATED, "False", "Invalid", message, now=now, generation=generation
-        ),
-    )
-    # Nothing was created for an invalid job unless it was valid before: clean up what may exist (if ours).
-    actions: tuple[Action, ...] = ()
-    ours = not _foreign(obs.cluster, str(meta.get("uid") or ""))  # absent: a delete by name is a harmless 404
-    if ours and status.submission_id and status.phase in (Phase.SUBMITTING, Phase.RUNNING):
-        actions += (StopJob(status.submission_id),)
-    if ours and status.ray_cluster_name:
-        actions += (DeleteRayCluster(str(meta.get("namespace") or "default"), status.ray_cluster_name),)
-    return Decision(new, actions)
-
-
-def _with_identity(job: Job, status: JobStatus, now: datetime) -> JobStatus:
-    """Identity first: names go into status before anything exists under them.
-
-    The same pass goes on (its status, names included, is written before any of its actions is taken),
-    so a new job's RayCluster is created by its first pass; a restart between the write and the create
-    creates it under the recorded name.
-    """
-    attempts = max(status.attempts, 1)
-    return replace(
-        status,
-        phase=Phase.PENDING,
-        reason=Reason.CREATED,
-        message="RayCluster name and submission id recorded",
-        ray_cluster_name=render.raycluster_name(job.name),
-        submission_id=render.submission_id(job.name, job.uid, attempts),
-        attempts=attempts,
-        start_time=status.start_time or now,
-        conditions=set_condition(
-            status.conditions,
-            ConditionType.VALIDATED,
-            "True",
-            "Valid",
-            "spec is valid",
-            now=now,
-            generation=job.generation,
-        ),
-    )
-
-
-def _foreign(cluster: ClusterView | None, uid: str) -> bool:
-    """The RayCluster under our name was not created for this job (no owner reference to it): never touch it.
-
-    Never adopted, submitted into, stopped or deleted: a cluster someone else made may run someone else's work.
-    """
-    return cluster is not None and bool(uid) and cluster.owner_uid != uid
-
-
-def _left_by_namesake(job: Job, child: ClusterView | ChildView) -> bool:
-    """Owned by an earlier FSDPTrainingJob of the same name (deleted and created again, as GitOps tools do on an
-    immutable change): garbage the garbage collector deletes in its own time, never this job's."""
-    return (
-        child.owner_kind == schema.KIND
-        and child.owner_name == job.name
-        and bool(child.owner_uid)
-        and child.owner_uid != job.uid
-    )
-
-
 def _replace_leftovers(job: Job, status: JobStatus, obs: Observed) -> Decision | None:
     """What a deleted job of the same name left under this job's names is deleted (with a uid precondition) and
     created again by a later pass, or waited for while it is being deleted; the status says which."""
@@ -490,33 +208,6 @@ LEFTOVER_RECHECK_SECONDS = 1.0
 """How soon a pass looks again whether what a deleted namesake left is gone."""
 
 
-def _name_taken(job: Job, status: JobStatus, obs: Observed) -> Decision | None:
-    """Fail with `ClusterNameTaken` when the cluster (or the auth Secret, or the NetworkPolicy) under the job's
-    names is not ours, nor left by a deleted job of the same name (`_replace_leftovers` replaces those)."""
-    cluster = obs.cluster
-    foreign_child = next((c for c in obs.children if not _left_by_namesake(job, c)), None)
-    if cluster is not None and _foreign(cluster, job.uid) and not _left_by_namesake(job, cluster):
-        owner = f"owned by uid {cluster.owner_uid}" if cluster.owner_uid else "with no owner reference"
-        message = (
-            f"RayCluster {cluster.name} exists and was not created for this job ({owner}); it is left alone: "
-            "delete it or rename the job"
-        )
-    elif obs.foreign_secret:
-        message = (
-            f"Secret {obs.foreign_secret} (Ray's auth token for this job) exists and was not created for this job; "
-            "it is left alone: delete it or rename the job"
-        )
-    elif foreign_child is not None:
-        owner = f"owned by uid {foreign_child.owner_uid}" if foreign_child.owner_uid else "with no owner reference"
-        message = (
-            f"{foreign_child.kind} {foreign_child.name} exists and was not created for this job ({owner}); it is left "
-            "alone: delete it or rename the job"
-        )
-    else:
-        return None
-    return _finish(job, status, obs, Phase.FAILED, Reason.CLUSTER_NAME_TAKEN, message, stop_job=False)
-
-
 def _cluster_actions(job: Job, status: JobStatus, security: render.Security) -> tuple[Action, ...]:
     """Create (idempotently) what the RayCluster needs first, then the cluster itself."""
     # Always: besides Ray's token it holds the key the job's events are signed with (docs/reliability.md).
@@ -524,152 +215,6 @@ def _cluster_actions(job: Job, status: JobStatus, security: render.Security) -> 
     if security.network_policy:
         actions += (ApplyNetworkPolicy(render.network_policy(job, security)),)
     return (*actions, _raycluster(job, status, security))
-
-
-def _cleanup_actions(job: Job, status: JobStatus, cluster: ClusterView | None) -> tuple[Action, ...]:
-    if job.spec.run_policy.cleanup != "Delete":
-        return ()
-    if (cluster is not None and cluster.deleting) or _foreign(cluster, job.uid):
-        return ()
-    return (DeleteRayCluster(job.namespace, status.ray_cluster_name),)
-
-
-def _finish(
-    job: Job,
-    status: JobStatus,
-    obs: Observed,
-    phase: Phase,
-    reason: Reason,
-    message: str,
-    *,
-    stop_job: bool,
-) -> Decision:
-    """Enter a terminal phase: stop what still runs, clean up per `runPolicy.cleanup`."""
-    new = replace(status, phase=phase, reason=reason, message=message, end_time=obs.now, provisioning_since=None)
-    if phase == Phase.FAILED:
-        new = replace(
-            new,
-            conditions=_job_submitted_false(new, reason, message, obs.now, job.generation)
-            if _condition_status(new, ConditionType.JOB_SUBMITTED) == "True"
-            else new.conditions,
-        )
-    actions: tuple[Action, ...] = ()
-    if stop_job and status.submission_id:
-        actions += (StopJob(status.submission_id),)
-    actions += _cleanup_actions(job, new, obs.cluster)
-    return Decision(new, actions)
-
-
-def _condition_status(status: JobStatus, type_: str) -> str:
-    return next((str(c.get("status")) for c in status.conditions if c.get("type") == type_), "")
-
-
-def _job_submitted_false(status: JobStatus, reason: str, message: str, now: datetime, gen: int) -> list[dict[str, Any]]:
-    return set_condition(
-        status.conditions, ConditionType.JOB_SUBMITTED, "False", reason, message, now=now, generation=gen
-    )
-
-
-def _finished(job: Job, status: JobStatus, obs: Observed) -> Decision:
-    """A terminal job: make sure nothing still runs and the cluster is gone (cleanup: Delete), then the TTL."""
-    actions: tuple[Action, ...] = ()
-    if obs.ray_job is not None and obs.ray_job.status not in RAY_TERMINAL:
-        # Level-triggered stop: the one decided on entering this phase may have been lost to a restart,
-        # and with cleanup: Keep no cluster deletion would end the Ray job either.
-        actions += (StopJob(status.submission_id),)
-    if obs.cluster is not None:
-        actions += _cleanup_actions(job, status, obs.cluster)
-    ttl = job.spec.run_policy.ttl_seconds_after_finished
-    if ttl is None:
-        return Decision(status, actions, done=not actions)
-    end = status.end_time or obs.now
-    left = ttl - (obs.now - end).total_seconds()
-    if left <= 0:
-        return Decision(status, (*actions, DeleteJob()))
-    return Decision(status, actions, requeue_after=left)
-
-
-def _next_attempt(job: Job, status: JobStatus) -> JobStatus:
-    """A new attempt (retry or resume): a new submission id, nothing left of what the last one's ranks said."""
-    attempts = status.attempts + 1
-    return replace(
-        cleared_run_data(status), attempts=attempts, submission_id=render.submission_id(job.name, job.uid, attempts)
-    )
-
-
-def _submitted(status: JobStatus) -> bool:
-    """A Ray job may exist for the current submission id."""
-    return status.phase in (Phase.SUBMITTING, Phase.RUNNING)
-
-
-def _check_suspend(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision | None:
-    suspend = job.spec.run_policy.suspend
-    if status.phase == Phase.SUSPENDED:
-        if suspend:
-            # Level-triggered: the cluster is deleted again if it came back.
-            lingering = obs.cluster is not None and not obs.cluster.deleting and not _foreign(obs.cluster, job.uid)
-            again = (DeleteRayCluster(job.namespace, status.ray_cluster_name),) if lingering else ()
-            return Decision(status, again)
-        fresh = _next_attempt(job, status)
-        resumed = replace(
-            fresh,
-            phase=Phase.PENDING,
-            reason=Reason.RESUMED,
-            message=f"resumed as attempt {fresh.attempts}",
-            # activeDeadlineSeconds counts from the resume, as for a Kubernetes Job.
-            start_time=obs.now,
-            workers="",
-            # A new RayCluster: `availabilityZone: auto` looks for the best zone again.
-            placement={},
-        )
-        return Decision(resumed)
-    if not suspend:
-        return None
-    actions: tuple[Action, ...] = ()
-    if not _foreign(obs.cluster, job.uid):
-        if _submitted(status):
-            actions += (StopJob(status.submission_id),)
-        if obs.cluster is not None or status.phase != Phase.PENDING:
-            actions += (DeleteRayCluster(job.namespace, status.ray_cluster_name),)
-    conditions = set_condition(
-        status.conditions,
-        ConditionType.WORKERS_READY,
-        "False",
-        "Suspended",
-        "RayCluster deleted",
-        now=obs.now,
-        generation=job.generation,
-    )
-    if _condition_status(status, ConditionType.JOB_SUBMITTED) == "True":
-        conditions = set_condition(
-            conditions,
-            ConditionType.JOB_SUBMITTED,
-            "False",
-            "Suspended",
-            "Ray job stopped",
-            now=obs.now,
-            generation=job.generation,
-        )
-    new = replace(
-        status,
-        phase=Phase.SUSPENDED,
-        reason=Reason.SUSPENDED,
-        message="suspended: Ray job stopped and RayCluster deleted; set runPolicy.suspend: false to resume",
-        provisioning_since=None,
-        conditions=conditions,
-    )
-    return Decision(new, actions)
-
-
-def _check_deadline(job: Job, status: JobStatus, obs: Observed, package: str) -> Decision | None:
-    deadline = job.spec.run_policy.active_deadline_seconds
-    if deadline is None or status.start_time is None:
-        return None
-    elapsed = (obs.now - status.start_time).total_seconds()
-    if elapsed < deadline:
-        return None
-    message = f"activeDeadlineSeconds ({deadline}s) exceeded after {elapsed:.0f}s in phase {status.phase}"
-    return _finish(job, status, obs, Phase.FAILED, Reason.DEADLINE_EXCEEDED, message, stop_job=_submitted(status))
 
 
 def _placed(job: Job, status: JobStatus, obs: Observed) -> JobStatus:
@@ -971,24 +516,6 @@ def _ray_unreachable(job: Job, status: JobStatus, obs: Observed, timeout: float)
         ray_unreachable_since=since,
     )
     return Decision(new)
-
-
-def finalize_actions(
-    namespace: str, name: str, uid: str, status: JobStatus, cluster: ClusterView | None
-) -> tuple[Action, ...]:
-    """What deleting a job must do: stop its Ray job, then delete its RayCluster (whatever `cleanup` says).
-
-    The cluster name is derived again when status never recorded it, so a job deleted during its very
-    first pass leaves nothing behind either; a cluster controlled by another object is left alone.
-    """
-    if _foreign(cluster, uid):
-        return ()
-    actions: tuple[Action, ...] = ()
-    if status.submission_id and status.phase in (Phase.SUBMITTING, Phase.RUNNING) and cluster is not None:
-        actions += (StopJob(status.submission_id),)
-    if cluster is None or cluster.deleting:
-        return actions
-    return (*actions, DeleteRayCluster(namespace, status.ray_cluster_name or render.raycluster_name(name)))
 
 
 # --- events for transitions ---------------------------------------------------------------------------

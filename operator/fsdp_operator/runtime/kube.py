@@ -30,7 +30,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from fsdp_operator import formats, schema
+from fsdp_operator.api import formats, schema
 
 Obj = dict[str, Any]
 

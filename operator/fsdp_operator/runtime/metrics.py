@@ -15,7 +15,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from fsdp_operator.status import ConditionType, JobStatus, Phase, get_condition, parse_time
+from fsdp_operator.decide.status import ConditionType, JobStatus, Phase, get_condition, parse_time
 
 # From seconds (a warm cluster) to an hour (nodes scaled up from zero, large images pulled).
 _WAIT_BUCKETS = (5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, float("inf"))

@@ -31,8 +31,8 @@ def add_parser(sub: Any) -> None:
 def cmd_data_check(args: argparse.Namespace) -> int:
     from fsdp_train.config import RANDOM_DATA, TrainConfig
 
-    from fsdp_operator.cli import EXIT_BAD_INPUT, EXIT_FINDING, EXIT_OK, load_job
-    from fsdp_operator.render import train_config
+    from fsdp_operator.api.render import train_config
+    from fsdp_operator.cli.inputs import EXIT_BAD_INPUT, EXIT_FINDING, EXIT_OK, load_job
 
     if args.rows < 1:
         print("error: --rows must be at least 1")
@@ -50,16 +50,9 @@ def cmd_data_check(args: argparse.Namespace) -> int:
 
 def check(cfg: Any, rows: int) -> bool:
     """Print the report for the first ``rows`` rows of ``cfg.data``; False when the job would fail on them."""
-    from fsdp_train.data import (
-        DataUnavailable,
-        Tokenize,
-        check_rows,
-        eos_is_target,
-        open_source,
-        read_tables,
-        tokenizer_location,
-    )
+    from fsdp_train.data import Tokenize, check_rows, eos_is_target, open_source, read_tables, tokenizer_location
     from fsdp_train.packing import TARGET, DataReport, pack_documents
+    from fsdp_train.storage import DataUnavailable
 
     tokenize = Tokenize(tokenizer_location(cfg, None), cfg.data_field, cfg.data_kind)
     source = open_source(cfg.data, cfg.data_format)

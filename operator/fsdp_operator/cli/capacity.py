@@ -13,8 +13,10 @@ import sys
 from collections.abc import Sequence
 from typing import IO, Any
 
-from fsdp_operator import capacity
-from fsdp_operator.capacity import Boto3Clients, ClientFactory, NoCredentials, Plan, Region, UnknownInstanceType
+from fsdp_operator.capacity import ec2 as capacity
+from fsdp_operator.capacity import plan as capacity_plan
+from fsdp_operator.capacity.ec2 import Boto3Clients, ClientFactory, NoCredentials, UnknownInstanceType
+from fsdp_operator.capacity.plan import Plan, Region
 
 EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
 CREDENTIALS_HINT = (
@@ -49,7 +51,7 @@ def _request(
     disabled: set[str],
     instance_type: str,
     count: int,
-) -> capacity.Request:
+) -> capacity_plan.Request:
     """The request, its vCPUs per instance from the catalog or EC2: asked of the home region when it is checked,
     else of the checked regions in turn (one that is not enabled, or that errs, does not decide it)."""
     home = clients.home_region()
@@ -105,20 +107,20 @@ def run(
     except Exception as e:  # the request itself could not be made (its region erred): one line, no traceback
         print(f"error: {capacity.describe_error(e, 'instance type', 'the first region')}", file=err)
         return EXIT_FINDING
-    for leftover in capacity.leftovers(plan):
+    for leftover in capacity_plan.leftovers(plan):
         print(f"warning: {leftover}", file=err)
     if output == "json":
-        print(json.dumps(capacity.to_json(plan), indent=2), file=out)
+        print(json.dumps(capacity_plan.to_json(plan), indent=2), file=out)
     else:
         print_table(plan, out)
-    return EXIT_OK if any(r.usable for r in capacity.rank(plan)) else EXIT_FINDING
+    return EXIT_OK if any(r.usable for r in capacity_plan.rank(plan)) else EXIT_FINDING
 
 
 def _check(
     factory: ClientFactory,
     names: list[str],
     disabled: set[str],
-    request: capacity.Request,
+    request: capacity_plan.Request,
     probe: bool,
     output: str,
     err: IO[str],
@@ -176,14 +178,14 @@ def print_table(plan: Plan, out: IO[str]) -> None:
     table = Table(title=title, box=box.SIMPLE, title_justify="left")
     for column in ("rank", "region", "zone", "offered", "quota free", "spot", "probe", "why"):
         table.add_column(column, overflow="fold")
-    for r in capacity.rank(plan):
+    for r in capacity_plan.rank(plan):
         free = r.quota.free if r.quota is not None else None
         table.add_row(
             str(r.rank),
             r.region,
             r.zone.name,
             "yes" if r.zone.offered else "no",
-            "-" if free is None else capacity.number(free),
+            "-" if free is None else capacity_plan.number(free),
             _cell(r.zone.spot_score),
             r.zone.probe.outcome if r.zone.probe else "-",
             r.why,
@@ -196,12 +198,12 @@ def print_table(plan: Plan, out: IO[str]) -> None:
             console.print(f"{region.name}: {note}")
         if region.quota is not None and region.quota.error:
             console.print(f"{region.name}: {region.quota.error}")
-    wanted = capacity.increases(plan)
+    wanted = capacity_plan.increases(plan)
     if wanted:
         console.print("quota short; to ask for more:")
         for increase in wanted:
             console.print(f"  {increase.command}", soft_wrap=True)
-    best = next((r for r in capacity.rank(plan) if r.usable), None)
+    best = next((r for r in capacity_plan.rank(plan) if r.usable), None)
     if best is None:
         console.print(f"no zone can take {request.count}x {request.instance_type} now")
     else:

@@ -19,34 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
 import functools
 import logging
-import multiprocessing
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import BrokenExecutor, ProcessPoolExecutor
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from collections.abc import Iterator, Mapping
+from concurrent.futures import BrokenExecutor
+from dataclasses import replace
 from typing import Any
 
-from fsdp_train.events import KEY_ENV, PREFIX, Verifier, attempt_key, parse_log
+from fsdp_train.events import PREFIX, Verifier, attempt_key, parse_log
 
-from fsdp_operator import render
-from fsdp_operator.capacity import NoCredentials, ZoneAdvisor, ZoneChoice
-from fsdp_operator.kube import Kube, KubeError
-from fsdp_operator.metrics import Metrics
-from fsdp_operator.rayjobs import (
-    LOG_CHUNK,
-    CachingFactory,
-    RayJobs,
-    RayJobsFactory,
-    RayUnavailable,
-    SubmissionRejected,
-)
-from fsdp_operator.reconcile import (
+from fsdp_operator.api import render
+from fsdp_operator.decide.budget import merge_patch, progress_only, within_budget
+from fsdp_operator.decide.folding import without_rank_detail
+from fsdp_operator.decide.observed import (
     MUST_STOP_ACTIONS,
     RAY_TERMINAL,
     ApplyNetworkPolicy,
@@ -62,118 +50,22 @@ from fsdp_operator.reconcile import (
     PostEvent,
     StopJob,
     SubmitJob,
-    dashboard_url,
-    finalize_actions,
-    pass_failed,
-    reconcile,
 )
-from fsdp_operator.render import INSTANCE_TYPE_LABEL, Submission, raycluster_name
-from fsdp_operator.settings import OperatorConfig
-from fsdp_operator.spec import ZONE_LABEL, Job, NotAJobError, SpecError, parse_job
-from fsdp_operator.status import JobStatus, Phase, merge_patch, progress_only, within_budget, without_rank_detail
+from fsdp_operator.decide.reconcile import pass_failed, reconcile
+from fsdp_operator.decide.status import JobStatus, Phase
+from fsdp_operator.runtime.job_secret import _owned_by, cluster_token, job_events_key, with_event_key
+from fsdp_operator.runtime.kube import KubeError
+from fsdp_operator.runtime.log_worker import LogChunk, Obj, parse_and_reconcile
+from fsdp_operator.runtime.provisioning import auto_zone_job, choose_zone, pods_refused, unschedulable
+from fsdp_operator.runtime.rayjobs import (
+    LOG_CHUNK,
+    RayJobs,
+    RayUnavailable,
+    SubmissionRejected,
+)
+from fsdp_operator.runtime.shared import Runtime
 
-Obj = dict[str, Any]
 Logger = logging.Logger | logging.LoggerAdapter[Any]
-
-
-class Runtime:
-    """What the handlers share: clients, config, and one wake-up event per live job."""
-
-    def __init__(
-        self,
-        config: OperatorConfig | None = None,
-        *,
-        kube: Kube | None = None,
-        ray: RayJobsFactory | None = None,
-        ray_address: Callable[[Mapping[str, Any]], str] | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        metrics: Metrics | None = None,
-        zones: ZoneAdvisor | None = None,
-    ) -> None:
-        self.config = config or OperatorConfig()
-        # AWS, for `placement.availabilityZone: auto`; None: no AWS access (such jobs run unconstrained).
-        self.zones = zones
-        self.metrics = metrics or Metrics()
-        self._kube = kube
-        self.ray: RayJobsFactory = ray or CachingFactory(timeout=self.config.ray_timeout)
-        # Hook for setups where the dashboard is reachable elsewhere than KubeRay's status says.
-        self.ray_address = ray_address or dashboard_url
-        self.clock = clock
-        self._wakeups: dict[tuple[str, str], asyncio.Event] = {}
-        self._first_passes = 0
-        """Loops whose first pass has not ended yet."""
-        self._no_first_passes = asyncio.Event()
-        self._no_first_passes.set()
-        self._log_worker: ProcessPoolExecutor | None = None
-
-    def log_worker(self) -> ProcessPoolExecutor:
-        """The process that parses and folds large log chunks (started on first use; `spawn`: this process has
-        threads, which `fork` would copy mid-flight)."""
-        if self._log_worker is None:
-            self._log_worker = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        return self._log_worker
-
-    @property
-    def kube(self) -> Kube:
-        if self._kube is None:
-            raise RuntimeError("no Kubernetes client: the login handler has not run")
-        return self._kube
-
-    def set_kube(self, kube: Kube) -> None:
-        self._kube = kube
-
-    def has_kube(self) -> bool:
-        return self._kube is not None
-
-    def wakeup(self, namespace: str, name: str) -> asyncio.Event:
-        return self._wakeups.setdefault((namespace, name), asyncio.Event())
-
-    async def wake(self, namespace: str | None, name: str | None) -> None:
-        """Wake the job's loop (a watch event about the job or one of its children).
-
-        A loop that is already running is woken only once the first passes due are done (`after_first_passes`):
-        the watch handler waits, and with it kopf's handling of the rest of this event and of the object's later
-        events, which a burst of new jobs needs the CPU for more (their own status writes, their RayClusters'
-        first events). A loop that is not running yet is never waited for: kopf starts it from this same event.
-        """
-        if not namespace or not name or (event := self._wakeups.get((namespace, name))) is None:
-            return
-        await self.after_first_passes()
-        event.set()
-
-    def forget(self, namespace: str, name: str) -> None:
-        self._wakeups.pop((namespace, name), None)
-
-    def first_pass_started(self) -> None:
-        self._first_passes += 1
-        self._no_first_passes.clear()
-
-    def first_pass_ended(self) -> None:
-        self._first_passes -= 1
-        if self._first_passes <= 0:
-            self._no_first_passes.set()
-
-    async def after_first_passes(self) -> None:
-        """Give way to the loops that have not made their first pass yet, for at most `first_pass_priority`.
-
-        A first pass writes a new job's identity and creates its RayCluster; a later pass only re-observes.
-        With many jobs created at once, the re-observations (each woken by its own status write and its
-        children's first events) would otherwise share the operator's CPU with the first passes still due.
-        """
-        if self._no_first_passes.is_set():
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._no_first_passes.wait(), self.config.first_pass_priority)
-
-    async def close(self) -> None:
-        if self._kube is not None:
-            await self._kube.close()
-        self.drop_log_worker()
-
-    def drop_log_worker(self) -> None:
-        if self._log_worker is not None:
-            self._log_worker.shutdown(wait=False, cancel_futures=True)
-            self._log_worker = None
 
 
 def _describe(error: BaseException) -> str:
@@ -190,107 +82,10 @@ def _transient(error: KubeError) -> bool:
     return not 400 <= error.status < 500 or error.status in (404, 409, 429)
 
 
-def _owned_by(obj: Mapping[str, Any], uid: str) -> bool:
-    references = (obj.get("metadata") or {}).get("ownerReferences")
-    return isinstance(references, list) and any(isinstance(r, Mapping) and r.get("uid") == uid for r in references)
-
-
-def _token(secret: Mapping[str, Any]) -> str:
-    data = secret.get("data")
-    raw = data.get(render.AUTH_TOKEN_KEY) if isinstance(data, Mapping) else None
-    try:
-        return base64.b64decode(str(raw or ""), validate=True).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        return ""
-
-
-def _events_key(secret: Mapping[str, Any]) -> bytes:
-    data = secret.get("data")
-    raw = data.get(render.EVENTS_KEY_KEY) if isinstance(data, Mapping) else None
-    try:
-        return base64.b64decode(str(raw or ""), validate=True)
-    except binascii.Error:
-        return b""
-
-
 OFF_PROCESS_EVENTS = 64
 """A log chunk with more event lines than this is parsed and folded in the log worker process, not in the
 operator's: parsing 256 KiB of event lines takes ~140 ms of CPU, which in a thread would still hold the GIL the
 event loop needs (docs/reliability.md, "Log flood")."""
-
-
-@dataclass(frozen=True, slots=True)
-class LogChunk:
-    """Whole lines of one log chunk waiting to be parsed, and the verifier state they are checked against."""
-
-    text: str
-    key: bytes
-    last_seq: dict[int, int]
-
-
-def parse_and_reconcile(
-    chunk: LogChunk, obj: Obj, status: JobStatus, observed: Observed, settings: dict[str, Any]
-) -> tuple[Decision, Observed, dict[int, int]]:
-    """Parse `chunk` into `observed` and decide: (the decision, what was observed without the events, the
-    verifier's state after the chunk). Pure; run in the log worker process for large chunks."""
-    verifier = Verifier(chunk.key)
-    verifier.last_seq = dict(chunk.last_seq)
-    parsed = parse_log(chunk.text.splitlines(), verifier)
-    observed = replace(
-        observed,
-        events=parsed.events,
-        skipped_lines=observed.skipped_lines + parsed.malformed,
-        forged_lines=observed.forged_lines + parsed.forged,
-    )
-    decision = reconcile(obj, status, observed, **settings)
-    return decision, replace(observed, events=()), verifier.last_seq
-
-
-def with_event_key(submission: Submission, job_key: bytes) -> Submission:
-    """The submission with its attempt's signing key in the job's environment (as is, without a job key)."""
-    if not job_key:
-        return submission
-    key = attempt_key(job_key, submission.submission_id).hex()
-    env_vars = {**submission.runtime_env.get("env_vars", {}), KEY_ENV: key}
-    return replace(submission, runtime_env={**submission.runtime_env, "env_vars": env_vars})
-
-
-async def job_events_key(runtime: Runtime, namespace: str, job_name: str, uid: str) -> bytes:
-    """The job's event-signing key from its own Secret; b'' before the Secret exists or when it is not the job's."""
-    secret = await runtime.kube.get_secret(namespace, render.auth_secret_name(job_name))
-    if secret is None or (uid and not _owned_by(secret, uid)):
-        return b""
-    return _events_key(secret)
-
-
-async def cluster_token(runtime: Runtime, namespace: str, job_name: str, uid: str) -> tuple[str, str]:
-    """(Ray auth token of the job's cluster, name of its Secret when that Secret is not the job's own).
-
-    ('', '') with token auth off or before the Secret exists.
-    """
-    if not runtime.config.security.token_auth:
-        return "", ""
-    name = render.auth_secret_name(job_name)
-    secret = await runtime.kube.get_secret(namespace, name)
-    if secret is None:
-        return "", ""
-    if uid and not _owned_by(secret, uid):
-        return "", name  # a token someone else chose is never sent to, or trusted for, this job's cluster
-    return _token(secret), ""
-
-
-def _auto_zone_job(obj: Obj) -> Job | None:
-    """The job when it asks for `availabilityZone: auto` (an invalid one is reconcile's to report)."""
-    try:
-        job = parse_job(obj)
-    except (SpecError, NotAJobError):
-        return None
-    return job if job.spec.placement.availability_zone == "auto" else None
-
-
-def _zone_of(node: Obj) -> str:
-    labels = (node.get("metadata") or {}).get("labels") or {}
-    return str(labels.get(ZONE_LABEL) or "")
 
 
 class ObjectNotOurs(Exception):
@@ -501,9 +296,9 @@ class JobLoop:
         now = self.rt.clock()
         submit_error, self.submit_error = self.submit_error, ""
         if status.phase == Phase.PENDING and not status.placement:
-            job = _auto_zone_job(obj)
+            job = auto_zone_job(obj)
             if job is not None:
-                return Observed(now=now, zone_choice=await self._choose_zone(job))
+                return Observed(now=now, zone_choice=await choose_zone(self.rt, job, self.log))
         if status.phase in (None, Phase.PENDING) or not status.ray_cluster_name:
             return Observed(now=now)
         children = await self._conflicting_children() if status.phase == Phase.PROVISIONING else ()
@@ -536,8 +331,8 @@ class JobLoop:
                 return Observed(
                     now=now,
                     cluster=cluster,
-                    unschedulable=await self._unschedulable(cluster.name),
-                    create_refused=await self._pods_refused(cluster.name),
+                    unschedulable=await unschedulable(self.rt.kube, self.namespace, cluster.name),
+                    create_refused=await pods_refused(self.rt.kube, self.namespace, cluster.name),
                 )
             if not self.address:
                 return Observed(now=now, cluster=cluster, ray_error="no dashboard address in RayCluster status")
@@ -651,63 +446,6 @@ class JobLoop:
                 return "", len(chunk), 1
             return "", start, 0
         return chunk[start:end], end, 0
-
-    async def _choose_zone(self, job: Job) -> ZoneChoice:
-        """Ask AWS for the best zone among those where the cluster has nodes of the type (any, when it has none)."""
-        instance_type, count = job.spec.workers.instance_type, job.spec.workers.replicas
-        if self.rt.zones is None:
-            return ZoneChoice("", "the operator has no AWS access configured")
-        try:
-            nodes = await self.rt.kube.list_nodes(f"{INSTANCE_TYPE_LABEL}={instance_type}")
-        except KubeError as e:
-            self.log.warning(f"cannot list nodes ({e}); considering every zone")
-            nodes = []
-        zones = sorted({zone for node in nodes if (zone := _zone_of(node))})
-        try:
-            return await asyncio.wait_for(
-                self.rt.zones.choose(instance_type, count, zones), self.rt.config.zone_advice_timeout
-            )
-        except NoCredentials:
-            return ZoneChoice("", "no AWS credentials (IRSA or an instance role) for the operator")
-        except TimeoutError:
-            return ZoneChoice("", f"AWS did not answer within {self.rt.config.zone_advice_timeout:g}s")
-
-    async def _unschedulable(self, cluster_name: str) -> str:
-        """The scheduler's message for a Pending pod of the cluster (pod condition, else FailedScheduling event)."""
-        pods = await self.rt.kube.list_pods(self.namespace, f"ray.io/cluster={cluster_name}")
-        pending = [p for p in pods if (p.get("status") or {}).get("phase", "Pending") == "Pending"]
-        for pod in pending:
-            for condition in (pod.get("status") or {}).get("conditions") or []:
-                if (
-                    condition.get("type") == "PodScheduled"
-                    and condition.get("status") == "False"
-                    and condition.get("reason") == "Unschedulable"
-                    and condition.get("message")
-                ):
-                    return f"pod {pod['metadata']['name']}: {condition['message']}"
-        if not pending:
-            return ""
-        names = {p["metadata"]["name"] for p in pending}
-        events = await self.rt.kube.list_events(self.namespace, "involvedObject.kind=Pod,reason=FailedScheduling")
-        ours = [e for e in events if (e.get("involvedObject") or {}).get("name") in names]
-        if not ours:
-            return ""
-        latest = max(ours, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
-        return f"pod {latest['involvedObject']['name']}: {latest.get('message', '')}"
-
-    async def _pods_refused(self, cluster_name: str) -> str:
-        """KubeRay's latest word that the API server refused a pod of the cluster (its FailedToCreateHeadPod and
-        FailedToCreateWorkerPod Warning events on the RayCluster); empty when none."""
-        selector = f"involvedObject.kind=RayCluster,involvedObject.name={cluster_name}"
-        events = [
-            e
-            for e in await self.rt.kube.list_events(self.namespace, selector)
-            if e.get("reason") in ("FailedToCreateHeadPod", "FailedToCreateWorkerPod")
-        ]
-        if not events:
-            return ""
-        latest = max(events, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
-        return f"KubeRay could not create a pod ({latest.get('reason')}): {str(latest.get('message', ''))[:600]}"
 
     def _ray(self) -> RayJobs:
         return self.rt.ray(self.address, self.token)
@@ -846,32 +584,3 @@ class JobLoop:
             return
         self.rt.metrics.submissions.labels("created" if created else "exists").inc()
         self.log.info(f"submission {submission_id} " + ("sent" if created else "already known to Ray"))
-
-
-async def finalize(runtime: Runtime, body: Mapping[str, Any], logger: Logger) -> None:
-    """On delete: stop the Ray job (bounded when Ray does not answer), delete the RayCluster explicitly."""
-    meta = body.get("metadata") or {}
-    namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
-    runtime.metrics.forget((namespace, name))
-    status = JobStatus.from_dict(body.get("status"))
-    cluster_name = status.ray_cluster_name or raycluster_name(name)
-    cluster_obj = await runtime.kube.get_raycluster(namespace, cluster_name)
-    cluster = ClusterView.from_object(cluster_obj) if cluster_obj else None
-    for action in finalize_actions(namespace, name, str(meta.get("uid") or ""), status, cluster):
-        match action:
-            case StopJob(submission_id=submission_id):
-                address = runtime.ray_address(cluster_obj) if cluster_obj else ""
-                if not address:
-                    continue
-                token, _ = await cluster_token(runtime, namespace, name, str(meta.get("uid") or ""))
-                try:
-                    stop = runtime.ray(address, token).stop(submission_id)
-                    await asyncio.wait_for(stop, runtime.config.finalize_timeout)
-                    logger.info(f"Ray job {submission_id} stopped")
-                except (RayUnavailable, TimeoutError) as e:
-                    logger.warning(f"Ray job {submission_id} not stopped (Ray unreachable), deleting its cluster: {e}")
-            case DeleteRayCluster(namespace=ns, name=cluster_to_delete):
-                if await runtime.kube.delete_raycluster(ns, cluster_to_delete):
-                    logger.info(f"RayCluster {cluster_to_delete} deleted")
-            case _:
-                raise AssertionError(f"unexpected finalize action {action}")

@@ -13,52 +13,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fsdp_operator import data_check_cli, manifest_yaml, render, schema
-from fsdp_operator.spec import Job, NotAJobError, SpecError, parse_job
-
-EXIT_OK, EXIT_FINDING, EXIT_BAD_INPUT = 0, 1, 2
-
-
-class InputError(Exception):
-    """The input cannot be used at all (missing file, not YAML, not an FSDPTrainingJob)."""
-
-
-def load_manifest(path: str) -> Any:
-    """The single YAML document in `path` (`-` for stdin), read as kubectl would (see manifest_yaml)."""
-    limit = manifest_yaml.MAX_REQUEST_BYTES + 1  # never read more than can be refused
-    try:
-        if path == "-":
-            if sys.stdin is None:  # started with standard input closed (`<&-`): Python sets it to None
-                raise InputError("-: standard input is closed; give a file, or pipe the manifest in")
-            stdin = getattr(sys.stdin, "buffer", None)  # a text-only stdin (a test's StringIO) has no buffer
-            data = stdin.read(limit) if stdin is not None else sys.stdin.read(limit).encode()
-        else:
-            with Path(path).open("rb") as f:
-                data = f.read(limit)
-    except OSError as e:
-        raise InputError(f"{path}: cannot read: {e.strerror or e}") from e
-    except ValueError as e:  # a standard input closed inside this process: "I/O operation on closed file"
-        raise InputError(f"{path}: cannot read: {e}") from e
-    try:
-        docs = [doc for doc in manifest_yaml.load_all(manifest_yaml.decode(data)) if doc is not None]
-    except manifest_yaml.ManifestError as e:
-        raise InputError(f"{path}: {e}") from e
-    if len(docs) != 1:
-        raise InputError(f"{path}: expected one YAML document (an FSDPTrainingJob), found {len(docs)}")
-    return docs[0]
-
-
-def load_job(path: str) -> Job:
-    """A typed job from a file; InputError when it is not a job, SpecError when the job is invalid."""
-    return load_job_from(path, load_manifest(path))
-
-
-def load_job_from(path: str, manifest: Any) -> Job:
-    try:
-        return parse_job(manifest)
-    except NotAJobError as e:
-        raise InputError(f"{path}: {e}") from e
-
+from fsdp_operator.api import generate, manifest_yaml, render, schema
+from fsdp_operator.api.spec import Job, SpecError
+from fsdp_operator.cli import data_check as data_check_cli
+from fsdp_operator.cli.inputs import (
+    EXIT_BAD_INPUT,
+    EXIT_FINDING,
+    EXIT_OK,
+    InputError,
+    load_job,
+    load_job_from,
+    load_manifest,
+)
+from fsdp_operator.runtime.operator_options import add_operator_arguments
 
 MAX_PROBLEMS_SHOWN = 50
 
@@ -94,18 +61,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    print(_dump(schema.crd(), args.output), end="")
+    print(_dump(generate.crd(), args.output), end="")
     return EXIT_OK
 
 
 def cmd_diagnose_nccl(args: argparse.Namespace) -> int:
-    from fsdp_operator.diagnose import diagnose_nccl
+    from fsdp_operator.cli.diagnose import diagnose_nccl
 
     return diagnose_nccl(args.files, output=args.output)
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
-    from fsdp_operator.operator_main import run_from_args
+    from fsdp_operator.runtime.operator_main import run_from_args
 
     return run_from_args(args)
 
@@ -145,7 +112,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     import kubernetes
     import urllib3
 
-    from fsdp_operator.summary import loss_curve, summary_lines
+    from fsdp_operator.decide.summary import loss_curve, summary_lines
 
     try:
         kubernetes.config.load_kube_config(config_file=args.kubeconfig, context=args.context)  # type: ignore[no-untyped-call]
@@ -181,7 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    from fsdp_operator import capacity_cli
+    from fsdp_operator.cli import capacity as capacity_cli
 
     regions = [r.strip() for r in ",".join(args.regions or []).split(",") if r.strip()]
     return capacity_cli.run(
@@ -197,18 +164,6 @@ def _positive_seconds(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
-
-
-def add_operator_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `fsdpctl operator` and `python -m fsdp_operator` (here: no kopf import to build them)."""
-    parser.add_argument(
-        "-n", "--namespace", action="append", default=None, help="watch this namespace (repeatable; default: all)"
-    )
-    parser.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
-    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port")
-    parser.add_argument("--peering", default=None, help="kopf peering object for leader election between replicas")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    parser.add_argument("--log-format", default="text", choices=["json", "text"])
 
 
 def build_parser() -> argparse.ArgumentParser:

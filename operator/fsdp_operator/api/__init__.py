@@ -1,0 +1,1 @@
+"""The job's API, pure: declared fields, spec parsing, the CRD schema, formats, manifests, rendering."""

@@ -1,0 +1,1 @@
+"""The command line: `fsdpctl` and its subcommands; argument parsing and output."""

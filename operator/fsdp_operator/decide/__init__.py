@@ -1,0 +1,1 @@
+"""Pure decisions: the state machine, status folding, transport verdicts. No I/O."""

@@ -1,0 +1,174 @@
+"""The layout holds: imports only go down the layers, no import cycles, no module over the length limit.
+
+Measured from the source with `ast` (imports inside functions and under TYPE_CHECKING count too), so a
+violation is found without importing anything. docs/architecture.md draws the layers and says why.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR = ROOT / "operator" / "fsdp_operator"
+TRAINING = ROOT / "training" / "fsdp_train"
+MAX_LINES = 600
+
+# Top to bottom. A module may import its own subpackage and any subpackage of a lower rank; api and
+# capacity share the bottom and import neither each other nor anything above. local/ (run-local: the
+# emulated API server, local KubeRay) reads job manifests and summaries, and is driven by the cli only.
+RANK = {"cli": 5, "local": 4, "runtime": 3, "decide": 2, "api": 1, "capacity": 1}
+TOP = 6  # the package's own __init__ / __main__
+
+
+def module_name(package: str, root: Path, path: Path) -> str:
+    parts = [package, *path.relative_to(root).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules(package: str, root: Path) -> dict[str, Path]:
+    return {module_name(package, root, p): p for p in sorted(root.rglob("*.py"))}
+
+
+def imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The modules of `known` that `path` imports anywhere in it (top level, functions, TYPE_CHECKING)."""
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        for target in targets:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def graph(package: str, root: Path) -> dict[str, set[str]]:
+    known = modules(package, root)
+    return {name: imports(path, name, set(known)) for name, path in known.items()}
+
+
+def layer(module: str) -> tuple[str, int]:
+    parts = module.split(".")
+    if len(parts) < 2 or parts[1] not in RANK:
+        return parts[0], TOP  # the package itself and its __main__
+    return parts[1], RANK[parts[1]]
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_every_operator_module_sits_in_a_known_layer() -> None:
+    stray = [
+        name
+        for name in modules("fsdp_operator", OPERATOR)
+        if name.count(".") == 1 and name.split(".")[1] not in RANK and name.split(".")[1] not in {"__main__"}
+    ]
+    assert stray == [], f"modules outside the layers (move each into a subpackage): {stray}"
+
+
+def test_imports_go_down_the_layers() -> None:
+    upward = []
+    for source, targets in graph("fsdp_operator", OPERATOR).items():
+        source_layer, source_rank = layer(source)
+        for target in targets:
+            target_layer, target_rank = layer(target)
+            if target_layer != source_layer and target_rank >= source_rank:
+                upward.append(f"{source} ({source_layer}) imports {target} ({target_layer})")
+    assert upward == [], "imports against the layers:\n" + "\n".join(sorted(upward))
+
+
+@pytest.mark.parametrize(("package", "root"), [("fsdp_operator", OPERATOR), ("fsdp_train", TRAINING)])
+def test_no_import_cycles(package: str, root: Path) -> None:
+    edges = graph(package, root)
+    # a package's __init__ is imported with any of its modules: it may import them without a cycle
+    for name in edges:
+        edges[name] = {t for t in edges[name] if not name.startswith(f"{t}.")}
+    found = cycles(edges)
+    assert found == [], f"import cycles in {package}: {found}"
+
+
+def test_training_never_imports_the_operator() -> None:
+    for path in TRAINING.rglob("*.py"):
+        names = {
+            (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in node.names
+        }
+        assert not any(n.split(".")[0] == "fsdp_operator" for n in names), f"{path} imports fsdp_operator"
+
+
+def test_no_module_over_the_limit() -> None:
+    long = []
+    for root in (OPERATOR, TRAINING):
+        for path in root.rglob("*.py"):
+            if "local" in path.relative_to(root).parts[:1]:
+                continue
+            count = len(path.read_text().splitlines())
+            if count > MAX_LINES:
+                long.append(f"{path.relative_to(ROOT)}: {count} lines")
+    assert long == [], f"modules over {MAX_LINES} lines (split where a module holds two things):\n" + "\n".join(long)
+
+
+def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
+    """The graph and cycle finder see a function-level import cycle and an upward import."""
+    package = tmp_path / "pkg"
+    (package / "api").mkdir(parents=True)
+    (package / "cli").mkdir()
+    for init in (
+        package / "__init__.py",
+        package / "api" / "__init__.py",
+        package / "cli" / "__init__.py",
+    ):
+        init.write_text("")
+    (package / "api" / "a.py").write_text("def f():\n    from pkg.api import b\n\nimport pkg.cli.main\n")
+    (package / "api" / "b.py").write_text("from pkg.api.a import f\n")
+    (package / "cli" / "main.py").write_text("from .. import api\n")
+    edges = graph("pkg", package)
+    assert cycles(edges) == [["pkg.api.a", "pkg.api.b"]]
+    assert "pkg.cli.main" in edges["pkg.api.a"]
+    assert layer("pkg.api.a") == ("api", 1) and layer("pkg.cli.main") == ("cli", 5)
