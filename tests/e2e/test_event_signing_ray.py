@@ -19,8 +19,21 @@ pytestmark = pytest.mark.e2e
 
 TRAINING = Path(__file__).resolve().parents[2] / "training"
 DRIVER = """
-import os, ray
+import os, sys, time, ray
 from fsdp_train.events import KEY_ENV
+
+class Seen:
+    # Ray's driver prints the workers' forwarded lines in a thread of its own, after ray.get has returned:
+    # counted here, so the driver ends once it has printed them all, not before.
+    def __init__(self, stream):
+        self.stream, self.events = stream, 0
+    def write(self, text):
+        self.events += text.count("FSDP_EVENT ")
+        return self.stream.write(text)
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+sys.stdout, sys.stderr = Seen(sys.stdout), Seen(sys.stderr)
 ray.init(include_dashboard=False, num_cpus=2, runtime_env={"env_vars": {KEY_ENV: KEY, "RAY_DEDUP_LOGS": "0"}})
 
 @ray.remote
@@ -33,6 +46,9 @@ def rank(r):
     return took, KEY_ENV in os.environ
 
 print("RESULT", ray.get([rank.remote(r) for r in range(2)]), flush=True)
+deadline = time.monotonic() + 120
+while sys.stdout.events + sys.stderr.events < 4 and time.monotonic() < deadline:
+    time.sleep(0.05)
 ray.shutdown()
 """
 
@@ -43,7 +59,9 @@ def test_the_real_emitters_lines_verify_through_ray_and_a_print_does_not(tmp_pat
     key = attempt_key(b"k" * 32, "job-1a2b3c4d-1")
     script = tmp_path / "driver.py"
     script.write_text(f"KEY = {key.hex()!r}\n" + DRIVER)
-    env = ray_env(PYTHONPATH=str(TRAINING))
+    # As the operator's submission does (render.submission, ray_entry.RAY_LOG_ENV): Ray's driver merges lines
+    # that differ only in numbers and hex (every signed line) unless its own RAY_DEDUP_LOGS is 0.
+    env = ray_env(PYTHONPATH=str(TRAINING), RAY_DEDUP_LOGS="0")
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     output = done.stdout + done.stderr
