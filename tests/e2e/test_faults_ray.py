@@ -101,8 +101,10 @@ async def run_with(manifest: dict[str, Any], tmp_path: Path, scenario: Callable[
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_operator_sigkilled_while_provisioning_the_job_still_succeeds_once(tmp_path: Path) -> None:
-    """The default run's sample of this suite: a short job, the operator killed before its workers are up."""
+    """The shortest case of this suite: a short job, the operator killed before its workers are up (`make test-all`;
+    the default run samples the fault suite through tests/integration/test_faults.py and test_restarts.py)."""
     manifest = copy.deepcopy(EXAMPLE)
     manifest["metadata"]["name"] = "tiny-early"
     manifest["spec"]["runPolicy"] = {"cleanup": "Keep"}  # Ray's job list is read after the job finished
