@@ -301,7 +301,8 @@ async def _run(w: World, plan: KillPlan, test_loop: asyncio.AbstractEventLoop) -
         return plan.killed > handled or (w.status().get("phase") == "Succeeded" and not w.clusters())
 
     while True:
-        await eventually(next_kill_or_done, timeout=30)
+        # Generous: under a loaded 2-core machine one restart cycle has taken over 30 s.
+        await eventually(next_kill_or_done, timeout=120, message="no kill came and the job did not end")
         if plan.killed == handled:
             break
         handled = plan.killed
