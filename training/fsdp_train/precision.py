@@ -28,8 +28,9 @@ but far less memory bandwidth for the casts and were not measured: ``auto`` keep
 
 FP8_AUTO_MIN_HIDDEN = 3584
 """``auto`` picks fp8 from this hidden size up: the width at which both the speed (1.26x) and the loss on
-text (within 1 % of bf16 after 300 steps) were measured. At 1536 fp8 was 1.13x faster but its loss run
-did not finish in the time given to it, so narrower models stay on bf16 unless fp8 is asked for."""
+text (within 1 % of bf16 after 300 steps) were measured. At 1536 (Qwen2.5-1.5B) fp8's loss on text is
+within 1 % too, but its speed depends on the batch: 1.13x at batch 8, 0.78x at batch 2 (docs/performance.md,
+round four). Narrower models stay on bf16 unless fp8 is asked for."""
 
 
 @dataclass(frozen=True, slots=True)
