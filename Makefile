@@ -20,7 +20,7 @@ lint: setup
 	$(BIN)/ruff format --check operator training tests bench
 
 typecheck: setup
-	$(BIN)/mypy operator/fsdp_operator
+	$(BIN)/mypy operator/fsdp_operator training/fsdp_train
 
 # The default run leaves out the end-to-end cases marked `slow` (each e2e suite keeps a representative case
 # in it) and the full `faults` and `load` suites (their samples stay in); `make test-all` adds the slow cases

@@ -73,7 +73,8 @@ def _causal_varlen(
             groups = query.shape[1] // key.shape[1]
             key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     out = varlen_attn(query, key, value, bounds, bounds, max_len, max_len, **kwargs)
-    return out[0] if isinstance(out, tuple) else out
+    attended: torch.Tensor = out[0] if isinstance(out, tuple) else out
+    return attended
 
 
 def document_attention(
@@ -94,8 +95,8 @@ def document_attention(
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     rows, heads, seq_len, dim = query.shape
     if varlen_available(query.device) and query.dtype in (torch.bfloat16, torch.float16):
-        flat = [t.transpose(1, 2).reshape(rows * seq_len, t.shape[1], dim) for t in (query, key, value)]
-        out = _causal_varlen(*flat, bounds.to(query.device, torch.int32), seq_len, scaling)
+        q, k, v = (t.transpose(1, 2).reshape(rows * seq_len, t.shape[1], dim) for t in (query, key, value))
+        out = _causal_varlen(q, k, v, bounds.to(query.device, torch.int32), seq_len, scaling)
         return out.view(rows, seq_len, heads, dim), None
     mask = dense_mask(bounds.to(query.device), rows, seq_len)
     return sdpa_attention_forward(module, query, key, value, mask, dropout, scaling, is_causal=False, **kwargs)

@@ -295,14 +295,16 @@ def prepare_local(cfg: TrainConfig, tokenizer_dir: str, *, batch_rows: int = 102
                 yield tokenize(table.slice(start, batch_rows))
 
     eos = int(tokenize.tokenizer.eos_token_id)
-    common = {"seq_len": cfg.seq_len, "eos_id": eos, "eos_is_target": eos_is_target(cfg.data_kind)}
+    pack = functools.partial(
+        pack_documents, seq_len=cfg.seq_len, eos_id=eos, eos_is_target=eos_is_target(cfg.data_kind)
+    )
     report = DataReport()
-    train, held_out = pack_documents(
-        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, report=report, **common
+    train, held_out = pack(
+        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, report=report
     )
     check_rows(report, cfg)
     if cfg.validation_data:
-        held_out, _ = pack_documents(tokenized(cfg.validation_data), **common)
+        held_out, _ = pack(tokenized(cfg.validation_data))
     return Prepared(train, held_out if cfg.has_validation else None)
 
 
@@ -336,7 +338,7 @@ def save_prepared(prepared: Prepared, path: Path) -> None:
     if prepared.validation is not None:
         arrays |= {"val_ids": prepared.validation.input_ids, "val_flags": prepared.validation.flags}
     tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-    np.savez(tmp, **arrays)
+    np.savez(tmp, **arrays)  # type: ignore[arg-type]  # the stub's allow_pickle: bool clashes with **arrays
     tmp.replace(path)  # atomic: a reader never sees half a file
 
 
@@ -470,14 +472,16 @@ def ray_datasets(cfg: TrainConfig, tokenizer: str) -> dict[str, Any]:
             ours = wrapped_data_error(e)  # the tokenizing task's own DataUnavailable, inside Ray's wrapping
             raise DataUnavailable(ours or f"cannot read {uri}: {one_line_error(e)}") from e
 
-    common = {"seq_len": cfg.seq_len, "eos_id": eos, "eos_is_target": eos_is_target(cfg.data_kind)}
+    pack = functools.partial(
+        pack_documents, seq_len=cfg.seq_len, eos_id=eos, eos_is_target=eos_is_target(cfg.data_kind)
+    )
     report = DataReport()
-    train, held_out = pack_documents(
-        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, report=report, **common
+    train, held_out = pack(
+        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, report=report
     )
     check_rows(report, cfg)
     if cfg.validation_data:
-        held_out, _ = pack_documents(tokenized(cfg.validation_data), **common)
+        held_out, _ = pack(tokenized(cfg.validation_data))
 
     def dataset(packed: Packed) -> Any:
         table = pa.table(

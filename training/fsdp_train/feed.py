@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -66,8 +66,13 @@ class ResumableSampler:
     def __init__(self, size: int, *, world_size: int, rank: int, seed: int) -> None:
         from torch.utils.data import DistributedSampler
 
-        self._sampler = DistributedSampler(
-            range(size), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        self._sampler: DistributedSampler[int] = DistributedSampler(
+            range(size),  # type: ignore[arg-type]  # it only takes len() of its dataset: the indices are its samples
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=True,
+            seed=seed,
+            drop_last=True,
         )
         self.skip = 0
 
@@ -141,10 +146,10 @@ class TrainFeed:
 
         per_rank_step = self.batch_size * self.grad_accum
         self.sampler.set_epoch(self.position.epoch, skip=self.position.step_in_epoch * per_rank_step)
-        loader = DataLoader(
+        loader: DataLoader[Any] = DataLoader(
             PackedDataset(self.packed),  # type: ignore[arg-type]
             batch_size=self.batch_size,
-            sampler=self.sampler,  # type: ignore[arg-type]
+            sampler=self.sampler,
             collate_fn=Collate(self.packed, self.document_mask),
             drop_last=True,
             pin_memory=self.pin_memory,

@@ -45,4 +45,5 @@ def run_fingerprint(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
 
         # File names and sizes: new content under the same location is another run.
         values["data_files"] = open_source(cfg.data, cfg.data_format).fingerprint()
-    return json.loads(json.dumps(values, sort_keys=True, default=str))  # as stored, for comparing
+    stored: dict[str, Any] = json.loads(json.dumps(values, sort_keys=True, default=str))  # as stored, for comparing
+    return stored

@@ -46,7 +46,7 @@ def _refuse_non_fields(config_class: type | None, overrides: dict[str, Any], mod
         return
     if config_class is None:
         raise ConfigError("model_overrides", f"cannot be checked: transformers knows no model type {model_type!r}.")
-    allowed = set(inspect.signature(config_class.__init__).parameters) - {"self", "kwargs"}
+    allowed = set(inspect.signature(config_class).parameters) - {"self", "kwargs"}
     if unknown := sorted(key for key in overrides if key not in allowed):
         raise ConfigError(
             "model_overrides", f"may set only fields of {config_class.__name__}; not: {', '.join(unknown)}."

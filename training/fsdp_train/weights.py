@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -130,13 +130,13 @@ def load_sharded(model: nn.Module, directory: str) -> float:
     Tied parameters are left out of the request: their owner's tensor is the same storage, so the
     tie survives (and a checkpoint without ``lm_head.weight``, as Hugging Face saves tied models, loads).
     """
-    from torch.distributed.checkpoint import HuggingFaceStorageReader
-    from torch.distributed.checkpoint import load as dcp_load
+    from torch.distributed.checkpoint.hf_storage import HuggingFaceStorageReader
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_model_state_dict,
         set_model_state_dict,
     )
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
     from fsdp_train.model import canonical_name
 
@@ -184,7 +184,11 @@ def export(
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # A model's state dict holds tensors only (the stub's ValueType also allows optimizer state's kinds).
+    full = cast(
+        dict[str, torch.Tensor],
+        get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)),
+    )
     verdict: list[ExportCheck | None] = [None]
     if dist.get_rank() == 0:
         staging = Path(tempfile.mkdtemp(prefix="fsdp-export-"))
@@ -320,7 +324,8 @@ def verify_export(
                 )
                 break
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    loaded = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype).to(device)
+    loaded: Any = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
+    loaded = loaded.to(device)
     loaded.eval()
     with torch.no_grad():
         inputs = {k: v.to(device) for k, v in batch.items() if k in ("input_ids", "labels", "position_ids")}
