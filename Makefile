@@ -28,12 +28,14 @@ typecheck: setup
 # An explicit -m replaces pyproject's addopts -m, so the default marks are spelled out here in full.
 PYTEST_MARKS ?= not slow and not faults and not load
 COVERAGE := --cov --cov-report=term
+# The slowest cases, printed by every run, so that a suite growing past its time budget says where.
+DURATIONS := --durations=15
 
 test: setup lint typecheck
-	$(BIN)/python -m pytest -q -ra -m "$(PYTEST_MARKS)" $(COVERAGE)
+	$(BIN)/python -m pytest -q -ra -m "$(PYTEST_MARKS)" $(COVERAGE) $(DURATIONS)
 
 test-all: setup lint typecheck
-	$(BIN)/python -m pytest -q -ra $(COVERAGE)
+	$(BIN)/python -m pytest -q -ra $(COVERAGE) $(DURATIONS)
 
 unit: setup
 	$(BIN)/python -m pytest -q tests/unit
