@@ -119,7 +119,13 @@ def test_every_bundled_field_set_is_named() -> None:
         ({"callable": "a:b", "code": "/opt/../etc"}, "must not contain '..' segments"),
         ({"callable": "a:b", "config": [1, 2]}, "spec.trainFunction.config: expected object, got array"),
         ({"callable": "a:b", "config": {"x": "y" * MAX_CONFIG_BYTES}}, "spec.trainFunction.config: 32"),
-        ({"callable": "a:b", "config": {"x": float("nan")}}, "spec.trainFunction.config: nan is not a JSON number"),
+        ({"callable": "a:b", "config": {"x": float("nan")}}, "spec.trainFunction.config.x: nan is not a JSON number"),
+        ({"callable": "a:b", "config": {"a": [1, {"b": "x\x00"}]}}, "spec.trainFunction.config.a[1].b: contains a NUL"),
+        ({"callable": "a:b", "config": {"a": {"k\u202e": 1}}}, "spec.trainFunction.config.a: a key contains the"),
+        (
+            {"callable": "a:b", "config": {"when": __import__("datetime").date(2026, 1, 1)}},
+            "spec.trainFunction.config.when: a value of type date is not JSON",
+        ),
         ({"callable": "a:b", "unknown": 1}, "spec.trainFunction.unknown: unknown field"),
     ],
 )

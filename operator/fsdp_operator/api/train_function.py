@@ -84,32 +84,39 @@ class TrainFunction:
 
 
 def _check_config(config: dict[str, Any], path: str, problems: Problems) -> None:
-    reason = _json_problem(config, MAX_CONFIG_DEPTH)
+    reason = _json_problem(config, path)
     if reason is not None:
-        problems.append(f"{path}: {reason}")
+        problems.append(reason)
         return
     size = len(json.dumps(config, separators=(",", ":"), sort_keys=True).encode())
     if size > MAX_CONFIG_BYTES:
         problems.append(f"{path}: {size} bytes as JSON, more than {MAX_CONFIG_BYTES}")
 
 
-def _json_problem(value: Any, depth: int) -> str | None:
-    """Why `value` is no plain JSON (a YAML document may hold .nan, dates, deeper nesting than is sane)."""
-    stack = [(value, depth)]
+def _json_problem(value: Any, path: str) -> str | None:
+    """Why `value` is no plain JSON a process may be handed (a YAML document may hold .nan, dates, deeper
+    nesting than is sane; any string a NUL or a control character), as ``path: reason``; None when it is."""
+    stack: list[tuple[Any, str, int]] = [(value, path, 0)]
     while stack:
-        item, left = stack.pop()
-        if left < 0:
-            return f"nested deeper than {MAX_CONFIG_DEPTH} levels"
+        item, at, depth = stack.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            return f"{path}: nested deeper than {MAX_CONFIG_DEPTH} levels"
         if isinstance(item, dict):
-            if not all(isinstance(k, str) for k in item):
-                return "keys must be strings"
-            stack += [(v, left - 1) for v in item.values()]
+            for key, sub in item.items():
+                if not isinstance(key, str):
+                    return f"{at}: keys must be strings, got {fields.type_name(key)}"
+                if (hidden := formats.hidden_character(key)) is not None:
+                    return f"{at}: a key {hidden}"
+                stack.append((sub, f"{at}.{fields.show_key(key)}", depth + 1))
         elif isinstance(item, list):
-            stack += [(v, left - 1) for v in item]
+            stack += [(sub, f"{at}[{i}]", depth + 1) for i, sub in enumerate(item)]
+        elif isinstance(item, str):
+            if (hidden := formats.hidden_character(item)) is not None:
+                return f"{at}: {hidden}"
         elif isinstance(item, float) and not math.isfinite(item):
-            return f"{show(item)} is not a JSON number"
-        elif item is not None and not isinstance(item, bool | int | float | str):
-            return f"a value of type {fields.type_name(item)} is not JSON"
+            return f"{at}: {show(item)} is not a JSON number"
+        elif item is not None and not isinstance(item, bool | int | float):
+            return f"{at}: a value of type {fields.type_name(item)} is not JSON"
     return None
 
 
