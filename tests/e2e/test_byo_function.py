@@ -93,7 +93,7 @@ def test_a_user_function_that_raises_fails_the_job_with_its_exception(tmp_path: 
     function = {"callable": "byo_checks.functions:fail", "code": str(CHECKS), "config": {"why": "out of ideas"}}
     path = function_job(tmp_path, "byo-fail", function)
     proc, job = run_local(path, tmp_path)
-    assert proc.returncode != 0
+    assert proc.returncode != 0 and "status" in job, proc.stdout[-4000:] + proc.stderr[-4000:]
     status = job["status"]
     assert status["phase"] == "Failed" and status["reason"] == "RayJobFailed"
     assert "ValueError: the user's code gave up: out of ideas | at functions.py:" in status["message"]

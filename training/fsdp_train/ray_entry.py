@@ -240,6 +240,8 @@ def run(job: RayJobConfig) -> dict[str, Any]:
         ray.shutdown()
     if result.error is not None:
         raise result.error
+    if job.function is not None:
+        return {}  # a user function's return value is its own (it may hold anything), not the job's summary
     summary = getattr(result, "return_value", None)
     return summary if isinstance(summary, dict) else {}
 
