@@ -21,6 +21,8 @@ from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_train.events import Event, parse_lines
 from fsdp_train.ray_entry import RayJobConfig
 from fsdp_train.user_function import events_from_report, failure
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_WORKERS = {"replicas": 2, "instanceType": "", "gpusPerWorker": 0, "efaPerWorker": 0, "ranksPerWorker": 2}
@@ -246,3 +248,24 @@ def test_a_function_that_raises_fails_the_job_with_its_exception() -> None:
     assert status["phase"] == Phase.FAILED and status["reason"] == Reason.RAY_JOB_FAILED
     assert "rank 1: ValueError: loss went NaN at step 12 | at test_train_function.py:" in status["message"]
     assert status["rankFailures"][0]["message"] == fail.message
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=150, deadline=None, database=None)
+@given(config=st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=5), target=st.text(max_size=30))
+def test_any_config_and_callable_is_accepted_unchanged_or_refused_by_path(config: dict[str, Any], target: str) -> None:
+    spec = base(trainFunction={"callable": target, "config": config})
+    try:
+        parsed = job(spec)
+    except SpecError as e:
+        assert e.problems and all(p.startswith("spec.trainFunction.") for p in e.problems), e.problems
+        return
+    sub = render.submission(parsed, "sid", "/p")
+    arrived = RayJobConfig.from_dict(json.loads(shlex.split(sub.entrypoint)[-1])).function
+    assert arrived is not None and arrived.config == config and arrived.callable == target
