@@ -14,10 +14,13 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdp_train.config import TrainConfig
 from fsdp_train.user_function import FunctionConfig
+
+if TYPE_CHECKING:
+    from fsdp_train.parallelize import Topology
 
 # Per-rank event lines survive Ray's log handling only without dedup and without Train's print patch
 # (../shared/notes/environment.md). Train V2 passes RAY_TRAIN_* variables from driver to workers.
@@ -113,7 +116,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     return train(cfg, topo, host)
 
 
-def ray_worker(use_gpu: bool) -> tuple[Any, str]:
+def ray_worker(use_gpu: bool) -> tuple[Topology, str]:
     """This Ray Train worker's ``Topology`` and node address, from Ray Train's context."""
     import ray.train
     import ray.util
