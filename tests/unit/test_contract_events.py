@@ -112,6 +112,7 @@ EVENTS: list[Event] = [
         samples_seen=2496,
         tokens_seen=5111808,
         samples_digest="3f9a0c1d2e4b",
+        extra={"grad_norm": 0.876543},
     ),
     Evaluation(rank=0, time=4.7, step=39, loss=1.987654, tokens=65000, seconds=2.5),
     Export(
@@ -211,6 +212,7 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
         "samples_seen": "progress.samplesSeen",
         "tokens_seen": "progress.tokensSeen",
         "samples_digest": (None, "a fingerprint of the step's samples, for checking resumes in the log"),
+        "extra": "progress.metrics.grad_norm",
         "rank": (None, "only rank 0 reports steps"),
         "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
     },
@@ -309,6 +311,7 @@ EXPECTED_VALUES: dict[str, Any] = {
     "progress.epoch": 2,
     "progress.samplesSeen": 2496,
     "progress.tokensSeen": 5111808,
+    "progress.metrics.grad_norm": 0.8765,
     "progress.evalStep": 39,
     "progress.evalLoss": 1.9877,
     "output.step": 40,

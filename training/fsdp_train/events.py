@@ -130,6 +130,9 @@ class Step(Event):
     tokens_seen: int = 0
     samples_digest: str = ""
     """A fingerprint of this step's sample ids in order (``fsdp_train.packing.samples_digest``)."""
+    extra: dict[str, float] = field(default_factory=dict)
+    """A user function's other numeric metrics of the step (``fsdp_train.user_function``), at most
+    :data:`MAX_EXTRA` of them; empty for the bundled function."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -251,6 +254,10 @@ MAX_TEXT = 256
 """Default bound on a string field, in characters (after control characters are removed)."""
 TEXT_LIMITS: dict[str, int] = {"evidence": 512, "source": 512, "path": 1024, "message": 1024}
 """Fields allowed more than :data:`MAX_TEXT`: an NCCL line, a checkpoint URI, a failure message."""
+MAX_EXTRA = 16
+"""Most entries of a ``dict[str, float]`` field (``Step.extra``); a longer mapping is refused."""
+MAX_EXTRA_KEY = 64
+"""Longest key of such a mapping, in characters."""
 TRUNCATED = "…"
 """Appended to a string cut to its bound, so a reader sees that it was cut."""
 
@@ -308,6 +315,13 @@ def _check(name: str, hint: Any, value: Any) -> Any:
         if not isinstance(value, str):
             raise _Refused(name)
         return clean_text(value, TEXT_LIMITS.get(name, MAX_TEXT))
+    if origin is dict:  # dict[str, float]: names cleaned and bounded, values numbers
+        if not isinstance(value, dict) or len(value) > MAX_EXTRA:
+            raise _Refused(name)
+        out = {clean_text(str(k), MAX_EXTRA_KEY): _check(name, float, v) for k, v in value.items()}
+        if len(out) != len(value) or "" in out:  # two names the same once cleaned, or a name of nothing
+            raise _Refused(name)
+        return out
     raise _Refused(name)
 
 
@@ -357,14 +371,16 @@ class Signer:
     predecessor's numbers without knowing them, so the verifier keeps one number per rank.
     """
 
-    def __init__(self, key: bytes, clock_ns: Any = time.time_ns) -> None:
+    def __init__(self, key: bytes, clock_ns: Any = time.time_ns, emitter: str = "") -> None:
         self._key = key
         self._clock_ns = clock_ns
         self._last = 0
+        self._emitter = emitter
 
     def line(self, payload: dict[str, Any]) -> str:
         self._last = max(self._last + 1, int(self._clock_ns()) // 1000)
-        text = json.dumps({**payload, "seq": self._last}, separators=(",", ":"), sort_keys=True)
+        signed = {**payload, "seq": self._last, **({"emitter": self._emitter} if self._emitter else {})}
+        text = json.dumps(signed, separators=(",", ":"), sort_keys=True)
         return f"{PREFIX} {line_mac(self._key, text)} {text}"
 
 
@@ -386,20 +402,30 @@ class Verifier:
     def authentic(self, mac: str, text: str) -> bool:
         return len(mac) == _MAC_HEX and hmac.compare_digest(mac, line_mac(self.key, text))
 
-    def fresh(self, rank: int, seq: Any) -> bool:
-        """Whether `seq` is a new number for `rank` (and remember it)."""
+    def fresh(self, rank: int, seq: Any, emitter: Any = "") -> bool:
+        """Whether `seq` is a new number for `rank` from `emitter` (and remember it)."""
         if isinstance(seq, bool) or not isinstance(seq, int) or not 0 < seq <= MAX_COUNT:
             return False
-        if seq <= self.last_seq.get(rank, 0):
+        if emitter not in EMITTERS:
             return False
-        self.last_seq[rank] = seq
+        # The controller's numbers are its own clock's, and its lines reach the job log by another path than the
+        # ranks' (its own process's output): each emitter rises on its own, under a key no rank has.
+        channel = rank if not emitter else MAX_RANK + rank
+        if seq <= self.last_seq.get(channel, 0):
+            return False
+        self.last_seq[channel] = seq
         return True
 
 
 _signer: Signer | None = None
 
+CONTROLLER = "controller"
+"""The emitter name of Ray Train's controller process, which reports a user function's metrics."""
+EMITTERS = ("", CONTROLLER)
+"""Who signs: a training process (the driver or a rank: no name), or the controller."""
 
-def take_key(environ: MutableMapping[str, str] | None = None) -> bool:
+
+def take_key(environ: MutableMapping[str, str] | None = None, emitter: str = "") -> bool:
     """Read the attempt's key from :data:`KEY_ENV` once, remove it from the environment, sign from now on.
 
     Called first thing in every process that emits (the Ray driver and each training worker), before any
@@ -413,7 +439,7 @@ def take_key(environ: MutableMapping[str, str] | None = None) -> bool:
     except ValueError:
         key = b""
     if len(key) >= 16:
-        _signer = Signer(key)
+        _signer = Signer(key, emitter=emitter)
     return _signer is not None
 
 
@@ -457,7 +483,7 @@ def parse_event(line: str, verifier: Verifier | None = None) -> Event | Malforme
         event = cls(**values)
     except (_Refused, TypeError):  # TypeError: a required field is missing
         return MALFORMED
-    if verifier is not None and not verifier.fresh(event.rank, payload.get("seq")):
+    if verifier is not None and not verifier.fresh(event.rank, payload.get("seq"), payload.get("emitter", "")):
         return FORGED  # a replay of a line this attempt's emitter printed before
     return event
 

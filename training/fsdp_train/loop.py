@@ -24,7 +24,7 @@ from fsdp_train import report
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
-from fsdp_train.events import Checkpoint, Evaluation, Export, Failure, Probe, Summary, as_dict, emit
+from fsdp_train.events import Checkpoint, Evaluation, Export, Failure, Summary, as_dict, emit
 from fsdp_train.feed import Collate, TrainFeed, eval_batches
 from fsdp_train.fingerprint import run_fingerprint
 from fsdp_train.loss import IGNORE_INDEX, use_chunked_loss
@@ -90,16 +90,9 @@ def train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
         raise
 
 
-def _device(topo: Topology) -> torch.device:
-    if torch.cuda.is_available():
-        torch.cuda.set_device(topo.device_index)
-        return torch.device("cuda", topo.device_index)
-    return torch.device("cpu")
-
-
 def _train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
     env = host.env
-    device = _device(topo)
+    device = report.rank_device(topo)
     if device.type == "cuda":
         report.prepare_nccl_debug(env)
     owns_group = not dist.is_initialized()  # under Ray Train, Ray made the group and tears it down
@@ -122,19 +115,9 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     compile_cache = configure_compile_cache(cfg.compile_cache_dir, env)
     bytecode_cached = sys.pycache_prefix is not None
     bytecode_fill = None
-    emit(report.placement(topo, node_ip=host.node_ip, device=device, env=env))
-
-    # The first collective creates the NCCL communicator, whose log says which transport it chose.
-    first = torch.ones(1, device=device)
-    dist.all_reduce(first)
-    if first.item() != topo.world_size:
-        raise RuntimeError(f"first all-reduce gave {first.item()}, expected {topo.world_size}")
-    if device.type == "cuda":
-        emit(report.transport_from_nccl_log(topo.rank, env))
-    else:
-        emit(report.gloo_transport(topo.rank))
-
-    cross_node_gbps = _probe(cfg, topo, device)
+    cross_node_gbps = report.verify_link(
+        topo, node_ip=host.node_ip, device=device, env=env, probe_size_bytes=cfg.probe_size_bytes
+    )
     sharding = resolve_sharding(cfg.sharding, topo.num_nodes, cross_node_gbps, cfg.min_cross_node_gbps)
     clock.mark("probe")
 
@@ -471,46 +454,6 @@ def matmul_precision(cfg: TrainConfig, device: torch.device, config: Any) -> str
         capability=torch.cuda.get_device_capability(device) if on_gpu else None,
         hidden_size=int(config.hidden_size),
     )
-
-
-def _probe(cfg: TrainConfig, topo: Topology, device: torch.device) -> float | None:
-    """Run the collective probes; return the cross-node all-reduce bus bandwidth when measured."""
-    if topo.world_size < 2 or not cfg.probe_size_bytes:
-        return None
-    result = report.probe(
-        rank=topo.rank,
-        scope="all",
-        group=None,
-        group_ranks=topo.world_size,
-        size_bytes=cfg.probe_size_bytes,
-        device=device,
-    )
-    _emit_from_rank0(topo, result)
-    if topo.num_nodes < 2:
-        return None
-    leaders = [node * topo.local_world_size for node in range(topo.num_nodes)]
-    group = dist.new_group(leaders)  # every rank must take part in creating the group
-    cross: Probe | None = None
-    if topo.rank in leaders:
-        cross = report.probe(
-            rank=topo.rank,
-            scope="cross-node",
-            group=group,
-            group_ranks=len(leaders),
-            size_bytes=cfg.probe_size_bytes,
-            device=device,
-        )
-        _emit_from_rank0(topo, cross)
-    # Everyone needs the same number for sharding=auto: rank 0 (a leader) tells the rest.
-    shared = [cross.allreduce_busbw_gbps if cross else None]
-    dist.broadcast_object_list(shared, src=0)
-    dist.destroy_process_group(group)
-    return float(shared[0]) if shared[0] is not None else None
-
-
-def _emit_from_rank0(topo: Topology, event: Probe) -> None:
-    if topo.rank == 0:
-        emit(event)
 
 
 def train_step(

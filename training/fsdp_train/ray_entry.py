@@ -14,15 +14,19 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdp_train.config import TrainConfig
+from fsdp_train.user_function import FunctionConfig
+
+if TYPE_CHECKING:
+    from fsdp_train.parallelize import Topology
 
 # Per-rank event lines survive Ray's log handling only without dedup and without Train's print patch
 # (../shared/notes/environment.md). Train V2 passes RAY_TRAIN_* variables from driver to workers.
 RAY_LOG_ENV = {"RAY_DEDUP_LOGS": "0", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 
-_TOP_KEYS = {"train", "scaling", "max_failures", "storage_path", "name"}
+_TOP_KEYS = {"train", "scaling", "max_failures", "storage_path", "name", "function"}
 _SCALING_KEYS = {"num_workers", "use_gpu", "resources_per_worker"}
 
 
@@ -38,6 +42,8 @@ class RayJobConfig:
     """Worker-group restarts Ray may make before the job fails."""
     storage_path: str | None = None
     name: str = "fsdp-train"
+    function: FunctionConfig | None = None
+    """A user's Ray Train function to run instead of the bundled one (``fsdp_train.user_function``)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RayJobConfig:
@@ -80,6 +86,7 @@ class RayJobConfig:
             max_failures=max_failures,
             storage_path=storage_path or None,
             name=name,
+            function=FunctionConfig.from_dict(d["function"]) if d.get("function") is not None else None,
         )
 
     @property
@@ -96,18 +103,29 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     from fsdp_train.startup import use_bytecode_cache
 
     use_bytecode_cache(str(loop_config["train"].get("compile_cache_dir", "")))  # before the heavy imports
-    import ray.train
-    import ray.util
-
     from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, RayCheckpoints
     from fsdp_train.data import prepare_from_ray
     from fsdp_train.loop import Host, prepare_torchrun, train
-    from fsdp_train.parallelize import Topology
 
     cfg = TrainConfig.from_dict(loop_config["train"])
+    topo, node_ip = ray_worker(bool(loop_config.get("use_gpu")))
+    checkpointer: Checkpointer = RayCheckpoints() if cfg.checkpoint_path else NoCheckpoints()
+    # With datasets the driver's Ray Data pipeline prepared the rows; without, the ranks read the source.
+    prepare = prepare_from_ray if loop_config.get("ray_data") else prepare_torchrun
+    host = Host(node_ip=node_ip, checkpointer=checkpointer, prepare_data=prepare)
+    return train(cfg, topo, host)
+
+
+def ray_worker(use_gpu: bool) -> tuple[Topology, str]:
+    """This Ray Train worker's ``Topology`` and node address, from Ray Train's context."""
+    import ray.train
+    import ray.util
+
+    from fsdp_train.parallelize import Topology
+
     ctx = ray.train.get_context()
     device_index = None
-    if loop_config.get("use_gpu"):
+    if use_gpu:
         import ray.train.torch
 
         device_index = ray.train.torch.get_device().index
@@ -119,12 +137,56 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
         node_rank=ctx.get_node_rank(),
         device_index=device_index,
     )
-    checkpointer: Checkpointer = RayCheckpoints() if cfg.checkpoint_path else NoCheckpoints()
     node_ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-    # With datasets the driver's Ray Data pipeline prepared the rows; without, the ranks read the source.
-    prepare = prepare_from_ray if loop_config.get("ray_data") else prepare_torchrun
-    host = Host(node_ip=node_ip, checkpointer=checkpointer, prepare_data=prepare)
-    return train(cfg, topo, host)
+    return topo, node_ip
+
+
+def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
+    """What each Ray Train worker runs for a user function: the bundled reports, then the function."""
+    from fsdp_train.events import take_key
+
+    take_key()  # first: before the user's code is imported, so it never sees the key in the environment
+    from fsdp_train import report
+    from fsdp_train.user_function import run_user_function
+
+    function = FunctionConfig.from_dict(loop_config["function"])
+    topo, node_ip = ray_worker(bool(loop_config.get("use_gpu")))
+    device = report.rank_device(topo)
+    if device.type == "cuda":
+        report.prepare_nccl_debug(os.environ)
+
+    def verify() -> object:
+        return report.verify_link(
+            topo, node_ip=node_ip, device=device, env=os.environ, probe_size_bytes=function.probe_size_bytes
+        )
+
+    return run_user_function(function, topo.rank, verify)
+
+
+def reported_metrics_callback(storage: str | None) -> Any:
+    """A ``ray.train.UserCallback``: in Ray Train's controller, each ``ray.train.report`` of a user function
+    becomes signed events (``user_function.events_from_report``), under the controller's own emitter name."""
+    import ray.train
+
+    from fsdp_train import events
+    from fsdp_train.user_function import checkpoint_uri, events_from_report
+
+    class ReportedMetrics(ray.train.UserCallback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            self.reports = 0
+
+        def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+            if self.reports == 0:
+                # The controller is a process of its own; the job's runtime environment gave it the key too.
+                events.take_key(emitter=events.CONTROLLER)
+            self.reports += 1
+            path = checkpoint_uri(storage, str(checkpoint.path)) if checkpoint is not None else None
+            for event in events_from_report(
+                metrics[0] if metrics else {}, reports=self.reports, world_size=len(metrics), checkpoint_path=path
+            ):
+                events.emit(event)
+
+    return ReportedMetrics()
 
 
 def one_line(error: BaseException) -> str:
@@ -146,10 +208,17 @@ def run(job: RayJobConfig) -> dict[str, Any]:
 
     if not ray.is_initialized():
         ray.init()
-    datasets = driver_datasets(job.train)
+    datasets = driver_datasets(job.train) if job.function is None else {}
+    callbacks = [reported_metrics_callback(job.run_storage)] if job.function is not None else []
     trainer = TorchTrainer(
-        train_fn_per_worker,  # type: ignore[arg-type]  # Train V2 hands rank 0's return value back
-        train_loop_config={"train": job.train.to_dict(), "use_gpu": job.use_gpu, "ray_data": bool(datasets)},
+        # Train V2 hands rank 0's return value back
+        (train_fn_per_worker if job.function is None else user_fn_per_worker),  # type: ignore[arg-type]
+        train_loop_config={
+            "train": job.train.to_dict(),
+            "use_gpu": job.use_gpu,
+            "ray_data": bool(datasets),
+            **({"function": job.function.to_dict()} if job.function is not None else {}),
+        },
         datasets=datasets or None,
         # Every worker reads the packed rows whole and takes its samples in the sampler's order
         # (fsdp_train.data.ray_datasets says why): no split by Ray.
@@ -164,6 +233,7 @@ def run(job: RayJobConfig) -> dict[str, Any]:
             storage_path=job.run_storage,
             failure_config=FailureConfig(max_failures=job.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
+            callbacks=callbacks,
         ),
     )
     try:
@@ -173,6 +243,8 @@ def run(job: RayJobConfig) -> dict[str, Any]:
         ray.shutdown()
     if result.error is not None:
         raise result.error
+    if job.function is not None:
+        return {}  # a user function's return value is its own (it may hold anything), not the job's summary
     summary = getattr(result, "return_value", None)
     return summary if isinstance(summary, dict) else {}
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fsdp_train.events import Placement, Probe, Transport
+from fsdp_train.events import Placement, Probe, Transport, emit
 from fsdp_train.metrics import bus_bandwidth_gbps
 from fsdp_train.parallelize import Topology
 
@@ -46,6 +46,14 @@ def guess_node_ip(env: Mapping[str, str]) -> str:
             return str(s.getsockname()[0])
         except OSError:
             return "127.0.0.1"
+
+
+def rank_device(topo: Topology) -> torch.device:
+    """The device this rank computes on: its GPU (made current), or the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(topo.device_index)
+        return torch.device("cuda", topo.device_index)
+    return torch.device("cpu")
 
 
 def device_identity(device: torch.device) -> tuple[str, str]:
@@ -192,3 +200,53 @@ def probe(
         allreduce_busbw_gbps=bus_bandwidth_gbps("all_reduce", size, ar_s, group_ranks),
         allgather_busbw_gbps=bus_bandwidth_gbps("all_gather", size, ag_s, group_ranks),
     )
+
+
+def verify_link(
+    topo: Topology, *, node_ip: str, device: torch.device, env: Mapping[str, str], probe_size_bytes: int
+) -> float | None:
+    """What every rank reports before training, whatever function trains: where it runs (``Placement``), the
+    transport of its first collective (``Transport``) and the collective bandwidth (``Probe``, from rank 0).
+
+    Returns the cross-node all-reduce bus bandwidth when measured (``sharding=auto`` reads it).
+    """
+    emit(placement(topo, node_ip=node_ip, device=device, env=env))
+    # The first collective creates the NCCL communicator, whose log says which transport it chose.
+    first = torch.ones(1, device=device)
+    dist.all_reduce(first)
+    if first.item() != topo.world_size:
+        raise RuntimeError(f"first all-reduce gave {first.item()}, expected {topo.world_size}")
+    emit(transport_from_nccl_log(topo.rank, env) if device.type == "cuda" else gloo_transport(topo.rank))
+    return probe_all(topo, probe_size_bytes, device)
+
+
+def probe_all(topo: Topology, size_bytes: int, device: torch.device) -> float | None:
+    """Run the collective probes; return the cross-node all-reduce bus bandwidth when measured."""
+    if topo.world_size < 2 or not size_bytes:
+        return None
+    result = probe(
+        rank=topo.rank, scope="all", group=None, group_ranks=topo.world_size, size_bytes=size_bytes, device=device
+    )
+    if topo.rank == 0:
+        emit(result)
+    if topo.num_nodes < 2:
+        return None
+    leaders = [node * topo.local_world_size for node in range(topo.num_nodes)]
+    group = dist.new_group(leaders)  # every rank must take part in creating the group
+    cross: Probe | None = None
+    if topo.rank in leaders:
+        cross = probe(
+            rank=topo.rank,
+            scope="cross-node",
+            group=group,
+            group_ranks=len(leaders),
+            size_bytes=size_bytes,
+            device=device,
+        )
+        if topo.rank == 0:
+            emit(cross)
+    # Everyone needs the same number for sharding=auto: rank 0 (a leader) tells the rest.
+    shared = [cross.allreduce_busbw_gbps if cross else None]
+    dist.broadcast_object_list(shared, src=0)
+    dist.destroy_process_group(group)
+    return float(shared[0]) if shared[0] is not None else None

@@ -408,6 +408,22 @@ def train_config(job: Job) -> dict[str, Any]:
     return spec_mod.train_config(job.spec).to_dict()
 
 
+def user_function(spec: Spec) -> dict[str, Any]:
+    """The entrypoint's `function` (`fsdp_train.user_function.FunctionConfig`) for spec.trainFunction.
+
+    A remote `code` goes to Ray's runtime environment (`working_dir`), a local directory to the wrapper's path.
+    """
+    function = spec.train_function
+    assert function is not None
+    remote = function.code.startswith(("s3://", "gs://"))
+    return {
+        "callable": function.callable,
+        "code": "" if remote else function.code,
+        "config": function.config,
+        "probe_size_bytes": spec.training.probe_size_bytes,
+    }
+
+
 def submission(job: Job, submission_id: str, training_package: str) -> Submission:
     """The Ray job for one attempt; `training_package` is the local path of `fsdp_train` to ship."""
     spec, workers = job.spec, job.spec.workers
@@ -425,6 +441,8 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
         "storage_path": spec.training.checkpoint.storage or None,
         "name": job.name,
     }
+    if spec.train_function is not None:
+        config["function"] = user_function(spec)
     entrypoint = "python -m fsdp_train.ray_entry --config-json " + shlex.quote(
         json.dumps(config, separators=(",", ":"), sort_keys=True)
     )
@@ -444,6 +462,8 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
     runtime_env: dict[str, Any] = {"py_modules": [training_package], "env_vars": env_vars}
     if spec.runtime_env.pip:
         runtime_env["pip"] = list(spec.runtime_env.pip)
+    if spec.train_function is not None and spec.train_function.code.startswith(("s3://", "gs://")):
+        runtime_env["working_dir"] = spec.train_function.code  # Ray fetches and unpacks the .zip on every node
     return Submission(
         submission_id=submission_id,
         entrypoint=entrypoint,

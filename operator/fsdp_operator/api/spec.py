@@ -43,6 +43,7 @@ from fsdp_operator.api.fields import Problems, Quantity, show, show_key
 from fsdp_operator.api.fields import field as declare
 from fsdp_operator.api.formats import parse_quantity
 from fsdp_operator.api.kube_types import INT32_MAX, EnvVar, ObjectMeta, Toleration
+from fsdp_operator.api.train_function import TrainFunction, check_bundled_fields_unset
 from fsdp_operator.api.training_spec import Data, Model, Output, Training
 
 __all__ = [
@@ -373,6 +374,7 @@ class Spec:
         max_items=128,
     )
     runtime_env: RuntimeEnv = declare(RuntimeEnv.__doc__ or "", factory=RuntimeEnv)
+    train_function: TrainFunction | None = declare(TrainFunction.__doc__ or "")
     run_policy: RunPolicy = declare(RunPolicy.__doc__ or "", factory=RunPolicy)
 
     @property
@@ -422,6 +424,7 @@ class Spec:
         for group in ("head", "workers"):
             _refuse_control_plane(s[group], f"{path}.{group}", problems)
         _env_rules(s, path, problems)
+        check_bundled_fields_unset(s, Spec, path, problems)
 
 
 def _has_efa(instance_type: str) -> bool:

@@ -236,8 +236,9 @@ def fold_events(
             first_step = progress.get("firstStepTime") or format_time(now)
             progress = {
                 "step": event.step,
-                "totalSteps": event.total_steps,
-                "stepOfTotal": f"{event.step}/{event.total_steps}",
+                # A user function that does not report its total: 0, no total shown (docs/byo-function.md).
+                **({"totalSteps": event.total_steps} if event.total_steps else {}),
+                "stepOfTotal": f"{event.step}/{event.total_steps}" if event.total_steps else str(event.step),
                 "loss": _round(event.loss),
                 # An integer: the printer column is typed integer.
                 "tokensPerSecond": _whole(event.tokens_per_second),
@@ -253,6 +254,10 @@ def fold_events(
                 progress["lossHistory"] = history
             if event.samples_seen:  # a data source (random tokens have no epochs)
                 progress.update(epoch=event.epoch, samplesSeen=event.samples_seen, tokensSeen=event.tokens_seen)
+            elif event.tokens_seen:  # a user function that reports the tokens it trained on
+                progress["tokensSeen"] = event.tokens_seen
+            if event.extra:  # a user function's other metrics (bounded by the event parser)
+                progress["metrics"] = {name: _round(value) for name, value in sorted(event.extra.items())}
             progress.update(evaluation)
             if first_step:
                 progress["firstStepTime"] = first_step
@@ -382,7 +387,8 @@ def _possible(event: Event, total_steps: int) -> bool:
     """
     if isinstance(event, Step):
         return (
-            1 <= event.step <= event.total_steps <= total_steps
+            1 <= event.step <= (event.total_steps or total_steps)  # 0: a user function's total, unknown
+            and event.total_steps <= total_steps
             and _loss(event.loss)
             and _finite(event.tokens_per_second)
             and _finite(event.tokens_per_second_per_device)

@@ -24,6 +24,17 @@ def test_defaults() -> None:
     assert (job.storage_path, job.name, job.run_storage) == (None, "fsdp-train", None)
 
 
+def test_a_function_job_names_its_function() -> None:
+    job = RayJobConfig.from_dict({"function": {"callable": "pkg.mod:fn", "config": {"a": [1]}, "probe_size_bytes": 8}})
+    assert job.function is not None and job.function.to_dict() == {
+        "callable": "pkg.mod:fn",
+        "code": "",
+        "config": {"a": [1]},
+        "probe_size_bytes": 8,
+    }
+    assert RayJobConfig.from_dict({}).function is None
+
+
 def test_run_storage_prefers_the_storage_path_then_the_checkpoint_path() -> None:
     both = {"train": {"checkpoint_path": "/ckpt"}, "storage_path": "s3://b/run"}
     assert RayJobConfig.from_dict(both).run_storage == "s3://b/run"
@@ -51,6 +62,8 @@ def test_run_storage_prefers_the_storage_path_then_the_checkpoint_path() -> None
         ({"storage_path": 3}, "storage_path must be a string or null, got 3."),
         ({"name": 3}, "name must be a string, got 3."),
         ({"train": {"steps": 0}}, "training.steps must be greater than 0."),
+        ({"function": {"callable": "train"}}, "function.callable must be 'package.module:function', got 'train'."),
+        ({"function": "pkg:fn"}, "function must be a mapping."),
     ],
 )  # fmt: skip
 def test_every_bad_field_is_named(config: Any, message: str) -> None:
