@@ -171,7 +171,7 @@ def reported_metrics_callback(storage: str | None) -> Any:
     from fsdp_train import events
     from fsdp_train.user_function import checkpoint_uri, events_from_report
 
-    class ReportedMetrics(ray.train.UserCallback):  # type: ignore[misc]
+    class ReportedMetrics(ray.train.UserCallback):
         def __init__(self) -> None:
             self.reports = 0
 
