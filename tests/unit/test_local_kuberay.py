@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -190,17 +192,16 @@ def test_a_suspended_raycluster_gets_no_pods_and_no_process(apiserver: ThreadedA
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_suspending_a_running_raycluster_stops_its_ray_and_deletes_its_pods(
-    apiserver: ThreadedApiServer, tmp_path: Path
-) -> None:
+def test_suspending_a_running_raycluster_stops_its_ray_and_deletes_its_pods(apiserver: ThreadedApiServer) -> None:
     """Real Ray processes: unsuspended, the cluster starts; suspended again, its processes stop and its pods go;
     unsuspended once more, it starts anew."""
+    workdir = Path(tempfile.mkdtemp(prefix="fsdp-suspend-"))  # short: Ray's socket paths are at most 107 bytes
 
     def pods() -> list[str]:
         return sorted(p["metadata"]["name"] for p in apiserver.store.find("pods"))
 
     async def scenario() -> None:
-        kuberay = LocalKubeRay(apiserver.url, tmp_path)
+        kuberay = LocalKubeRay(apiserver.url, workdir)
         task = asyncio.create_task(kuberay.run())
         path = "/apis/ray.io/v1/namespaces/default/rayclusters/cycle-ray"
         merge = "application/merge-patch+json"
@@ -229,4 +230,7 @@ def test_suspending_a_running_raycluster_stops_its_ray_and_deletes_its_pods(
                 await task
             await kuberay.close()
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
