@@ -192,6 +192,7 @@ def test_a_suspended_raycluster_gets_no_pods_and_no_process(apiserver: ThreadedA
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_suspending_a_running_raycluster_stops_its_ray_and_deletes_its_pods(apiserver: ThreadedApiServer) -> None:
     """Real Ray processes: unsuspended, the cluster starts; suspended again, its processes stop and its pods go;
     unsuspended once more, it starts anew."""
@@ -199,6 +200,9 @@ def test_suspending_a_running_raycluster_stops_its_ray_and_deletes_its_pods(apis
 
     def pods() -> list[str]:
         return sorted(p["metadata"]["name"] for p in apiserver.store.find("pods"))
+
+    def state() -> str:
+        return str(apiserver.store.find("rayclusters", "ray.io")[0].get("status", {}).get("state", ""))
 
     async def scenario() -> None:
         kuberay = LocalKubeRay(apiserver.url, workdir)
@@ -209,20 +213,16 @@ def test_suspending_a_running_raycluster_stops_its_ray_and_deletes_its_pods(apis
             await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
             rc = _suspended_cluster(kuberay, "cycle", suspend=True)
             await kuberay._request("POST", "/apis/ray.io/v1/namespaces/default/rayclusters", rc)
-            for _ in range(2):
+            for cycle in (1, 2):
                 await kuberay._request("PATCH", path, {"spec": {"suspend": False}}, merge)
-                await _until(lambda: len(pods()) == 2 and len(kuberay.started) % 2 == 0 and kuberay.started, 300,
-                             "the unsuspended cluster never got its head and worker pods")  # fmt: skip
-                found = apiserver.store.find("rayclusters", "ray.io")[0]
-                await _until(lambda: apiserver.store.find("rayclusters", "ray.io")[0]["status"].get("state") == "ready",
-                             300, f"never ready: {found.get('status')}")  # fmt: skip
-                started = list(kuberay.started)
+                await _until(lambda c=cycle: state() == "ready" and len(kuberay.started) == 2 * c, 300,
+                             "the unsuspended cluster never got ready with a new head and worker")  # fmt: skip
+                assert len(pods()) == 2
+                started = kuberay.started[-2:]
                 await kuberay._request("PATCH", path, {"spec": {"suspend": True}}, merge)
-                await _until(lambda: pods() == [], 60, "suspending did not delete the pods")
+                await _until(lambda: pods() == [] and state() == "suspended", 60, "suspending left pods behind")
                 await _until(lambda nodes=started: not any(marked_processes(n.marker) for n in nodes), 60,
                              "Ray processes run on after the suspension")  # fmt: skip
-                state = apiserver.store.find("rayclusters", "ray.io")[0]["status"]["state"]
-                assert state == "suspended"
             assert len(kuberay.started) == 4  # head and worker, twice: each unsuspension starts anew
         finally:
             task.cancel()
