@@ -242,6 +242,7 @@ class FakeKubeRay:
                 "head": {"serviceIP": cluster.service_ip, "serviceName": f"{cluster.name}-head-svc"},
                 "endpoints": {"dashboard": "8265", "client": "10001", "gcs-server": "6379"},
                 "lastUpdateTime": _now(),
+                "state": None,  # no longer `suspended` until the pods are ready again
             },
         )
         labels = {"ray.io/cluster": cluster.name, **(meta.get("labels") or {})}

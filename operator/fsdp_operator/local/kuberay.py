@@ -489,8 +489,10 @@ class LocalKubeRay:
         cluster.dashboard_port, cluster.gcs_port = free_port(), free_port()
         await self._patch_status(
             cluster,
+            # state: null: no longer `suspended` (nor anything else) until the pods are ready again.
             {"desiredWorkerReplicas": replicas, "readyWorkerReplicas": 0, "availableWorkerReplicas": 0,
-             "minWorkerReplicas": replicas, "maxWorkerReplicas": replicas, "lastUpdateTime": now_rfc3339()},
+             "minWorkerReplicas": replicas, "maxWorkerReplicas": replicas, "lastUpdateTime": now_rfc3339(),
+             "state": None},
         )  # fmt: skip
 
         head_name = f"{cluster.name}-head-{cluster.uid[:5] or 'local'}"
