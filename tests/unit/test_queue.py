@@ -237,3 +237,10 @@ def test_a_job_that_is_not_queued_ignores_a_suspended_cluster_of_its_own() -> No
     obs = Observed(now=NOW, cluster=cluster(suspended=True))
     new = reconcile(manifest(), status(Phase.PROVISIONING, provisioning_since=NOW), obs, training_package="pkg")
     assert new.status.phase == Phase.PROVISIONING
+
+
+def test_counters_edited_into_status_are_started_over_not_raised_on() -> None:
+    admitted = ClusterView(name="qwen-ray", owner_uid=UID, uid="rc-uid")
+    edited = status(Phase.QUEUED, queued_since=NOW, queue={"queuedSeconds": "many", "admissions": -3})
+    new = reconcile(QUEUED, edited, Observed(now=NOW, cluster=admitted), training_package="pkg").status
+    assert (new.phase, new.queue["queuedSeconds"], new.queue["admissions"]) == (Phase.PROVISIONING, 0, 1)

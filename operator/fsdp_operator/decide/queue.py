@@ -25,7 +25,15 @@ from datetime import datetime
 from fsdp_operator.api import queueing
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.guards import _foreign, _job_submitted_false, _name_taken, _next_attempt
-from fsdp_operator.decide.observed import Action, Decision, DeleteLeftover, DeleteRayCluster, Observed, StopJob
+from fsdp_operator.decide.observed import (
+    Action,
+    Decision,
+    DeleteLeftover,
+    DeleteRayCluster,
+    Observed,
+    StopJob,
+    _count,
+)
 from fsdp_operator.decide.status import ConditionType, JobStatus, Phase, Reason, format_time, set_condition
 
 QUEUE_PHASES = frozenset({Phase.QUEUED, Phase.PREEMPTED})
@@ -124,8 +132,8 @@ def _wait_in_queue(
     # Admitted: Kueue set spec.suspend: false. The clocks of the run start now.
     waited = max(0, round((obs.now - (status.queued_since or obs.now)).total_seconds()))
     queue_status = _with_workload(status, obs)
-    queue_status["queuedSeconds"] = int(str(queue_status.get("queuedSeconds", 0) or 0)) + waited
-    queue_status["admissions"] = int(str(queue_status.get("admissions", 0) or 0)) + 1
+    queue_status["queuedSeconds"] = _count(queue_status.get("queuedSeconds")) + waited
+    queue_status["admissions"] = _count(queue_status.get("admissions")) + 1
     by = f" (ClusterQueue {queue_status['clusterQueue']})" if queue_status.get("clusterQueue") else ""
     new = replace(
         status,
@@ -147,7 +155,7 @@ def _evicted(job: Job, status: JobStatus, obs: Observed, queue: str) -> Decision
     if obs.workload is not None and obs.workload.evicted:
         why += f" ({obs.workload.evicted})"
     queue_status = _with_workload(status, obs)
-    queue_status["preemptions"] = int(str(queue_status.get("preemptions", 0) or 0)) + 1
+    queue_status["preemptions"] = _count(queue_status.get("preemptions")) + 1
     conditions = set_condition(
         status.conditions, ConditionType.WORKERS_READY, "False", Reason.PREEMPTED, why,
         now=obs.now, generation=job.generation,
