@@ -3,6 +3,7 @@ and the decisions of a queued job (Queued, admitted, evicted, Preempted, Queued 
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +18,8 @@ from fsdp_operator.decide.observed import ClusterView, CreateRayCluster, Observe
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason, get_condition
 from fsdp_operator.decide.workload import WorkloadView, workload_of
+from fsdp_operator.runtime.kube import KubeError
+from fsdp_operator.runtime.kueue import read_workload
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 UID = "0b8a2b5e-1111-2222-3333-444455556666"
@@ -244,3 +247,40 @@ def test_counters_edited_into_status_are_started_over_not_raised_on() -> None:
     edited = status(Phase.QUEUED, queued_since=NOW, queue={"queuedSeconds": "many", "admissions": -3})
     new = reconcile(QUEUED, edited, Observed(now=NOW, cluster=admitted), training_package="pkg").status
     assert (new.phase, new.queue["queuedSeconds"], new.queue["admissions"]) == (Phase.PROVISIONING, 0, 1)
+
+
+# --- reading Workloads -----------------------------------------------------------------------------------------
+
+
+class Workloads:
+    """The one call `read_workload` makes of the Kube protocol, answering as an API server would."""
+
+    def __init__(self, answer: list[dict[str, Any]] | KubeError | None) -> None:
+        self.answer = answer
+        self.selectors: list[str] = []
+
+    async def list_workloads(self, namespace: str, label_selector: str) -> list[dict[str, Any]] | None:
+        self.selectors.append(label_selector)
+        if isinstance(self.answer, KubeError):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (None, "is Kueue installed?"),
+        (KubeError(403, "workloads.kueue.x-k8s.io is forbidden"), "the operator may not list Kueue's Workloads"),
+        ([], ""),
+    ],
+)
+def test_workloads_that_cannot_be_read_are_said_so(answer: Any, expected: str) -> None:
+    kube = Workloads(answer)
+    workload, error = asyncio.run(read_workload(kube, "ml", cluster(suspended=True)))  # type: ignore[arg-type]
+    assert workload is None and (expected in error if expected else error == "")
+    assert kube.selectors == ["kueue.x-k8s.io/job-uid=rc-uid"]
+
+
+def test_an_api_server_that_does_not_answer_fails_the_pass_to_be_retried() -> None:
+    with pytest.raises(KubeError):
+        asyncio.run(read_workload(Workloads(KubeError(503, "unavailable")), "ml", cluster(suspended=True)))  # type: ignore[arg-type]
