@@ -284,3 +284,12 @@ def test_workloads_that_cannot_be_read_are_said_so(answer: Any, expected: str) -
 def test_an_api_server_that_does_not_answer_fails_the_pass_to_be_retried() -> None:
     with pytest.raises(KubeError):
         asyncio.run(read_workload(Workloads(KubeError(503, "unavailable")), "ml", cluster(suspended=True)))  # type: ignore[arg-type]
+
+
+def test_a_queued_cluster_the_api_server_refuses_says_why() -> None:
+    refused = "the API server refused the job's RayCluster: 403: rayclusters.ray.io is forbidden"
+    obs = Observed(now=NOW, create_refused=refused)
+    decision = reconcile(QUEUED, status(Phase.QUEUED, queued_since=NOW), obs, training_package="pkg")
+    assert (decision.status.phase, decision.status.reason) == (Phase.QUEUED, Reason.CREATE_REFUSED)
+    assert decision.status.message == f"creating RayCluster qwen-ray: {refused}"
+    assert any(isinstance(a, CreateRayCluster) for a in decision.actions)  # tried again, level-triggered

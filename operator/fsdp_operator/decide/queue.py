@@ -124,8 +124,16 @@ def _wait_in_queue(
         message = f"replacing RayCluster {cluster.name}: left by a deleted FSDPTrainingJob of the same name"
         return Decision(replace(status, reason=Reason.QUEUED, message=message), actions, requeue_after=1.0)
     if cluster is None or cluster.deleting:
-        message = f"creating RayCluster {status.ray_cluster_name} suspended, for Kueue's LocalQueue {queue}"
-        return Decision(replace(status, reason=Reason.QUEUED, message=message), () if cluster else create())
+        reason, message = (
+            Reason.QUEUED,
+            f"creating RayCluster {status.ray_cluster_name} suspended, for LocalQueue {queue}",
+        )
+        if obs.create_refused:  # RBAC, admission, quota: a retry alone changes nothing, so the status says it
+            reason, message = (
+                Reason.CREATE_REFUSED,
+                f"creating RayCluster {status.ray_cluster_name}: {obs.create_refused}",
+            )
+        return Decision(replace(status, reason=reason, message=message), () if cluster else create())
     if cluster.suspended:
         reason, message = _waiting_message(status, obs, queue)
         return Decision(replace(status, reason=reason, message=message, queue=_with_workload(status, obs)))
