@@ -14,7 +14,7 @@ import yaml
 from fsdp_operator.api import render, schema
 from fsdp_operator.api.spec import SpecError, parse_job
 from fsdp_operator.cli.main import main
-from fsdp_operator.decide.observed import ClusterView, CreateRayCluster, Observed, StopJob
+from fsdp_operator.decide.observed import ChildView, ClusterView, CreateRayCluster, DeleteLeftover, Observed, StopJob
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason, get_condition
 from fsdp_operator.decide.workload import WorkloadView, workload_of
@@ -293,3 +293,20 @@ def test_a_queued_cluster_the_api_server_refuses_says_why() -> None:
     assert (decision.status.phase, decision.status.reason) == (Phase.QUEUED, Reason.CREATE_REFUSED)
     assert decision.status.message == f"creating RayCluster qwen-ray: {refused}"
     assert any(isinstance(a, CreateRayCluster) for a in decision.actions)  # tried again, level-triggered
+
+
+def test_what_a_deleted_namesake_left_is_replaced_while_queued_and_anyone_elses_fails_the_job() -> None:
+    old = "9f9f9f9f-0000-0000-0000-000000000000"
+    left = ClusterView(name="qwen-ray", owner_uid=old, owner_kind=schema.KIND, owner_name="qwen", uid="old-rc")
+    secret = ChildView("Secret", "qwen-ray-auth", "old-secret", owner_uid=old, owner_kind=schema.KIND,
+                       owner_name="qwen")  # fmt: skip
+    queued = status(Phase.QUEUED, queued_since=NOW)
+    decision = reconcile(QUEUED, queued, Observed(now=NOW, cluster=left, children=(secret,)), training_package="pkg")
+    assert decision.status.phase == Phase.QUEUED
+    assert set(decision.actions) >= {
+        DeleteLeftover("RayCluster", "ml", "qwen-ray", "old-rc"),
+        DeleteLeftover("Secret", "ml", "qwen-ray-auth", "old-secret"),
+    }
+    stranger = ChildView("Secret", "qwen-ray-auth", "s", owner_uid="someone", owner_kind="Other", owner_name="x")
+    taken = reconcile(QUEUED, queued, Observed(now=NOW, children=(stranger,)), training_package="pkg").status
+    assert (taken.phase, taken.reason) == (Phase.FAILED, Reason.CLUSTER_NAME_TAKEN)

@@ -24,9 +24,17 @@ from datetime import datetime
 
 from fsdp_operator.api import queueing
 from fsdp_operator.api.spec import Job
-from fsdp_operator.decide.guards import _foreign, _job_submitted_false, _name_taken, _next_attempt
+from fsdp_operator.decide.guards import (
+    _foreign,
+    _job_submitted_false,
+    _left_by_namesake,
+    _name_taken,
+    _next_attempt,
+)
 from fsdp_operator.decide.observed import (
     Action,
+    ChildView,
+    ClusterView,
     Decision,
     DeleteLeftover,
     DeleteRayCluster,
@@ -118,10 +126,15 @@ def _wait_in_queue(
         return taken
     status = replace(status, queued_since=status.queued_since or obs.now, queue={**status.queue, "localQueue": queue})
     cluster = obs.cluster
+    leftovers: list[tuple[str, ClusterView | ChildView]] = []
     if cluster is not None and _foreign(cluster, job.uid):
+        leftovers.append(("RayCluster", cluster))
+    leftovers += [(child.kind, child) for child in obs.children if _left_by_namesake(job, child)]
+    if leftovers:
         # Left by a deleted job of the same name (`_name_taken` fails on anyone else's): deleted, then created anew.
-        actions = () if cluster.deleting else (DeleteLeftover("RayCluster", job.namespace, cluster.name, cluster.uid),)
-        message = f"replacing RayCluster {cluster.name}: left by a deleted FSDPTrainingJob of the same name"
+        actions = tuple(DeleteLeftover(kind, job.namespace, c.name, c.uid) for kind, c in leftovers if not c.deleting)
+        names = ", ".join(f"{kind} {c.name}" for kind, c in leftovers)
+        message = f"replacing {names}: left by a deleted FSDPTrainingJob of the same name"
         return Decision(replace(status, reason=Reason.QUEUED, message=message), actions, requeue_after=1.0)
     if cluster is None or cluster.deleting:
         reason, message = (

@@ -302,7 +302,7 @@ class JobLoop:
                 return Observed(now=now, zone_choice=await choose_zone(self.rt, job, self.log))
         if status.phase in (None, Phase.PENDING) or not status.ray_cluster_name:
             return Observed(now=now)
-        children = await self._conflicting_children() if status.phase == Phase.PROVISIONING else ()
+        children = await self._conflicting_children() if status.phase in (Phase.PROVISIONING, Phase.QUEUED) else ()
         cluster_obj = await self.rt.kube.get_raycluster(self.namespace, status.ray_cluster_name)
         if cluster_obj is None:
             return Observed(now=now, submit_error=submit_error, children=children)
