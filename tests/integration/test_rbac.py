@@ -32,6 +32,7 @@ from support import k8s_tools
 from support.aws import FixedZone
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
+from support.kueue import WORKLOAD_CRD, FakeKueue
 from test_operator import FAST, Script, manifest
 
 POD_SPEC = {"containers": [{"name": "c", "image": "i"}]}
@@ -70,6 +71,8 @@ EXPECTED_CALLS = {
 # OpenShift) lets the job's Secret, NetworkPolicy and RayCluster name the job as owner with blockOwnerDeletion
 # only for who may update the job's finalizers.
 ADMISSION_CHECKS = {("update", "fsdp.dev", "fsdptrainingjobs/finalizers")}
+# Granted for jobs with a queueName only (test_a_queued_job_runs_under_the_charts_rbac): why Kueue waits.
+QUEUED_CALLS = {("list", "kueue.x-k8s.io", "workloads")}
 # kopf watching chosen namespaces also follows the namespaces themselves, at cluster scope.
 NAMESPACED_EXTRA = {("list", "", "namespaces"), ("watch", "", "namespaces")}
 
@@ -335,7 +338,7 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
     assert admission is not None
     checked = {(verb, group, resource) for verb, group, resource, _, allowed in admission.checks if allowed}
     assert checked == ADMISSION_CHECKS, admission.checks
-    needed = expected | ADMISSION_CHECKS
+    needed = expected | ADMISSION_CHECKS | QUEUED_CALLS
     assert granted(docs) == needed, (
         f"granted but never needed: {granted(docs) - needed}; needed but not granted: {needed - granted(docs)}"
     )
@@ -344,6 +347,52 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
     assert (("namespaces", "cluster") in scopes) is not watch_all
     job_scopes = {scope for resource, scope in scopes if resource == "fsdptrainingjobs"}
     assert job_scopes == ({"cluster", "namespace"} if watch_all else {"namespace"})
+
+
+def test_a_queued_job_runs_under_the_charts_rbac() -> None:
+    """A job with a queueName reads Kueue's Workloads as the chart lets it (Kueue's double runs as admin)."""
+    docs = rendered_rbac(watch_all=False)
+    api, access = secured_server(docs)
+    api.store.create(api.store.resource("customresourcedefinitions", "apiextensions.k8s.io"), WORKLOAD_CRD)
+    ray = FakeRay(script=Script())
+    kuberay = FakeKubeRay(api.url, ray)
+    kueue = FakeKueue(api.url, {"nvidia.com/gpu": "8"})
+    for double in (kuberay, kueue):
+        double.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+    admin = requests.Session()
+    admin.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{RELEASE_NAMESPACE}/{schema.PLURAL}"
+    events: list[str] = []
+
+    def status() -> dict[str, Any]:
+        found = api.store.find(schema.PLURAL, schema.GROUP, RELEASE_NAMESPACE)
+        return dict(found[0].get("status") or {}) if found else {}
+
+    async def main() -> None:
+        async with kuberay.running(), kueue.running():
+            kube = AioKube(api.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=FAST.kube_timeout)
+            runtime = Runtime(FAST, kube=kube, ray=ray.client)
+            registry = build_registry(runtime, login=False)
+            async with kopf_operator(registry, api.url, namespaces=[RELEASE_NAMESPACE], token=OPERATOR_TOKEN):
+                await eventually(
+                    lambda: api.count("watch", schema.PLURAL, schema.GROUP) > 0,
+                    message="the operator never started watching the jobs",
+                )
+                job = manifest(network={"transport": "socket"})
+                job["spec"]["queueName"] = "team-a"
+                response = await asyncio.to_thread(admin.post, api.url + jobs, json=job)
+                assert response.status_code == 201, response.text
+                await eventually(lambda: status().get("phase") == "Succeeded", timeout=30,
+                                 message=f"the queued job did not succeed: {status()}")  # fmt: skip
+                events.extend(e["reason"] for e in api.store.find("events", None, RELEASE_NAMESPACE))
+
+    try:
+        asyncio.run(main())
+    finally:
+        api.stop()
+    assert access.denied == [], f"403s: {access.denied}"
+    made = {(verb, group, resource) for verb, group, resource, _ in access.calls_by(ACCOUNT.name)}
+    assert made >= QUEUED_CALLS and "Admitted" in events, (made, events)
 
 
 def test_a_create_the_api_server_refuses_is_named_in_the_jobs_status() -> None:

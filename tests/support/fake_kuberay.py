@@ -7,6 +7,10 @@ worker pods from the groups' templates (a pod the API server refuses is a `Faile
 on the RayCluster, as KubeRay reports it), and registers the cluster's nodes with the `FakeRay` that plays
 Ray. Knobs make the workers slow, never ready, or unschedulable (Pending pods with the scheduler's
 FailedScheduling event).
+
+`spec.suspend: true` (KubeRay's RayClusterSpec: "A suspended RayCluster will have head pods and worker pods
+deleted"; the state it writes is `suspended`): a cluster created suspended gets no pods, and suspending a running
+one deletes its pods and takes its Ray away (its jobs with it); `suspend: false` creates them again.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class _Cluster:
     failed: bool = False
     """A pod create was refused: the cluster never gets ready (KubeRay retries; nothing changes)."""
     ready: bool = False
+    suspended: bool = False
 
 
 class RefusedError(RuntimeError):
@@ -183,16 +188,33 @@ class FakeKubeRay:
         for rc in live:
             meta = rc["metadata"]
             cluster = self.clusters.get(meta["uid"])
-            if cluster is None:
+            if (rc.get("spec") or {}).get("suspend") is True:
+                if cluster is None or not cluster.suspended:
+                    await self._suspend(rc, cluster)
+                continue
+            if cluster is None or cluster.suspended:
                 cluster = await self._adopt(rc)
             waiting = not cluster.ready and not cluster.failed and not self.never_ready and not self.unschedulable
             if waiting and time.monotonic() - cluster.created >= self.ready_delay:
                 await self._make_ready(cluster, rc)
 
-    async def _adopt(self, rc: Obj) -> _Cluster:
+    async def _suspend(self, rc: Obj, cluster: _Cluster | None) -> None:
+        """No pods while suspended: a running cluster's are deleted (its Ray goes with its head)."""
+        if cluster is not None:
+            await self._teardown(cluster)
+        else:
+            cluster = self._record(rc)
+        cluster.pods, cluster.ready, cluster.failed, cluster.suspended = [], False, False, True
+        await self._patch_status(
+            cluster,
+            {"state": "suspended", "readyWorkerReplicas": 0, "availableWorkerReplicas": 0, "lastUpdateTime": _now()},
+        )
+
+    def _record(self, rc: Obj) -> _Cluster:
         meta = rc["metadata"]
-        n = len(self.seen_uids) + 1
-        self.seen_uids.append(meta["uid"])
+        if meta["uid"] not in self.seen_uids:
+            self.seen_uids.append(meta["uid"])
+        n = self.seen_uids.index(meta["uid"]) + 1
         service_ip = f"10.96.{n // 250}.{n % 250 + 1}"
         cluster = _Cluster(
             namespace=meta["namespace"],
@@ -203,6 +225,11 @@ class FakeKubeRay:
             created=time.monotonic(),
         )
         self.clusters[cluster.uid] = cluster
+        return cluster
+
+    async def _adopt(self, rc: Obj) -> _Cluster:
+        cluster = self._record(rc)
+        meta = rc["metadata"]
         await self._require_token(cluster, rc)
         group = rc["spec"]["workerGroupSpecs"][0]
         replicas = int(group["replicas"])
@@ -212,9 +239,10 @@ class FakeKubeRay:
                 "desiredWorkerReplicas": replicas,
                 "readyWorkerReplicas": 0,
                 "availableWorkerReplicas": 0,
-                "head": {"serviceIP": service_ip, "serviceName": f"{cluster.name}-head-svc"},
+                "head": {"serviceIP": cluster.service_ip, "serviceName": f"{cluster.name}-head-svc"},
                 "endpoints": {"dashboard": "8265", "client": "10001", "gcs-server": "6379"},
                 "lastUpdateTime": _now(),
+                "state": None,  # no longer `suspended` until the pods are ready again
             },
         )
         labels = {"ray.io/cluster": cluster.name, **(meta.get("labels") or {})}

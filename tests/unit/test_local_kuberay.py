@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import parse_job, parse_quantity
 from fsdp_operator.local import ThreadedApiServer
@@ -137,3 +141,96 @@ def test_a_containers_memory_limit_bounds_each_process_of_its_ray_node() -> None
     )  # fmt: skip
     assert big.returncode != 0 and "MemoryError" in big.stderr
     assert limited_command(["ray", "start"], None) == ["ray", "start"]
+
+
+def _suspended_cluster(kuberay: LocalKubeRay, name: str, *, suspend: bool) -> dict[str, Any]:
+    job = parse_job({"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "metadata": {"name": name},
+                     "spec": {"queueName": "team-a", "workers": {"replicas": 1, "gpusPerWorker": 0, "cpu": "1",
+                                                                  "ranksPerWorker": 1}}})  # fmt: skip
+    rc = render.raycluster(job, render.Security(token_auth=False))
+    rc["spec"]["suspend"] = suspend
+    return rc
+
+
+async def _until(condition: Any, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+def test_a_suspended_raycluster_gets_no_pods_and_no_process(apiserver: ThreadedApiServer, tmp_path: Path) -> None:
+    """KubeRay's RayClusterSpec.suspend: "A suspended RayCluster will have head pods and worker pods deleted"."""
+
+    async def scenario() -> LocalKubeRay:
+        kuberay = LocalKubeRay(apiserver.url, tmp_path)
+        task = asyncio.create_task(kuberay.run())
+        try:
+            await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
+            rc = _suspended_cluster(kuberay, "queued", suspend=True)
+            await kuberay._request("POST", "/apis/ray.io/v1/namespaces/default/rayclusters", rc)
+
+            def state() -> str:
+                found = apiserver.store.find("rayclusters", "ray.io")
+                return str((found[0].get("status") or {}).get("state", "")) if found else ""
+
+            await _until(lambda: state() == "suspended", 30, "the suspended RayCluster's state was never written")
+            # A watch event that changes nothing else (a label) must not start it either.
+            path = "/apis/ray.io/v1/namespaces/default/rayclusters/queued-ray"
+            await kuberay._request("PATCH", path, {"metadata": {"labels": {"x": "y"}}}, "application/merge-patch+json")
+            await asyncio.sleep(0.5)
+            return kuberay
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await kuberay.close()
+
+    kuberay = asyncio.run(scenario())
+    assert kuberay.started == [] and apiserver.store.find("pods") == []
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_suspending_a_running_raycluster_stops_its_ray_and_deletes_its_pods(apiserver: ThreadedApiServer) -> None:
+    """Real Ray processes: unsuspended, the cluster starts; suspended again, its processes stop and its pods go;
+    unsuspended once more, it starts anew."""
+    workdir = Path(tempfile.mkdtemp(prefix="fsdp-suspend-"))  # short: Ray's socket paths are at most 107 bytes
+
+    def pods() -> list[str]:
+        return sorted(p["metadata"]["name"] for p in apiserver.store.find("pods"))
+
+    def state() -> str:
+        return str(apiserver.store.find("rayclusters", "ray.io")[0].get("status", {}).get("state", ""))
+
+    async def scenario() -> None:
+        kuberay = LocalKubeRay(apiserver.url, workdir)
+        task = asyncio.create_task(kuberay.run())
+        path = "/apis/ray.io/v1/namespaces/default/rayclusters/cycle-ray"
+        merge = "application/merge-patch+json"
+        try:
+            await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
+            rc = _suspended_cluster(kuberay, "cycle", suspend=True)
+            await kuberay._request("POST", "/apis/ray.io/v1/namespaces/default/rayclusters", rc)
+            for cycle in (1, 2):
+                await kuberay._request("PATCH", path, {"spec": {"suspend": False}}, merge)
+                await _until(lambda c=cycle: state() == "ready" and len(kuberay.started) == 2 * c, 300,
+                             "the unsuspended cluster never got ready with a new head and worker")  # fmt: skip
+                assert len(pods()) == 2
+                started = kuberay.started[-2:]
+                await kuberay._request("PATCH", path, {"spec": {"suspend": True}}, merge)
+                await _until(lambda: pods() == [] and state() == "suspended", 60, "suspending left pods behind")
+                await _until(lambda nodes=started: not any(marked_processes(n.marker) for n in nodes), 60,
+                             "Ray processes run on after the suspension")  # fmt: skip
+            assert len(kuberay.started) == 4  # head and worker, twice: each unsuspension starts anew
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await kuberay.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

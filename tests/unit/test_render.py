@@ -87,6 +87,7 @@ SPECS = {
         "workers": {"tolerations": [{"key": "a", "operator": "Exists"}]},
     },
     "service-account": {"serviceAccountName": "trainer", "runAsUser": 1000},
+    "queued": {"queueName": "team-a"},  # spec.suspend and Kueue's label (docs/kueue.md)
 }
 
 

@@ -22,6 +22,18 @@ def test_a_gpu_job_is_refused_before_anything_starts(capsys: pytest.CaptureFixtu
     assert captured.out == ""  # no API server, no Ray: nothing was started
 
 
+def test_a_queued_job_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """run-local has no Kueue: a queued RayCluster would stay suspended for ever."""
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    manifest["spec"]["queueName"] = "team-a"
+    path = tmp_path / "queued.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert main(["run-local", "-f", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "cannot run on this machine: spec.queueName" in captured.err and "has no Kueue" in captured.err
+    assert captured.out == ""
+
+
 def test_every_message_change_is_printed_once() -> None:
     out = io.StringIO()
     progress = Progress(out, started=0.0)

@@ -56,7 +56,7 @@ def step(n: int, **extra: Any) -> Step:
 
 
 def test_phases_and_terminal() -> None:
-    assert [is_terminal(p) for p in Phase] == [False, False, False, False, True, True, False]
+    assert [is_terminal(p) for p in Phase] == [False, False, False, False, True, True, False, False, False]
     assert not is_terminal(None)
 
 

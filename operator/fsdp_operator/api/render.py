@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_operator.api import schema
+from fsdp_operator.api import queueing, schema
 from fsdp_operator.api import spec as spec_mod
 from fsdp_operator.api.spec import Job, Spec
 
@@ -363,10 +363,13 @@ def raycluster(job: Job, security: Security | None = None, *, chosen_zone: str =
         "metadata": {
             "name": name,
             "namespace": job.namespace,
-            "labels": common_labels,
+            # Kueue's queue and priority labels go on the RayCluster only (the pods are its to admit, not to label).
+            "labels": {**common_labels, **queueing.cluster_labels(spec.queue_name, job.labels)},
             "ownerReferences": [owner_reference(job)],
         },
         "spec": {
+            # Queued: created suspended, and Kueue admits it as one gang by setting suspend: false (docs/kueue.md).
+            **({"suspend": True} if queueing.queue_name(spec.queue_name, job.labels) else {}),
             "rayVersion": spec.ray_version,
             "enableInTreeAutoscaling": False,
             "headGroupSpec": {

@@ -181,6 +181,26 @@ STATUS_SCHEMA: Schema = {
             },
         },
         "dashboardURL": {"type": "string", "description": "Ray's dashboard and job API of the job's RayCluster."},
+        "queuedSince": {
+            "type": "string",
+            "format": "date-time",
+            "description": "queueName: when the current wait for Kueue's admission began (absent: not waiting).",
+        },
+        "queue": {
+            "type": "object",
+            "description": "queueName: where the job waits in Kueue and how long it waited (docs/kueue.md).",
+            "properties": {
+                "localQueue": {"type": "string", "description": "The LocalQueue the RayCluster is labelled with."},
+                "workload": {"type": "string", "description": "Kueue's Workload of the current RayCluster."},
+                "clusterQueue": {"type": "string", "description": "The ClusterQueue that last admitted it."},
+                "queuedSeconds": {
+                    "type": "integer",
+                    "description": "Seconds spent waiting for admission in all, finished waits only.",
+                },
+                "admissions": {"type": "integer", "description": "How often Kueue admitted the job's RayCluster."},
+                "preemptions": {"type": "integer", "description": "How often Kueue evicted it after admission."},
+            },
+        },
         "conditions": {
             "type": "array",
             "description": "Conditions, in metav1.Condition shape.",

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from fsdp_train import catalog
 from fsdp_train.config import ConfigError, TrainConfig
 
-from fsdp_operator.api import fields, formats, schema
+from fsdp_operator.api import fields, formats, queueing, schema
 from fsdp_operator.api.env_rules import _env_rules, _refuse_control_plane
 from fsdp_operator.api.fields import Problems, Quantity, show, show_key
 from fsdp_operator.api.fields import field as declare
@@ -376,6 +376,7 @@ class Spec:
     runtime_env: RuntimeEnv = declare(RuntimeEnv.__doc__ or "", factory=RuntimeEnv)
     train_function: TrainFunction | None = declare(TrainFunction.__doc__ or "")
     run_policy: RunPolicy = declare(RunPolicy.__doc__ or "", factory=RunPolicy)
+    queue_name: str = declare(queueing.QUEUE_NAME_DOC, default="", grammar=formats.or_empty(queueing.QUEUE_NAME))
 
     @property
     def efa_requested(self) -> bool:
@@ -508,6 +509,8 @@ def parse_job(manifest: Any) -> Job:
         if values is not None:
             spec = fields.build(Spec, values)
             _check_train_config(spec, problems)
+    if meta is not None and spec is not None:
+        queueing.check_labels(meta["labels"], spec.queue_name, problems)
     if problems or meta is None or spec is None:
         raise SpecError(problems)
     return Job(

@@ -14,6 +14,7 @@ from fsdp_operator.capacity.plan import ZoneChoice
 from fsdp_operator.decide.status import (
     JobStatus,
 )
+from fsdp_operator.decide.workload import WorkloadView
 
 # Ray's job states (ray.job_submission.JobStatus values).
 RAY_PENDING, RAY_RUNNING, RAY_SUCCEEDED = "PENDING", "RUNNING", "SUCCEEDED"
@@ -50,6 +51,8 @@ class ClusterView:
     owner_kind: str = ""
     owner_name: str = ""
     uid: str = ""
+    suspended: bool = False
+    """`spec.suspend` is true: no pods (Kueue has not admitted it, or evicted it; docs/kueue.md)."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> ClusterView:
@@ -71,6 +74,7 @@ class ClusterView:
             dashboard_url=dashboard_url(obj),
             reason=str(status.get("reason") or ""),
             head_not_ready=_head_not_ready(status.get("conditions")),
+            suspended=_mapping(obj.get("spec")).get("suspend") is True,
         )
 
 
@@ -172,6 +176,10 @@ class Observed:
     """Objects under the job's names whose create answered 409 and that are not the job's own."""
     zone_choice: ZoneChoice | None = None
     """For `placement.availabilityZone: auto` before the cluster exists: the zone AWS advised (or why none)."""
+    workload: WorkloadView | None = None
+    """Kueue's Workload of the RayCluster, read while the cluster is suspended or the job Queued; None: not found."""
+    workload_error: str = ""
+    """Why Kueue's Workloads could not be read (no Kueue installed, RBAC); empty when they were."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from fsdp_train.events import clean_text
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.capacity.plan import ZoneChoice
+from fsdp_operator.decide import queue
 from fsdp_operator.decide.folding import fold_events
 from fsdp_operator.decide.guards import (
     _check_deadline,
@@ -165,13 +166,17 @@ def _decide(
             return Decision(status, requeue_after=0.0)
     if status.terminal:
         return _finished(job, status, obs)
-    for guard in (_check_suspend, _check_deadline):
-        decision = guard(job, status, obs, package)
-        if decision is not None:
-            return decision
+    if (decision := _check_suspend(job, status, obs, package)) is not None:
+        return decision
+    # Kueue's admission and eviction (decide/queue.py): before the deadline, which counts from admission.
+    if (decision := queue.check_queue(job, status, obs, lambda: _cluster_actions(job, status, security))) is not None:
+        return decision
+    if (decision := _check_deadline(job, status, obs, package)) is not None:
+        return decision
     match status.phase:
         case Phase.PENDING:
-            return _provision(job, status, obs, Reason.CLUSTER_CREATING, "creating RayCluster", security)
+            provisioned = _provision(job, status, obs, Reason.CLUSTER_CREATING, "creating RayCluster", security)
+            return queue.enqueued(job, provisioned, obs.now) if queue.queue_of(job) else provisioned
         case Phase.PROVISIONING:
             return _wait_for_workers(job, status, obs, package, security)
         case Phase.SUBMITTING | Phase.RUNNING:

@@ -34,6 +34,10 @@ class Phase(StrEnum):
     FAILED = "Failed"
     SUSPENDED = "Suspended"
     """`runPolicy.suspend`: Ray job stopped, RayCluster deleted; resumes as a new attempt."""
+    QUEUED = "Queued"
+    """`queueName`: the RayCluster exists, suspended, until Kueue admits it (Kueue's own reason in `message`)."""
+    PREEMPTED = "Preempted"
+    """Kueue suspended the admitted RayCluster (preemption, eviction): the Ray job is stopped; Queued again next."""
 
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
@@ -69,12 +73,28 @@ class Reason(StrEnum):
     SUSPENDED = "Suspended"
     DATA_UNAVAILABLE = "DataUnavailable"
     """spec.data.source cannot be read, holds no documents, or too few for one global batch."""
+    QUEUED = "Queued"
+    """Waiting for Kueue to admit the RayCluster; the message carries the Workload's own condition."""
+    QUEUE_UNAVAILABLE = "QueueUnavailable"
+    """Kueue's Workloads cannot be read (Kueue not installed, or the operator may not read them)."""
+    ADMITTED = "Admitted"
+    PREEMPTED = "Preempted"
+    """Kueue evicted the admitted RayCluster (preempted, or another eviction reason, named in the message)."""
 
 
 # Reasons posted as Warning events (everything in phase Failed is a Warning too). Waiting for workers
 # is the normal start of every job and posts Normal events; a pod the scheduler cannot place is a Warning,
 # as the scheduler's own FailedScheduling event is.
-WARNING_REASONS = frozenset({Reason.UNSCHEDULABLE, Reason.CREATE_REFUSED, Reason.RAY_UNREACHABLE, Reason.RETRYING})
+WARNING_REASONS = frozenset(
+    {
+        Reason.UNSCHEDULABLE,
+        Reason.CREATE_REFUSED,
+        Reason.RAY_UNREACHABLE,
+        Reason.RETRYING,
+        Reason.QUEUE_UNAVAILABLE,
+        Reason.PREEMPTED,
+    }
+)
 
 
 class ConditionType(StrEnum):
@@ -136,14 +156,21 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
     ),
     ConditionType.WORKERS_READY: ConditionRule(
         reasons=frozenset(
-            {"AllWorkersJoined", Reason.WORKERS_NOT_READY, Reason.UNSCHEDULABLE, Reason.CREATE_REFUSED, "Suspended"}
+            {
+                "AllWorkersJoined",
+                Reason.WORKERS_NOT_READY,
+                Reason.UNSCHEDULABLE,
+                Reason.CREATE_REFUSED,
+                "Suspended",
+                Reason.PREEMPTED,
+            }
         ),
         resets_on_new_attempt=False,  # a retry reuses the RayCluster and re-checks it
         warning_when_false=False,  # False while provisioning is the normal start
         doc="Every worker pod is ready and joined Ray with its GPUs.",
     ),
     ConditionType.JOB_SUBMITTED: ConditionRule(
-        reasons=frozenset({"Accepted", "Suspended"}) | _FAILURE_REASONS,
+        reasons=frozenset({"Accepted", "Suspended", Reason.PREEMPTED}) | _FAILURE_REASONS,
         resets_on_new_attempt=False,  # set False with the failed attempt's reason on retry
         warning_when_false=False,  # the phase or Retrying event says it
         doc="Ray's job API accepted the current submission.",
@@ -325,6 +352,11 @@ class JobStatus:
     """Ray Train restarts of the worker group within this attempt (rank 0 started again)."""
     worker_group_start: datetime | None = None
     """When rank 0 of the current worker group reported its placement (second precision)."""
+    queued_since: datetime | None = None
+    """When the current wait in Kueue's queue began (phase Queued); None when not waiting."""
+    queue: dict[str, Any] = field(default_factory=dict)
+    """`queueName`: the LocalQueue, the Workload, the ClusterQueue that admitted it, seconds queued in all, and how
+    often it was admitted and preempted (`decide/queue.py`)."""
 
     @property
     def terminal(self) -> bool:
@@ -364,6 +396,8 @@ class JobStatus:
             "rankFailures": self.rank_failures,
             "workerRestarts": self.worker_restarts,
             "workerGroupStartTime": format_time(self.worker_group_start) if self.worker_group_start else None,
+            "queuedSince": format_time(self.queued_since) if self.queued_since else None,
+            "queue": self.queue,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
         return copy.deepcopy({k: v for k, v in out.items() if v not in (None, "", [], {}, 0)})
@@ -418,6 +452,8 @@ class JobStatus:
             rank_failures=listing("rankFailures"),
             worker_restarts=integer("workerRestarts"),
             worker_group_start=parse_time(raw.get("workerGroupStartTime")),
+            queued_since=parse_time(raw.get("queuedSince")),
+            queue=mapping("queue"),
         )
 
 

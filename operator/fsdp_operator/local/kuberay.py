@@ -14,6 +14,12 @@ among them, so a cluster with token authentication really requires it).
 A head whose Ray process exits is reported as a kubelet and KubeRay would: the pod not Ready and
 Failed, the RayCluster's HeadPodReady condition False.
 
+`spec.suspend: true` is honoured as KubeRay documents it (RayClusterSpec.suspend: "A suspended RayCluster will
+have head pods and worker pods deleted"; `status.state: suspended`): a cluster created suspended starts no
+process and gets no pod; suspending a running one stops its Ray processes and deletes its pods; `suspend: false`
+starts it again from scratch (a new head: Ray's jobs of before are gone, as with a real new head pod). This is
+how Kueue queues and preempts a RayCluster (docs/kueue.md).
+
 A container's memory limit becomes RLIMIT_DATA of every process of its Ray node (see limited_command):
 per process, where a pod's cgroup limits the sum.
 
@@ -146,6 +152,10 @@ class LocalCluster:
     """Reports the head pod not ready when its Ray process exits (see LocalKubeRay.watch_head)."""
     failure: str = ""
     """Why the cluster's head is gone (did not start, or its Ray process exited); empty while it is fine."""
+    suspended: bool = False
+    """`spec.suspend: true`: no process, no pod (KubeRay's suspension)."""
+    after: asyncio.Task[None] | None = None
+    """The teardown of this cluster's previous run (a suspension) that must end before its pods are made again."""
 
 
 def _container_env(
@@ -346,16 +356,42 @@ class LocalKubeRay:
         if kind == "DELETED" or meta.get("deletionTimestamp"):
             cluster = self.clusters.pop(key, None)
             if cluster is not None:
-                task = asyncio.get_running_loop().create_task(self._teardown(cluster))
-                self._teardowns.add(task)
-                task.add_done_callback(self._teardowns.discard)
-        elif key not in self.clusters:
+                self._in_background(self._teardown(cluster))
+            return
+        current = self.clusters.get(key)
+        if (obj.get("spec") or {}).get("suspend") is True:
+            if current is None or not current.suspended:
+                self._suspend(key, meta, current)
+        elif current is None or current.suspended:
             self._materialized += 1
             workdir = self.workdir / f"c{self._materialized}"  # short: Ray socket paths max 107 bytes
             cluster = LocalCluster(meta["namespace"], meta["name"], meta.get("uid", ""), workdir)
+            cluster.after = current.after if current is not None else None
             self.clusters[key] = cluster
             cluster.task = asyncio.get_running_loop().create_task(self._materialize(cluster, obj))
             cluster.task.add_done_callback(functools.partial(self._report_crash, cluster=cluster))
+
+    def _in_background(self, work: Any) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(work)
+        self._teardowns.add(task)
+        task.add_done_callback(self._teardowns.discard)
+        return task
+
+    def _suspend(self, key: tuple[str, str], meta: Obj, running: LocalCluster | None) -> None:
+        """KubeRay's suspension: the cluster's processes stop and its pods go; the state says `suspended`."""
+        record = LocalCluster(meta["namespace"], meta["name"], meta.get("uid", ""), self.workdir, suspended=True)
+        self.clusters[key] = record
+        status = {"state": "suspended", "readyWorkerReplicas": 0, "availableWorkerReplicas": 0,
+                  "lastUpdateTime": now_rfc3339()}  # fmt: skip
+
+        async def suspend() -> None:
+            if running is not None:
+                if running.after is not None:
+                    await running.after
+                await self._teardown(running)
+            await self._patch_status(record, status)
+
+        record.after = self._in_background(suspend())
 
     def _report_crash(self, task: asyncio.Task[None], cluster: LocalCluster) -> None:
         """A stand-in that fails says so in the RayCluster's status, as KubeRay would, and in its log."""
@@ -444,6 +480,8 @@ class LocalKubeRay:
         return alive
 
     async def _materialize(self, cluster: LocalCluster, rc: Obj) -> None:
+        if cluster.after is not None:
+            await cluster.after  # a suspension's teardown deletes pods of the names made again below
         spec = rc["spec"]
         head_group, (group, *_) = spec["headGroupSpec"], spec["workerGroupSpecs"]
         replicas = int(group.get("replicas", 1))
@@ -451,8 +489,10 @@ class LocalKubeRay:
         cluster.dashboard_port, cluster.gcs_port = free_port(), free_port()
         await self._patch_status(
             cluster,
+            # state: null: no longer `suspended` (nor anything else) until the pods are ready again.
             {"desiredWorkerReplicas": replicas, "readyWorkerReplicas": 0, "availableWorkerReplicas": 0,
-             "minWorkerReplicas": replicas, "maxWorkerReplicas": replicas, "lastUpdateTime": now_rfc3339()},
+             "minWorkerReplicas": replicas, "maxWorkerReplicas": replicas, "lastUpdateTime": now_rfc3339(),
+             "state": None},
         )  # fmt: skip
 
         head_name = f"{cluster.name}-head-{cluster.uid[:5] or 'local'}"

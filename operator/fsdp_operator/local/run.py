@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
-from fsdp_operator.api import generate, schema
+from fsdp_operator.api import generate, queueing, schema
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.summary import loss_curve, summary_lines
 from fsdp_operator.local.apiserver import ApiServer
@@ -53,6 +53,11 @@ def cannot_run_locally(job: Job) -> str:
             f"spec.workers.gpusPerWorker is {gpus}, and run-local starts CPU-only Ray nodes (no GPU is used here): "
             "the job would wait for GPUs that never come. Set gpusPerWorker: 0, efaPerWorker: 0, "
             'instanceType: "" and network.transport: socket to run it here (see examples/tiny-cpu.yaml)'
+        )
+    if job.spec.queue_name or job.labels.get(queueing.QUEUE_LABEL):
+        return (
+            "spec.queueName (or the kueue.x-k8s.io/queue-name label) queues the RayCluster for Kueue, and run-local "
+            "has no Kueue: the cluster would stay suspended. Leave the queue out to run it here (docs/kueue.md)"
         )
     return ""
 

@@ -55,6 +55,7 @@ from fsdp_operator.decide.reconcile import pass_failed, reconcile
 from fsdp_operator.decide.status import JobStatus, Phase
 from fsdp_operator.runtime.job_secret import _owned_by, cluster_token, job_events_key, with_event_key
 from fsdp_operator.runtime.kube import KubeError
+from fsdp_operator.runtime.kueue import read_workload
 from fsdp_operator.runtime.log_worker import LogChunk, Obj, parse_and_reconcile
 from fsdp_operator.runtime.provisioning import auto_zone_job, choose_zone, pods_refused, unschedulable
 from fsdp_operator.runtime.rayjobs import (
@@ -301,7 +302,7 @@ class JobLoop:
                 return Observed(now=now, zone_choice=await choose_zone(self.rt, job, self.log))
         if status.phase in (None, Phase.PENDING) or not status.ray_cluster_name:
             return Observed(now=now)
-        children = await self._conflicting_children() if status.phase == Phase.PROVISIONING else ()
+        children = await self._conflicting_children() if status.phase in (Phase.PROVISIONING, Phase.QUEUED) else ()
         cluster_obj = await self.rt.kube.get_raycluster(self.namespace, status.ray_cluster_name)
         if cluster_obj is None:
             return Observed(now=now, submit_error=submit_error, children=children)
@@ -311,6 +312,11 @@ class JobLoop:
             return Observed(now=now, cluster=cluster, children=children)
         if children:
             return Observed(now=now, cluster=cluster, children=children)
+        waiting = status.phase in (Phase.QUEUED, Phase.PREEMPTED)
+        if (cluster.suspended or waiting) and not (status.terminal or status.phase == Phase.SUSPENDED):
+            # Kueue's side (docs/kueue.md): why it waits, or why it was evicted. Ray is not asked: it has no pods.
+            workload, workload_error = await read_workload(self.rt.kube, self.namespace, cluster)
+            return Observed(now=now, cluster=cluster, workload=workload, workload_error=workload_error)
         self.address = self.rt.ray_address(cluster_obj)
         if self.address and not self.token:
             self.token, foreign_secret = await cluster_token(self.rt, self.namespace, self.name, self.uid)

@@ -93,6 +93,10 @@ class Kube(Protocol):
 
     async def list_events(self, namespace: str, field_selector: str) -> list[Obj]: ...
 
+    async def list_workloads(self, namespace: str, label_selector: str) -> list[Obj] | None:
+        """Kueue's Workloads (kueue.x-k8s.io/v1beta1); None when the API server does not serve them (no Kueue)."""
+        ...
+
     async def list_nodes(self, label_selector: str) -> list[Obj]:
         """Nodes (cluster-scoped): where nodes of an instance type are, for `availabilityZone: auto`."""
         ...
@@ -319,6 +323,13 @@ class AioKube:
         _, listing = await self._request(
             "GET", f"/api/v1/namespaces/{quote(namespace)}/pods", query={"labelSelector": label_selector}
         )
+        return list(listing.get("items") or [])
+
+    async def list_workloads(self, namespace: str, label_selector: str) -> list[Obj] | None:
+        path = f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{quote(namespace)}/workloads"
+        status, listing = await self._request("GET", path, query={"labelSelector": label_selector}, allow=(404,))
+        if status == 404:
+            return None  # a collection is never "not found": the resource itself is not served
         return list(listing.get("items") or [])
 
     async def list_nodes(self, label_selector: str) -> list[Obj]:
