@@ -65,6 +65,9 @@ def events_of(output: str) -> list[Event]:
     return [e for e in map(parse_line, output.splitlines()) if e is not None]
 
 
+# Covered fast: a SIGKILLed Ray Train worker resuming from its checkpoint (test_byo_function's default case),
+# the samples after a mid-epoch resume (test_data_torchrun), Ray Data's pipeline (test_run_local's data job).
+@pytest.mark.slow
 def test_a_killed_worker_resumes_mid_epoch_with_the_uninterrupted_sample_sequence(
     cluster: str, assets: Path, tmp_path: Path
 ) -> None:
