@@ -118,3 +118,15 @@ def test_the_example_trains_a_tiny_gpt2_with_fsdp2(tmp_path: Path) -> None:
     assert status["checkpoint"]["step"] == steps
     history = status["progress"]["lossHistory"]
     assert history[-1][1] < history[0][1]
+
+    # A new submission of the same job (another attempt, or the job applied again with more steps) is handed the
+    # latest checkpoint by Ray Train: the example continues from its weights and optimizer state.
+    spec["trainFunction"]["config"]["steps"] = steps + 4
+    path.write_text(yaml.safe_dump(example))
+    proc, job = run_local(path, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = job["status"]
+    assert status["phase"] == "Succeeded" and status["progress"]["stepOfTotal"] == f"{steps + 4}/{steps + 4}"
+    resumed = status["progress"]["lossHistory"]
+    assert resumed[0][0] == steps + 1, resumed  # no step before the checkpoint ran again
+    assert resumed[0][1] < history[0][1], (resumed, history)  # a trained model, not a fresh one

@@ -7,7 +7,7 @@ from pathlib import Path
 import ray.train
 import ray.train.torch
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -26,11 +26,14 @@ def train_func(config: dict) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.get("lr", 1e-3))
 
     start, checkpoint = 0, ray.train.get_checkpoint()
-    if checkpoint:  # a restarted worker group continues where the last checkpoint left off
+    if checkpoint:  # a restarted worker group continues where the last checkpoint left off: weights and AdamW's state
         with checkpoint.as_directory() as directory:
-            saved = torch.load(Path(directory) / "model.pt", weights_only=True)
-        start = saved.pop("step")
-        set_model_state_dict(model, saved, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+            saved = torch.load(Path(directory) / "state.pt", weights_only=True)
+        start = saved["step"]
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_state_dict(
+            model, optimizer, model_state_dict=saved["model"], optim_state_dict=saved["optim"], options=options
+        )
 
     steps, batch, seq = config["steps"], config.get("batch", 4), config.get("seq_len", 64)
     vocab, every = config["model"]["vocab_size"], config.get("checkpoint_every", 0)
@@ -51,10 +54,10 @@ def train_func(config: dict) -> None:
             "tokens": step * batch * seq * world,
             "tokens_per_second": batch * seq * world / (time.perf_counter() - began),
         }
-        state = get_model_state_dict(model, options=FULL) if every and step % every == 0 else None
+        state = get_state_dict(model, optimizer, options=FULL) if every and step % every == 0 else None
         with tempfile.TemporaryDirectory() as directory:
             saved = None
             if state is not None and rank == 0:
-                torch.save({**state, "step": step}, Path(directory) / "model.pt")
+                torch.save({"model": state[0], "optim": state[1], "step": step}, Path(directory) / "state.pt")
                 saved = ray.train.Checkpoint.from_directory(directory)
             ray.train.report(metrics, checkpoint=saved)
