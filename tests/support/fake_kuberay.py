@@ -15,7 +15,6 @@ one deletes its pods and takes its Ray away (its jobs with it); `suspend: false`
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import copy
@@ -27,6 +26,8 @@ from typing import Any
 import aiohttp
 from fsdp_operator.api.spec import parse_quantity
 from fsdp_operator.runtime.rayjobs import FakeRay, RayNodes
+
+from support.background import every
 
 Obj = dict[str, Any]
 RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"
@@ -163,19 +164,14 @@ class FakeKubeRay:
         """
         self._session = aiohttp.ClientSession(headers=self.headers)
 
-        async def loop() -> None:
-            while True:
-                await self.sync()
-                self.ray.advance()
-                await asyncio.sleep(tick)
+        async def step() -> None:
+            await self.sync()
+            self.ray.advance()
 
-        task = asyncio.create_task(loop(), name="fake kuberay")
         try:
-            yield
+            async with every(tick, step, "fake kuberay"):
+                yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             await self._session.close()
             self._session = None
 

@@ -26,7 +26,6 @@ quota at once (Kueue waits for the job to be suspended first). The Workload CRD 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import time
@@ -36,6 +35,8 @@ from typing import Any
 
 import aiohttp
 from fsdp_operator.api.formats import parse_quantity
+
+from support.background import every
 
 Obj = dict[str, Any]
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
@@ -142,19 +143,10 @@ class FakeKueue:
     async def running(self, tick: float = 0.03) -> AsyncIterator[None]:
         """Admit and evict every `tick` seconds until the block exits (enter it before starting the operator)."""
         self._session = aiohttp.ClientSession(headers=self.headers)
-
-        async def loop() -> None:
-            while True:
-                await self.sync()
-                await asyncio.sleep(tick)
-
-        task = asyncio.create_task(loop(), name="fake kueue")
         try:
-            yield
+            async with every(tick, self.sync, "fake kueue"):
+                yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
             await self._session.close()
             self._session = None
 
