@@ -10,26 +10,24 @@ grants: nothing missing, nothing granted that the code never calls.
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-import yaml
 from fsdp_operator.api import generate, schema
 from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
-from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
+from fsdp_operator.local.rbac import MASTERS, Access, User
+from fsdp_operator.runtime import calls
 from fsdp_operator.runtime.handlers import build_registry
 from fsdp_operator.runtime.kube import AioKube
 from fsdp_operator.runtime.rayjobs import FakeRay
 from fsdp_operator.runtime.shared import Runtime
-from support import k8s_tools
+from support import chart_rbac
 from support.aws import FixedZone
+from support.chart_rbac import ACCOUNT, ADMIN_TOKEN, OPERATOR_TOKEN, RELEASE_NAMESPACE, rendered_rbac, rules_of
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
 from support.kueue import WORKLOAD_CRD, FakeKueue
@@ -40,98 +38,55 @@ POD_SPEC = {"containers": [{"name": "c", "image": "i"}]}
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "fsdp-operator"
-RELEASE_NAMESPACE = "ml"
-ACCOUNT = service_account(RELEASE_NAMESPACE, "demo-fsdp-operator")
-OPERATOR_TOKEN, ADMIN_TOKEN = "operator-token", "admin-token"
-RBAC_KINDS = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
-
-# Every call the operator makes in a job's life (create, run, finish, TTL delete, finalizer), kopf's
-# own included: (verb, API group, resource). Written down here; the chart must grant exactly these.
-EXPECTED_CALLS = {
-    # kopf: discovery of what to watch, at cluster scope in both modes.
-    ("list", "apiextensions.k8s.io", "customresourcedefinitions"),
-    ("watch", "apiextensions.k8s.io", "customresourcedefinitions"),
-    # kopf: the watched resources, and its finalizer on the job.
-    ("list", "fsdp.dev", "fsdptrainingjobs"), ("watch", "fsdp.dev", "fsdptrainingjobs"),
-    ("patch", "fsdp.dev", "fsdptrainingjobs"),
-    ("list", "ray.io", "rayclusters"), ("watch", "ray.io", "rayclusters"),
-    ("list", "", "pods"), ("watch", "", "pods"),
-    # The controller: the job, its status, its TTL deletion; the RayCluster; why workers wait; events.
-    ("get", "fsdp.dev", "fsdptrainingjobs"), ("patch", "fsdp.dev", "fsdptrainingjobs/status"),
-    ("delete", "fsdp.dev", "fsdptrainingjobs"),
-    ("get", "ray.io", "rayclusters"), ("create", "ray.io", "rayclusters"), ("delete", "ray.io", "rayclusters"),
-    ("list", "", "events"), ("create", "", "events"),
-    # Closing Ray's ports: each job's token Secret (created, read back by name) and NetworkPolicy.
-    ("create", "", "secrets"), ("get", "", "secrets"), ("create", "networking.k8s.io", "networkpolicies"),
-    # The controller, for placement.availabilityZone: auto: where nodes of the instance type are.
-    ("list", "", "nodes"),
-}  # fmt: skip
-# Not called but checked: the OwnerReferencesPermissionEnforcement admission plugin (on in these tests, as on
-# OpenShift) lets the job's Secret, NetworkPolicy and RayCluster name the job as owner with blockOwnerDeletion
-# only for who may update the job's finalizers.
-ADMISSION_CHECKS = {("update", "fsdp.dev", "fsdptrainingjobs/finalizers")}
-# Granted for jobs with a queueName only (test_a_queued_job_runs_under_the_charts_rbac): why Kueue waits.
-QUEUED_CALLS = {("list", "kueue.x-k8s.io", "workloads")}
-# kopf watching chosen namespaces also follows the namespaces themselves, at cluster scope.
-NAMESPACED_EXTRA = {("list", "", "namespaces"), ("watch", "", "namespaces")}
-
-
-# Replicas elect the active one through kopf's peering object: it watches the object and writes its heartbeat.
-def peering_calls(resource: str) -> set[tuple[str, str, str]]:
-    return {("list", "kopf.dev", resource), ("watch", "kopf.dev", resource), ("patch", "kopf.dev", resource)}
-
-
-def rendered_rbac(watch_all: bool, replicas: int = 1, watched: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """The chart's RBAC objects, and with replicas > 1 its kopf peering CRDs and peering object."""
-    try:
-        helm = k8s_tools.helm()
-    except k8s_tools.ToolsUnavailable as e:
-        pytest.skip(str(e))
-    proc = subprocess.run(
-        [str(helm), "template", "demo", str(CHART), "--namespace", RELEASE_NAMESPACE,
-         "--set", "image.repository=registry.example.com/fsdp-operator",
-         "--set", f"watchAllNamespaces={str(watch_all).lower()}", "--set", f"replicas={replicas}",
-         *(("--set", "watchNamespaces={" + ",".join(watched) + "}") if watched else ()), "--include-crds"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    kinds = RBAC_KINDS | ({"ClusterKopfPeering", "KopfPeering"} if replicas > 1 else set())
-    peering_crds = [
-        d for d in yaml.safe_load_all(proc.stdout)
-        if d and d["kind"] == "CustomResourceDefinition" and d["spec"]["group"] == "kopf.dev" and replicas > 1
-    ]  # fmt: skip
-    return peering_crds + [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] in kinds]
-
-
-def granted(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    """(verb, group, resource) for every combination the chart's roles allow."""
-    return {
-        (verb, group, resource)
-        for doc in docs
-        if doc["kind"] in ("Role", "ClusterRole")
-        for rule in doc["rules"]
-        for verb in rule["verbs"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-    }
+# The operator's calls come from its call table (fsdp_operator/runtime/calls.py); a job's plain life makes all but
+# these, which the tests named make: a deleted namesake's leftovers (test_ownership.py, under this RBAC in both
+# modes) and a queued job's Workloads (test_a_queued_job_runs_under_the_charts_rbac).
+NOT_IN_A_PLAIN_LIFE = {
+    c.rule for c in (calls.DELETE_SECRET, calls.GET_POLICY, calls.DELETE_POLICY, calls.LIST_WORKLOADS)
+}
 
 
 def secured_server(docs: list[dict[str, Any]], namespaces: tuple[str, ...] = ()) -> tuple[ThreadedApiServer, Access]:
-    """The strict emulator: RBAC, and the OwnerReferencesPermissionEnforcement admission plugin."""
-    access = Access()
-    access.add_token(ADMIN_TOKEN, User("admin", (MASTERS,)))
-    access.add_token(OPERATOR_TOKEN, ACCOUNT)
-    api = ThreadedApiServer(access=access, admission=OwnerReferencesPermissionEnforcement()).start()
-    store = api.store
-    for namespace in {RELEASE_NAMESPACE, *namespaces}:
-        store.create(store.resource("namespaces"), {"metadata": {"name": namespace}})
-    crds = store.resource("customresourcedefinitions", "apiextensions.k8s.io")
-    store.create(crds, generate.crd())
-    store.create(crds, RAYCLUSTER_CRD)
-    for doc in docs:
-        group, _ = doc["apiVersion"].split("/")
-        store.create(store.resource(doc["kind"].lower(), group), doc)
+    """The strict emulator (RBAC, OwnerReferencesPermissionEnforcement) with the job and RayCluster CRDs."""
+    api, access = chart_rbac.secured_server(docs, namespaces)
+    crds = api.store.resource("customresourcedefinitions", "apiextensions.k8s.io")
+    api.store.create(crds, generate.crd())
+    api.store.create(crds, RAYCLUSTER_CRD)
     return api, access
+
+
+@pytest.mark.parametrize("replicas", [1, 2], ids=["one-replica", "peering"])
+@pytest.mark.parametrize("watch_all", [True, False], ids=["all-namespaces", "one-namespace"])
+def test_the_charts_rules_are_the_call_table(watch_all: bool, replicas: int) -> None:
+    """The ClusterRole grants at cluster scope, and each Role in each watched namespace, exactly what the call
+    table says the operator needs there: nothing missing, nothing the code never calls."""
+    watched = () if watch_all else ("team-a", "team-b")
+    docs = rendered_rbac(watch_all, replicas, watched)
+    cluster, namespaced = calls.required(watch_all, peering=replicas > 1)
+    (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
+    granted = rules_of(cluster_role)
+    assert granted == cluster, f"granted but not in the table: {granted - cluster}; missing: {cluster - granted}"
+    roles = {d["metadata"]["namespace"]: rules_of(d) for d in docs if d["kind"] == "Role"}
+    assert set(roles) == set(watched)
+    for namespace, rules in roles.items():
+        assert rules == namespaced, (namespace, f"extra: {rules - namespaced}; missing: {namespaced - rules}")
+    assert cluster and (namespaced or watch_all)
+
+
+def test_the_call_table_builds_each_requests_path() -> None:
+    """A request's method and path come from its call: the group, version and resource the table names."""
+    assert calls.GET_SECRET.method == "GET" and calls.GET_SECRET.path("team a", "s/1") == (
+        "/api/v1/namespaces/team%20a/secrets/s%2F1"
+    )
+    assert (
+        calls.PATCH_JOB_STATUS.path("ml", "j")
+        == f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/ml/{schema.PLURAL}/j/status"
+    )
+    assert calls.CREATE_POLICY.path("ml") == "/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies"
+    assert calls.LIST_NODES.path() == "/api/v1/nodes"
+    for call in calls.CLIENT_CALLS:
+        plural = call.resource.split("/")[0]
+        assert f"/{plural}" in call.path("ns", "x") and call.method in ("GET", "POST", "PATCH", "DELETE")
 
 
 def test_the_emulator_refuses_what_rbac_does_not_allow() -> None:
@@ -328,21 +283,17 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
     finally:
         api.stop()
     assert access.denied == [], f"403s: {access.denied}"
-    calls = access.calls_by(ACCOUNT.name)
-    made = {(verb, group, resource) for verb, group, resource, _ in calls}
-    expected = EXPECTED_CALLS if watch_all else EXPECTED_CALLS | NAMESPACED_EXTRA
-    if replicas > 1:
-        expected = expected | peering_calls("clusterkopfpeerings" if watch_all else "kopfpeerings")
-    assert made == expected, f"missing: {expected - made}; unexpected: {made - expected}"
+    made_calls = access.calls_by(ACCOUNT.name)
+    made = {(verb, group, resource) for verb, group, resource, _ in made_calls}
+    cluster, namespaced = calls.required(watch_all, peering=replicas > 1)
+    admission_checks = {c.rule for c in calls.ADMISSION_CHECKS}
+    expected = (cluster | namespaced) - NOT_IN_A_PLAIN_LIFE - admission_checks
+    assert made == expected, f"missing: {expected - made}; not in the call table: {made - expected}"
     admission = api.server.admission
     assert admission is not None
     checked = {(verb, group, resource) for verb, group, resource, _, allowed in admission.checks if allowed}
-    assert checked == ADMISSION_CHECKS, admission.checks
-    needed = expected | ADMISSION_CHECKS | QUEUED_CALLS
-    assert granted(docs) == needed, (
-        f"granted but never needed: {granted(docs) - needed}; needed but not granted: {needed - granted(docs)}"
-    )
-    scopes = {(resource, scope) for _, _, resource, scope in calls}
+    assert checked == admission_checks, admission.checks
+    scopes = {(resource, scope) for _, _, resource, scope in made_calls}
     assert ("customresourcedefinitions", "cluster") in scopes
     assert (("namespaces", "cluster") in scopes) is not watch_all
     job_scopes = {scope for resource, scope in scopes if resource == "fsdptrainingjobs"}
@@ -392,7 +343,7 @@ def test_a_queued_job_runs_under_the_charts_rbac() -> None:
         api.stop()
     assert access.denied == [], f"403s: {access.denied}"
     made = {(verb, group, resource) for verb, group, resource, _ in access.calls_by(ACCOUNT.name)}
-    assert made >= QUEUED_CALLS and "Admitted" in events, (made, events)
+    assert calls.LIST_WORKLOADS.rule in made and "Admitted" in events, (made, events)
 
 
 def test_a_create_the_api_server_refuses_is_named_in_the_jobs_status() -> None:

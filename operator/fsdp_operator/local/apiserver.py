@@ -14,7 +14,8 @@ of writes other than apply; protobuf responses; pagination (`limit` and
 aggregated discovery and `/openapi/v2` (404, clients fall back); CRD version conversion (one stored
 object is served under every version) and CEL rules; strategic merge beyond keyed lists of the common
 built-in fields; a watch with a selector does not turn an object leaving the selection into DELETED;
-Foreground deletion acts as Background; pods have no kubelet (a deleted pod goes at once, without a grace
+the garbage collector runs at once inside the deleting request unless `gc_delay` makes it
+asynchronous or None turns it off (`Store.gc_delay`); pods have no kubelet (a deleted pod goes at once, without a grace
 period); core and events.k8s.io events are kept apart; no controllers (Deployments, Services' endpoints,
 quotas) and no defaulting of built-in specs other than Deployments'.
 
@@ -103,13 +104,15 @@ class ApiServer:
         faults: FaultInjector | None = None,
         admission: admission_plugins.OwnerReferencesPermissionEnforcement | None = None,
         tls: tuple[Path, Path] | None = None,
+        gc_delay: float | None = 0.0,
     ) -> None:
         self.host = host
         self.faults = faults
         """Injects API errors, slow answers and broken watches (`faults.py`); None: a well-behaved server."""
         self.port = port
         self.bookmark_interval = bookmark_interval
-        self.store = Store(history_length=history_length)
+        self.store = Store(history_length=history_length, gc_delay=gc_delay)
+        """`gc_delay`: the garbage collector's delay in seconds, None for none (`Store.gc_delay`)."""
         for rtype in rbac.rbac_types():
             self.store._register(rtype)
         self.access = access
@@ -154,6 +157,7 @@ class ApiServer:
         self._loop = asyncio.get_running_loop()
 
     async def stop(self) -> None:
+        self.store.stop_collector()
         for queue in list(self._watch_queues):
             queue.put_nowait(None)  # ends every open watch stream
         if self._runner is not None:

@@ -8,9 +8,12 @@ Thread-safe: the HTTP server's loop and test code in other threads may both call
 from __future__ import annotations
 
 import copy
+import heapq
+import itertools
 import random
 import re
 import threading
+import time
 import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -30,6 +33,9 @@ _DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z
 _DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 # The alphabet of generateName suffixes (k8s.io/apimachinery/pkg/util/rand).
 _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+# The finalizer a foreground deletion puts on the owner until its blocking dependents are gone
+# (https://kubernetes.io/docs/concepts/architecture/garbage-collection/#foreground-deletion).
+FOREGROUND_FINALIZER = "foregroundDeletion"
 
 
 class ApiError(Exception):
@@ -150,6 +156,22 @@ class Store:
     """The uids of all stored objects (garbage collection asks whether an owner still exists)."""
     _dependents: dict[str, dict[tuple[tuple[str, str], tuple[str, str]], None]] = field(default_factory=dict)
     """Owner uid -> (type key, object key) of the objects whose ownerReferences name it, in commit order."""
+    gc_delay: float | None = 0.0
+    """The garbage collector (https://kubernetes.io/docs/concepts/architecture/garbage-collection/, sections
+    "Owners and dependents" and "Cascading deletion"). A positive delay: it deletes the dependents of a deleted
+    owner, and those created naming an owner that does not exist, that many seconds later from its own thread,
+    as the real controller does in the background (seconds, minutes under load). None: no collector at all,
+    dependents stay until someone deletes them, and a foreground deletion never completes (as on a cluster whose
+    kube-controller-manager is down). 0: at once, inside the deleting request, which no real cluster does; for
+    tests about something else."""
+    _gc_due: list[tuple[float, int, str]] = field(default_factory=list)
+    """(when, sequence, owner uid) the collector looks at, soonest first."""
+    _gc_wakeup: threading.Condition = field(default_factory=threading.Condition)
+    _gc_thread: threading.Thread | None = None
+    _gc_stopped: bool = False
+    _gc_busy: bool = False
+    _foreground: dict[str, tuple[tuple[str, str], tuple[str, str]]] = field(default_factory=dict)
+    """Uid -> (type key, object key) of the owners in a foreground deletion, waiting for their dependents."""
 
     def __post_init__(self) -> None:
         self.history = deque(maxlen=self.history_length)
@@ -276,6 +298,10 @@ class Store:
                 self._register(new_type)
             self.created[rtype.group_resource] += 1
             self._commit(rtype, "ADDED", obj)
+            if self.gc_delay and any(str(r.get("uid")) not in self._live_uids for r in _owner_references(meta)):
+                # An owner that does not exist (deleted before, or never was): the collector deletes the dependent
+                # once every owner is verified absent (docs: "Owners and dependents").
+                self._schedule_collection(*{str(r.get("uid")) for r in _owner_references(meta)})
             return copy.deepcopy(obj)
 
     def update(
@@ -433,6 +459,20 @@ class Store:
                 self._orphan_dependents(old["metadata"]["uid"])
             if rtype.key == ("", "namespaces"):
                 return self._delete_namespace(rtype, old)
+            if propagation == "Foreground" and self._dependents.get(old["metadata"]["uid"]):
+                # The owner stays, marked and with the foregroundDeletion finalizer, until the collector has deleted
+                # its dependents; only those with blockOwnerDeletion: true hold it (docs: "Foreground cascading
+                # deletion"). Without a collector it stays so.
+                marked = copy.deepcopy(old)
+                marked["metadata"]["deletionTimestamp"] = now_timestamp()
+                marked["metadata"]["deletionGracePeriodSeconds"] = 0
+                finalizers = list(marked["metadata"].get("finalizers") or [])
+                marked["metadata"]["finalizers"] = [*finalizers, FOREGROUND_FINALIZER]
+                self._commit(rtype, "MODIFIED", marked)
+                uid = marked["metadata"]["uid"]
+                self._foreground[uid] = (rtype.key, (marked["metadata"].get("namespace", ""), name))
+                self._schedule_collection(uid)
+                return copy.deepcopy(self.objects[rtype.key].get((ns, name), marked))
             if old["metadata"].get("finalizers"):
                 marked = copy.deepcopy(old)
                 marked["metadata"]["deletionTimestamp"] = now_timestamp()
@@ -589,7 +629,13 @@ class Store:
         self._commit(rtype, "DELETED", removed)
         if rtype.key == ("apiextensions.k8s.io", "customresourcedefinitions"):
             self._unregister_crd(removed)
-        self._collect_dependents(removed["metadata"]["uid"])
+        uid = removed["metadata"]["uid"]
+        self._foreground.pop(uid, None)
+        self._schedule_collection(uid)
+        # A foreground owner waiting for this dependent looks again.
+        self._schedule_collection(
+            *(u for r in _owner_references(removed["metadata"]) if (u := str(r.get("uid"))) in self._foreground)
+        )
         namespace = removed["metadata"].get("namespace")
         if namespace:
             self._finish_namespace_if_empty(namespace)
@@ -630,22 +676,102 @@ class Store:
                 if not dependents:
                     del self._dependents[uid]
 
+    def _schedule_collection(self, *owner_uids: str) -> None:
+        """Have the collector look at the dependents of these owners: now (delay 0), later, or never (None)."""
+        if self.gc_delay is None or not owner_uids:
+            return
+        if not self.gc_delay:
+            for uid in owner_uids:
+                self._collect_dependents(uid)
+            return
+        with self._gc_wakeup:
+            for uid in owner_uids:
+                heapq.heappush(self._gc_due, (time.monotonic() + self.gc_delay, next(_sequence), uid))
+            if self._gc_thread is None:
+                self._gc_thread = threading.Thread(target=self._collector, name="garbage-collector", daemon=True)
+                self._gc_thread.start()
+            self._gc_wakeup.notify()
+
+    def _collector(self) -> None:
+        """The asynchronous collector: each owner's dependents once its delay has passed."""
+        while True:
+            with self._gc_wakeup:
+                while not self._gc_stopped and (not self._gc_due or self._gc_due[0][0] > time.monotonic()):
+                    self._gc_wakeup.wait(self._gc_due[0][0] - time.monotonic() if self._gc_due else None)
+                if self._gc_stopped:
+                    return
+                _, _, uid = heapq.heappop(self._gc_due)
+                self._gc_busy = True
+            try:
+                with self.lock:
+                    self._collect_dependents(uid)
+            finally:
+                with self._gc_wakeup:
+                    self._gc_busy = False
+
+    def stop_collector(self) -> None:
+        with self._gc_wakeup:
+            self._gc_stopped = True
+            self._gc_wakeup.notify()
+
+    @property
+    def collection_pending(self) -> bool:
+        """Whether the collector still has owners to look at (tests wait for it to be idle)."""
+        with self._gc_wakeup:
+            return bool(self._gc_due) or self._gc_busy
+
     def _collect_dependents(self, owner_uid: str) -> None:
-        """Background garbage collection: dependents whose owners are all gone are deleted.
+        """Garbage collection of one owner's dependents.
+
+        A dependent whose owners are all gone is deleted (docs: "Owners and dependents"; in the foreground when one
+        of its owners is being deleted so, as the real collector does). A dependent of an owner in a foreground
+        deletion is deleted too unless another owner is still there (then only the reference goes); once no
+        dependent with blockOwnerDeletion: true is left, the owner's foregroundDeletion finalizer is removed.
 
         Through the owner index (not a scan of every object per deletion, which made deleting many objects
         quadratic), in the order of the types, then of the objects' commits."""
         order = {type_key: i for i, type_key in enumerate(self.objects)}
         found = sorted(self._dependents.get(owner_uid, {}), key=lambda k: order.get(k[0], len(order)))
+        foreground = owner_uid in self._foreground
         for type_key, key in found:
             rtype, obj = self.types.get(type_key), self.objects.get(type_key, {}).get(key)
             if rtype is None or obj is None:
                 continue  # gone meanwhile (collected as another dependent's dependent)
             owners = _owner_references(obj["metadata"])
-            if any(ref.get("uid") == owner_uid for ref in owners) and not any(
-                ref.get("uid") in self._live_uids for ref in owners
-            ):
-                self.delete(rtype, key[1], key[0] or None)
+            if not any(ref.get("uid") == owner_uid for ref in owners):
+                continue
+            live = [
+                ref for ref in owners if ref.get("uid") in self._live_uids and ref.get("uid") not in self._foreground
+            ]
+            if not live and not obj["metadata"].get("deletionTimestamp"):
+                waiting = any(ref.get("uid") in self._foreground for ref in owners)
+                self.delete(rtype, key[1], key[0] or None, propagation="Foreground" if waiting else "Background")
+            elif live and foreground:
+                kept = copy.deepcopy(obj)
+                kept["metadata"]["ownerReferences"] = [ref for ref in owners if ref.get("uid") != owner_uid]
+                self._commit(rtype, "MODIFIED", kept)
+        if foreground:
+            self._finish_foreground(owner_uid)
+
+    def _finish_foreground(self, owner_uid: str) -> None:
+        """Remove the foregroundDeletion finalizer once no dependent with blockOwnerDeletion: true is left."""
+        for type_key, key in self._dependents.get(owner_uid, {}):
+            obj = self.objects.get(type_key, {}).get(key)
+            refs = _owner_references(obj["metadata"]) if obj is not None else []
+            if any(ref.get("uid") == owner_uid and ref.get("blockOwnerDeletion") is True for ref in refs):
+                return
+        waiting = self._foreground.pop(owner_uid, None)
+        if waiting is None:
+            return  # finished meanwhile (a dependent's removal looked again, within this collection)
+        type_key, key = waiting
+        rtype, owner = self.types.get(type_key), self.objects.get(type_key, {}).get(key)
+        if rtype is None or owner is None:
+            return
+        done = copy.deepcopy(owner)
+        done["metadata"]["finalizers"] = [
+            f for f in done["metadata"].get("finalizers") or [] if f != FOREGROUND_FINALIZER
+        ]
+        self.update(rtype, key[1], done, key[0] or None)
 
     def _orphan_dependents(self, owner_uid: str) -> None:
         for rtype, obj in list(self._all_objects()):
@@ -680,6 +806,9 @@ class Store:
             return
         if not ns_obj["metadata"].get("finalizers"):
             self._remove(ns_type, copy.deepcopy(ns_obj))
+
+
+_sequence = itertools.count()
 
 
 def _owner_references(meta: Obj) -> list[Obj]:

@@ -10,7 +10,9 @@ Status names the object, as the API server's own NotFound does (`details.name`);
 type not served at the moment, a proxy in front of the server) is an error, so that no pass reads a cluster as
 deleted from it.
 
-Hand-written rather than `kubernetes_asyncio` or `kr8s`: nine calls on three resources fit in this file,
+Every request is one of the calls of `calls.py` (verb, group, resource), the table the chart's RBAC is held to.
+
+Hand-written rather than `kubernetes_asyncio` or `kr8s`: the few calls of that table fit in this file,
 with timeouts and typed errors the state machine relies on, and credentials shared with kopf's login
 instead of a second configuration loader with its own refresh logic.
 """
@@ -26,11 +28,12 @@ import tempfile
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
-from urllib.parse import quote, urlencode
+from urllib.parse import urlencode
 
 import aiohttp
 
 from fsdp_operator.api import formats, schema
+from fsdp_operator.runtime import calls
 
 Obj = dict[str, Any]
 
@@ -106,16 +109,6 @@ class Kube(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-def _job_path(namespace: str, name: str = "") -> str:
-    base = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{quote(namespace)}/{schema.PLURAL}"
-    return f"{base}/{quote(name)}" if name else base
-
-
-def _cluster_path(namespace: str, name: str = "") -> str:
-    base = f"/apis/{RAYCLUSTER_GROUP}/{RAYCLUSTER_VERSION}/namespaces/{quote(namespace)}/{RAYCLUSTER_PLURAL}"
-    return f"{base}/{quote(name)}" if name else base
 
 
 def _names(payload: Mapping[str, Any], name: str) -> bool:
@@ -215,14 +208,17 @@ class AioKube:
 
     async def _request(
         self,
-        method: str,
-        path: str,
+        call: calls.Call,
+        namespace: str = "",
+        name: str = "",
         *,
         body: Any = None,
         content_type: str = "application/json",
         query: Mapping[str, str] | None = None,
         allow: tuple[int, ...] = (),
     ) -> tuple[int, Obj]:
+        """One request of the call table (`calls.py`): its method and path come from `call`, nothing else."""
+        method, path = call.method, call.path(namespace, name)
         url = self.server + path + (f"?{urlencode(query)}" if query else "")
         data = None if body is None else json.dumps(body)
         status, text = await self._send(method, url, path, data, content_type)
@@ -254,92 +250,82 @@ class AioKube:
             await asyncio.sleep(min(_seconds(retry_after), MAX_RETRY_AFTER))
         return status, text
 
-    async def _on_object(self, method: str, path: str, name: str) -> Obj | None:
+    async def _on_object(self, call: calls.Call, namespace: str, name: str) -> Obj | None:
         """GET or DELETE one object: its answer, or None when the server said that object does not exist."""
-        status, payload = await self._request(method, path, allow=(404,))
+        status, payload = await self._request(call, namespace, name, allow=(404,))
         if status != 404:
             return payload
         if not _names(payload, name):
-            raise KubeError(404, f"{method} {path}: a 404 that does not name {name!r}: {payload.get('message', '')}")
+            what = f"{call.method} {call.path(namespace, name)}"
+            raise KubeError(404, f"{what}: a 404 that does not name {name!r}: {payload.get('message', '')}")
         return None
 
+    async def _create(self, call: calls.Call, manifest: Obj) -> bool:
+        namespace = str(manifest["metadata"].get("namespace", "default"))
+        status, _ = await self._request(call, namespace, body=manifest, allow=(409,))
+        return status != 409
+
     async def get_job(self, namespace: str, name: str) -> Obj | None:
-        return await self._on_object("GET", _job_path(namespace, name), name)
+        return await self._on_object(calls.GET_JOB, namespace, name)
 
     async def patch_job_status(self, namespace: str, name: str, status_patch: Obj) -> Obj:
         _, obj = await self._request(
-            "PATCH",
-            _job_path(namespace, name) + "/status",
+            calls.PATCH_JOB_STATUS,
+            namespace,
+            name,
             body={"status": status_patch},
             content_type="application/merge-patch+json",
         )
         return obj
 
     async def delete_job(self, namespace: str, name: str) -> bool:
-        return await self._on_object("DELETE", _job_path(namespace, name), name) is not None
+        return await self._on_object(calls.DELETE_JOB, namespace, name) is not None
 
     async def get_raycluster(self, namespace: str, name: str) -> Obj | None:
-        return await self._on_object("GET", _cluster_path(namespace, name), name)
+        return await self._on_object(calls.GET_CLUSTER, namespace, name)
 
     async def create_raycluster(self, manifest: Obj) -> bool:
-        namespace = manifest["metadata"].get("namespace", "default")
-        status, _ = await self._request("POST", _cluster_path(namespace), body=manifest, allow=(409,))
-        return status != 409
+        return await self._create(calls.CREATE_CLUSTER, manifest)
 
     async def delete_raycluster(self, namespace: str, name: str) -> bool:
-        return await self._on_object("DELETE", _cluster_path(namespace, name), name) is not None
+        return await self._on_object(calls.DELETE_CLUSTER, namespace, name) is not None
 
     async def create_secret(self, manifest: Obj) -> bool:
-        namespace = manifest["metadata"].get("namespace", "default")
-        status, _ = await self._request("POST", f"/api/v1/namespaces/{quote(namespace)}/secrets", body=manifest,
-                                        allow=(409,))  # fmt: skip
-        return status != 409
+        return await self._create(calls.CREATE_SECRET, manifest)
 
     async def get_secret(self, namespace: str, name: str) -> Obj | None:
-        return await self._on_object("GET", f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}", name)
+        return await self._on_object(calls.GET_SECRET, namespace, name)
 
     async def create_network_policy(self, manifest: Obj) -> bool:
-        namespace = manifest["metadata"].get("namespace", "default")
-        path = f"/apis/networking.k8s.io/v1/namespaces/{quote(namespace)}/networkpolicies"
-        status, _ = await self._request("POST", path, body=manifest, allow=(409,))
-        return status != 409
+        return await self._create(calls.CREATE_POLICY, manifest)
 
     async def get_network_policy(self, namespace: str, name: str) -> Obj | None:
-        path = f"/apis/networking.k8s.io/v1/namespaces/{quote(namespace)}/networkpolicies/{quote(name)}"
-        return await self._on_object("GET", path, name)
+        return await self._on_object(calls.GET_POLICY, namespace, name)
 
     async def delete_owned(self, kind: str, namespace: str, name: str, uid: str) -> bool:
-        collection = {
-            "Secret": f"/api/v1/namespaces/{quote(namespace)}/secrets",
-            "NetworkPolicy": f"/apis/networking.k8s.io/v1/namespaces/{quote(namespace)}/networkpolicies",
-            "RayCluster": _cluster_path(namespace),
-        }[kind]
+        call = {"Secret": calls.DELETE_SECRET, "NetworkPolicy": calls.DELETE_POLICY, "RayCluster": calls.DELETE_CLUSTER}
         # Background propagation, as kubectl's default; the uid precondition answers 409 for a newer object.
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
-        status, _ = await self._request("DELETE", f"{collection}/{quote(name)}", body=body, allow=(404, 409))
+        status, _ = await self._request(call[kind], namespace, name, body=body, allow=(404, 409))
         return status not in (404, 409)
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
-        _, listing = await self._request(
-            "GET", f"/api/v1/namespaces/{quote(namespace)}/pods", query={"labelSelector": label_selector}
-        )
+        _, listing = await self._request(calls.LIST_PODS, namespace, query={"labelSelector": label_selector})
         return list(listing.get("items") or [])
 
     async def list_workloads(self, namespace: str, label_selector: str) -> list[Obj] | None:
-        path = f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{quote(namespace)}/workloads"
-        status, listing = await self._request("GET", path, query={"labelSelector": label_selector}, allow=(404,))
+        query = {"labelSelector": label_selector}
+        status, listing = await self._request(calls.LIST_WORKLOADS, namespace, query=query, allow=(404,))
         if status == 404:
             return None  # a collection is never "not found": the resource itself is not served
         return list(listing.get("items") or [])
 
     async def list_nodes(self, label_selector: str) -> list[Obj]:
-        _, listing = await self._request("GET", "/api/v1/nodes", query={"labelSelector": label_selector})
+        _, listing = await self._request(calls.LIST_NODES, query={"labelSelector": label_selector})
         return list(listing.get("items") or [])
 
     async def list_events(self, namespace: str, field_selector: str) -> list[Obj]:
-        _, listing = await self._request(
-            "GET", f"/api/v1/namespaces/{quote(namespace)}/events", query={"fieldSelector": field_selector}
-        )
+        _, listing = await self._request(calls.LIST_EVENTS, namespace, query={"fieldSelector": field_selector})
         return list(listing.get("items") or [])
 
     async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -368,4 +354,4 @@ class AioKube:
             "lastTimestamp": now,
             "count": 1,
         }
-        await self._request("POST", f"/api/v1/namespaces/{quote(namespace)}/events", body=event)
+        await self._request(calls.CREATE_EVENT, namespace, body=event)
