@@ -22,6 +22,7 @@ from fsdp_operator.runtime.kube import AioKube, KubeError
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
 from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import Placement, Probe, Step, Summary, Transport
+from support.chart_rbac import OPERATOR_AUTH
 from test_operator import EFA_LINE, FAST, NAMESPACE, Script, World, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -31,7 +32,7 @@ LOG = logging.getLogger(__name__)
 
 
 def make_loop(w: World, kube: AioKube | None = None) -> tuple[JobLoop, AioKube]:
-    kube = kube or AioKube(w.api.url, timeout=FAST.kube_timeout)
+    kube = kube or w.kube()
     return JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", LOG), kube
 
 
@@ -151,7 +152,7 @@ class FlakyKube(AioKube):
     """The real client; the API server answers 503 to the first `failures` reads of the RayCluster."""
 
     def __init__(self, url: str, failures: int) -> None:
-        super().__init__(url, timeout=FAST.kube_timeout)
+        super().__init__(url, headers=dict(OPERATOR_AUTH), timeout=FAST.kube_timeout)
         self.failures = failures
 
     async def get_raycluster(self, namespace: str, name: str) -> dict[str, Any] | None:

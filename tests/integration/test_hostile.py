@@ -28,7 +28,8 @@ from fsdp_operator.runtime.kube import AioKube, KubeError
 from fsdp_operator.runtime.rayjobs import LOG_CHUNK, FakeJob, FakeRay
 from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import PREFIX, Placement, Step, Summary, Transport
-from support.kopf_runner import eventually, kopf_operator
+from support.chart_rbac import OPERATOR_AUTH
+from support.kopf_runner import eventually
 from test_operator import CLUSTERS, FAST, NAMESPACE, WATCHED, Script, World, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -101,9 +102,9 @@ class FloodScript(Script):
 @contextlib.asynccontextmanager
 async def operator_with_liveness(w: World) -> AsyncIterator[str]:
     url = f"http://127.0.0.1:{free_port()}/healthz"
-    runtime = Runtime(FAST, kube=AioKube(w.api.url, timeout=FAST.kube_timeout), ray=w.ray.client)
+    runtime = Runtime(FAST, kube=w.kube(), ray=w.ray.client)
     watches = [w.api.count("watch", plural, group) for plural, group in WATCHED]
-    async with kopf_operator(build_registry(runtime, login=False), w.api.url, liveness_endpoint=url):
+    async with w.kopf(build_registry(runtime, login=False), liveness_endpoint=url):
         await eventually(
             lambda: all(w.api.count("watch", p, g) > n for (p, g), n in zip(WATCHED, watches, strict=True))
         )
@@ -225,7 +226,7 @@ def test_a_pass_that_raises_becomes_a_condition_and_the_log_moves_on(
 
     monkeypatch.setattr(reconcile, "fold_events", fold)
     w = World(apiserver, Script(steps=3))
-    runtime = Runtime(FAST, kube=AioKube(apiserver.url, timeout=FAST.kube_timeout), ray=w.ray.client)
+    runtime = Runtime(FAST, kube=w.kube(), ray=w.ray.client)
     loop = JobLoop(runtime, NAMESPACE, "qwen", logging.getLogger(__name__))
     seen: list[dict[str, Any]] = []
 
@@ -259,7 +260,7 @@ class RefusesBigStatus(AioKube):
 
 def test_a_refused_status_write_still_stops_the_job_and_lands_the_transition(apiserver: ThreadedApiServer) -> None:
     w = World(apiserver, Script(transport=lambda rank: "efa" if rank < 4 else "socket", hold=True))
-    kube = RefusesBigStatus(apiserver.url, timeout=FAST.kube_timeout)
+    kube = RefusesBigStatus(apiserver.url, headers=dict(OPERATOR_AUTH), timeout=FAST.kube_timeout)
     loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
     w.apply(manifest(runPolicy={"cleanup": "Keep"}))
     run_loop(w, loop, lambda: w.status().get("phase") == "Failed")
@@ -273,7 +274,7 @@ def test_a_refused_status_write_still_stops_the_job_and_lands_the_transition(api
 
 def test_an_over_long_line_is_skipped_and_the_log_read_in_chunks(apiserver: ThreadedApiServer) -> None:
     w = World(apiserver, Script(steps=2, hold=True))
-    runtime = Runtime(FAST, kube=AioKube(apiserver.url, timeout=FAST.kube_timeout), ray=w.ray.client)
+    runtime = Runtime(FAST, kube=w.kube(), ray=w.ray.client)
     loop = JobLoop(runtime, NAMESPACE, "qwen", logging.getLogger(__name__))
     w.apply(manifest(steps=2))
     run_loop(w, loop, lambda: w.status().get("progress", {}).get("step") == 1)
@@ -305,7 +306,7 @@ def test_a_raycluster_the_operator_did_not_create_is_never_touched(apiserver: Th
     }  # fmt: skip
     w.call("POST", CLUSTERS, foreign)
     loop = JobLoop(
-        Runtime(FAST, kube=AioKube(apiserver.url, timeout=FAST.kube_timeout), ray=w.ray.client),
+        Runtime(FAST, kube=w.kube(), ray=w.ray.client),
         NAMESPACE, "qwen", logging.getLogger(__name__),
     )  # fmt: skip
     w.apply(manifest())
@@ -326,7 +327,7 @@ def test_a_token_secret_someone_else_made_is_never_used(apiserver: ThreadedApiSe
               "data": {"token": base64.b64encode(b"known-to-the-attacker").decode()}}  # fmt: skip
     w.call("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", secret)
     loop = JobLoop(
-        Runtime(FAST, kube=AioKube(apiserver.url, timeout=FAST.kube_timeout), ray=w.ray.client),
+        Runtime(FAST, kube=w.kube(), ray=w.ray.client),
         NAMESPACE, "qwen", logging.getLogger(__name__),
     )  # fmt: skip
     w.apply(manifest())
@@ -339,7 +340,7 @@ def test_a_token_secret_someone_else_made_is_never_used(apiserver: ThreadedApiSe
 def test_each_job_gets_an_owned_token_secret_and_network_policy(apiserver: ThreadedApiServer) -> None:
     w = World(apiserver, Script(steps=2))
     loop = JobLoop(
-        Runtime(FAST, kube=AioKube(apiserver.url, timeout=FAST.kube_timeout), ray=w.ray.client),
+        Runtime(FAST, kube=w.kube(), ray=w.ray.client),
         NAMESPACE, "qwen", logging.getLogger(__name__),
     )  # fmt: skip
     uid = w.apply(manifest(steps=2, runPolicy={"cleanup": "Keep"}))["metadata"]["uid"]

@@ -16,6 +16,7 @@ import pytest
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
 from fsdp_train.events import Checkpoint, Step, Summary
+from support.chart_rbac import ADMIN_AUTH
 from support.kopf_runner import eventually
 from support.kueue import WORKLOAD_CRD, FakeKueue
 from test_operator import World, manifest
@@ -72,6 +73,7 @@ class QueueWorld(World):
         if kueue_installed:
             self.call("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", WORKLOAD_CRD)
         self.kueue = FakeKueue(api.url, {"nvidia.com/gpu": "8"}, **kueue)
+        self.kueue.headers.update(ADMIN_AUTH)
         self.kueue_installed = kueue_installed
 
     @contextlib.asynccontextmanager

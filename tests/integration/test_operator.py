@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import kopf
 import pytest
 import requests
 from fsdp_operator.api import generate, render, schema
@@ -27,6 +28,8 @@ from fsdp_operator.runtime.rayjobs import RAY_FAILED, FakeJob, FakeRay
 from fsdp_operator.runtime.settings import OperatorConfig
 from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import Placement, Step, Summary, Transport
+from support import chart_rbac
+from support.chart_rbac import ACCOUNT, ADMIN_AUTH, OPERATOR_AUTH, OPERATOR_TOKEN
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
 
@@ -109,24 +112,47 @@ class Script:
 
 
 class World:
-    """The emulated cluster, the fake KubeRay and Ray, and the operator that can be started and stopped."""
+    """The emulated cluster, the fake KubeRay and Ray, and the operator that can be started and stopped.
 
-    def __init__(self, api: ThreadedApiServer, script: Script | None = None) -> None:
+    The API server enforces the chart's RBAC (`helm template`, watching every namespace, or with
+    `watch_all=False` only `NAMESPACE`) and OwnerReferencesPermissionEnforcement: the operator runs as the chart's
+    ServiceAccount (`kube()`, `kopf()`), the test and the KubeRay double act as a cluster admin. A 403 the
+    operator meets fails the test when its `operator()` block ends."""
+
+    def __init__(self, api: ThreadedApiServer, script: Script | None = None, *, watch_all: bool = True) -> None:
         self.api = api
         self.script = script or Script()
         self.ray = FakeRay(script=self.script)
+        self.watched = None if watch_all else [NAMESPACE]
+        docs = chart_rbac.rendered_rbac(watch_all, watched=() if watch_all else (NAMESPACE,))
+        self.access = chart_rbac.secure(api, docs)
         self.kuberay = FakeKubeRay(api.url, self.ray)
+        self.kuberay.headers.update(ADMIN_AUTH)
         self.http = requests.Session()
+        self.http.headers.update(ADMIN_AUTH)
         for crd in (generate.crd(), RAYCLUSTER_CRD):
             response = self.http.post(f"{api.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd)
             assert response.status_code == 201, response.text
 
     # --- the operator ---
+    def kube(self, timeout: float = FAST.kube_timeout) -> AioKube:
+        """The operator's client, as the chart's ServiceAccount."""
+        return AioKube(self.api.url, headers=dict(OPERATOR_AUTH), timeout=timeout)
+
+    def kopf(self, registry: kopf.OperatorRegistry, **kwargs: Any) -> contextlib.AbstractAsyncContextManager[None]:
+        """kopf, as the chart's ServiceAccount, watching what the chart lets it watch."""
+        kwargs.setdefault("namespaces", self.watched)
+        return kopf_operator(registry, self.api.url, token=OPERATOR_TOKEN, **kwargs)
+
+    def forbidden(self) -> list[Any]:
+        """The operator's requests the chart's RBAC refused."""
+        return [d for d in self.access.denied if d.user == ACCOUNT.name]
+
     @contextlib.asynccontextmanager
     async def operator(self) -> AsyncIterator[Runtime]:
-        runtime = Runtime(FAST, kube=AioKube(self.api.url, timeout=FAST.kube_timeout), ray=self.ray.client)
+        runtime = Runtime(FAST, kube=self.kube(), ray=self.ray.client)
         watches = [self.api.count("watch", plural, group) for plural, group in WATCHED]
-        async with kopf_operator(build_registry(runtime, login=False), self.api.url):
+        async with self.kopf(build_registry(runtime, login=False)):
             # Ready means watching: stopping kopf in the middle of its discovery costs seconds at exit.
             await eventually(
                 lambda: all(self.api.count("watch", p, g) > n for (p, g), n in zip(WATCHED, watches, strict=True)),
@@ -136,6 +162,7 @@ class World:
             # Let in-flight writes and their watch events settle: kopf may otherwise spawn a job's daemon
             # again while it shuts down, and only cancels that one after 5 s.
             await asyncio.sleep(0.2)
+        assert not self.forbidden(), f"the chart's RBAC refused the operator: {self.forbidden()}"
 
     # --- acting like kubectl ---
     def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.rbac import MASTERS, User
 from support import k8s_tools
 from support.kopf_runner import eventually
 from test_operator import Script, World, scenario
@@ -28,6 +29,9 @@ def test_apply_get_delete_with_kubectl(apiserver: ThreadedApiServer, kubeconfig:
         return result.stdout
 
     async def body(w: World) -> None:
+        # kubectl sends no token over plain HTTP: the person running it is an anonymous cluster admin here; the
+        # operator still runs as the chart's ServiceAccount.
+        w.access.anonymous = User("system:anonymous", (MASTERS,))
         async with w.operator():
             assert "created" in await kubectl("apply", "-f", str(EXAMPLE))
             await w.phase("Succeeded", name=NAME)
@@ -68,6 +72,9 @@ def test_kubectl_wait_for_complete_and_failed(apiserver: ThreadedApiServer, kube
         return result.returncode, result.stdout + result.stderr
 
     async def body(w: World) -> None:
+        # kubectl sends no token over plain HTTP: the person running it is an anonymous cluster admin here; the
+        # operator still runs as the chart's ServiceAccount.
+        w.access.anonymous = User("system:anonymous", (MASTERS,))
         async with w.operator():
             w.apply(manifest("good"))
             # Started before the job finishes: kubectl watches until the condition turns True.

@@ -22,6 +22,7 @@ from fsdp_operator.runtime.controller import JobLoop
 from fsdp_operator.runtime.kube import AioKube, KubeError
 from fsdp_operator.runtime.rayjobs import RayJobsClient, RayUnavailable
 from fsdp_operator.runtime.shared import Runtime
+from support.chart_rbac import OPERATOR_AUTH
 from test_operator import CLUSTERS, FAST, NAMESPACE, Script, World, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
@@ -42,7 +43,7 @@ class RefusesFirstFailedWrite(AioKube):
 def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: ThreadedApiServer) -> None:
     """The pass whose write failed did not act: the next pass must still stop the Ray job and post the event."""
     w = World(apiserver, Script(transport=lambda rank: "efa" if rank < 4 else "socket", hold=True))
-    kube = RefusesFirstFailedWrite(apiserver.url, timeout=FAST.kube_timeout)
+    kube = RefusesFirstFailedWrite(apiserver.url, headers=dict(OPERATOR_AUTH), timeout=FAST.kube_timeout)
     loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
 
     async def main() -> None:
@@ -93,7 +94,7 @@ class RefusesEveryStatus(AioKube):
 def test_a_status_refused_in_every_form_still_stops_the_ray_job(apiserver: ThreadedApiServer) -> None:
     """Nothing can be recorded (not even the status without per-rank detail): the Ray job must stop all the same."""
     w = World(apiserver, Script(transport=lambda rank: "efa" if rank < 4 else "socket", hold=True))
-    kube = RefusesEveryStatus(apiserver.url, timeout=FAST.kube_timeout)
+    kube = RefusesEveryStatus(apiserver.url, headers=dict(OPERATOR_AUTH), timeout=FAST.kube_timeout)
     loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
 
     async def main() -> None:
@@ -117,7 +118,7 @@ class FailsSucceededWrite(AioKube):
     (`lost`) with the connection dropped after it did, so the loop cannot tell. `then` runs right after the failure."""
 
     def __init__(self, url: str, *, lost: bool, then: Callable[[], None] = lambda: None) -> None:
-        super().__init__(url, timeout=FAST.kube_timeout)
+        super().__init__(url, headers=dict(OPERATOR_AUTH), timeout=FAST.kube_timeout)
         self.lost, self.then, self.failed = lost, then, False
 
     async def patch_job_status(self, namespace: str, name: str, status_patch: dict[str, Any]) -> dict[str, Any]:
@@ -196,7 +197,7 @@ class FailsFirstCreate(AioKube):
     """The real client; the first create of the Secret or of the NetworkPolicy (`kind`) is answered 500."""
 
     def __init__(self, url: str, kind: str) -> None:
-        super().__init__(url, timeout=FAST.kube_timeout)
+        super().__init__(url, headers=dict(OPERATOR_AUTH), timeout=FAST.kube_timeout)
         self.kind, self.failed = kind, False
 
     def _fail(self, kind: str) -> None:
@@ -244,7 +245,8 @@ def test_only_a_404_that_names_the_object_reads_as_absent(apiserver: ThreadedApi
                 with pytest.raises(KubeError, match="a 404 that does not name 'qwen-ray'") as raised:
                     await call(NAMESPACE, "qwen-ray")
                 assert raised.value.status == 404
-            World(apiserver)  # installs the CRDs
+            await kube.close()
+            kube = World(apiserver).kube()  # installs the CRDs and the chart's RBAC
             assert await kube.get_raycluster(NAMESPACE, "qwen-ray") is None
             assert await kube.delete_raycluster(NAMESPACE, "qwen-ray") is False
             assert await kube.get_job(NAMESPACE, "qwen") is None and await kube.delete_job(NAMESPACE, "qwen") is False

@@ -16,6 +16,7 @@ import requests
 from fsdp_operator.api import generate, render, schema
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from support import chart_rbac
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -26,8 +27,13 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def test_operator_process_reconciles_and_stops(apiserver: ThreadedApiServer, kubeconfig: Path) -> None:
+def test_operator_process_reconciles_and_stops(apiserver: ThreadedApiServer, tmp_path: Path) -> None:
+    """The process logs in from a kubeconfig as the chart's ServiceAccount, under the chart's RBAC for one
+    namespace (`watchAllNamespaces: false`, `--namespace default`)."""
+    access = chart_rbac.secure(apiserver, chart_rbac.rendered_rbac(watch_all=False, watched=("default",)))
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "kubeconfig", user={"token": chart_rbac.OPERATOR_TOKEN})
     http = requests.Session()
+    http.headers.update(chart_rbac.ADMIN_AUTH)
     for crd in (generate.crd(), RAYCLUSTER_CRD):
         assert http.post(f"{apiserver.url}/apis/apiextensions.k8s.io/v1/customresourcedefinitions", json=crd).ok
     port, metrics_port = _free_port(), _free_port()
@@ -63,6 +69,7 @@ def test_operator_process_reconciles_and_stops(apiserver: ThreadedApiServer, kub
         process.send_signal(signal.SIGINT)
         output, _ = process.communicate(timeout=20)
     assert process.returncode == 0, output
+    assert access.denied == [] and access.calls_by(chart_rbac.ACCOUNT.name), access.denied
     # --log-format json: every line the operator logs is one JSON object (for log pipelines).
     lines = [line for line in output.splitlines() if line.strip()]
     assert lines and all(json.loads(line).get("message") for line in lines), output[-2000:]

@@ -1,22 +1,25 @@
-"""A job deleted and created again at once (what GitOps tools do on an immutable change) ends with its own
-Secret, NetworkPolicy and RayCluster.
+"""A job deleted and applied again at once (what GitOps tools do on an immutable change) ends with its own
+Secret, NetworkPolicy and RayCluster, under the chart's RBAC, whatever the garbage collector does.
 
 The real garbage collector deletes what the old job owned in the background, some time after the old job is gone
-(https://kubernetes.io/docs/concepts/architecture/garbage-collection/#background-deletion); the emulated API
-server collects at once. So the test puts the old job's objects back, as they are while the collector has not
-reached them, and either leaves them there or deletes them itself, as the collector would, while the new job's
-operator is at work: in both cases the new job must not take them for its own.
+(https://kubernetes.io/docs/concepts/architecture/garbage-collection/#background-deletion), and a cluster whose
+controller manager is down has none. The emulated API server is run both ways: with no collector (the old job's
+Secret and NetworkPolicy stay until someone deletes them) and with a delayed one (they are there when the new job
+starts, and the collector deletes them while the operator is at work). The operator runs as the chart's
+ServiceAccount in both `watchAllNamespaces` modes, with OwnerReferencesPermissionEnforcement on: not one request
+may be refused, and the new job must not take what its namesake left for its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
 from typing import Any
 
 import pytest
 from fsdp_operator.api import render, schema
 from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.runtime import calls
+from support.chart_rbac import ACCOUNT
 from support.kopf_runner import eventually
 from test_operator import CLUSTERS, JOBS, NAMESPACE, World, manifest
 
@@ -29,6 +32,8 @@ NAMES = {
     POLICIES: render.network_policy_name("qwen"),
     CLUSTERS: render.raycluster_name("qwen"),
 }
+COLLECTOR_DELAY = 2.0
+"""Longer than the operator takes to see a new job, so that it meets what its namesake left."""
 
 
 def _get(w: World, collection: str) -> dict[str, Any] | None:
@@ -42,63 +47,54 @@ def _owner_uid(obj: dict[str, Any]) -> str:
     return str(owner["uid"])
 
 
-def _as_left_behind(obj: dict[str, Any]) -> dict[str, Any]:
-    """The object as the API server would still hold it: same owner, fresh identity."""
-    left = copy.deepcopy(obj)
-    for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "deletionTimestamp", "finalizers"):
-        left["metadata"].pop(key, None)
-    left.pop("status", None)
-    return left
-
-
-@pytest.mark.parametrize("collected", [False, True], ids=["left-there", "collected-meanwhile"])
-def test_a_job_deleted_and_created_again_ends_with_its_own_objects(
-    apiserver: ThreadedApiServer, collected: bool
+@pytest.mark.parametrize("watch_all", [True, False], ids=["all-namespaces", "one-namespace"])
+@pytest.mark.parametrize("gc_delay", [None, COLLECTOR_DELAY], ids=["no-collector", "delayed-collector"])
+def test_a_job_deleted_and_applied_again_at_once_ends_with_its_own_objects(
+    gc_delay: float | None, watch_all: bool
 ) -> None:
-    w = World(apiserver)
     messages: list[str] = []
+    with ThreadedApiServer(gc_delay=gc_delay) as api:
+        w = World(api, watch_all=watch_all)
 
-    async def main() -> None:
-        async with w.kuberay.running(), w.operator():
-            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
-            await w.phase("Succeeded", timeout=30)
-            old_uid = w.job()["metadata"]["uid"]  # type: ignore[index]
-            old = {collection: _get(w, collection) for collection in NAMES}
-            assert all(obj is not None and _owner_uid(obj) == old_uid for obj in old.values()), old
+        async def main() -> None:
+            async with w.kuberay.running(), w.operator():
+                w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+                await w.phase("Succeeded", timeout=30)
+                old_uid = w.job()["metadata"]["uid"]  # type: ignore[index]
+                for collection in NAMES:
+                    obj = _get(w, collection)
+                    assert obj is not None and _owner_uid(obj) == old_uid, (collection, obj)
 
-            w.delete(f"{JOBS}/qwen")
-            await eventually(lambda: w.job() is None, timeout=30, message="the old job was never deleted")
-            for collection, obj in old.items():
-                assert obj is not None
-                if _get(w, collection) is None:  # collected at once here; a real collector takes its time
-                    w.call("POST", collection, _as_left_behind(obj))
-            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
-            new_uid = w.job()["metadata"]["uid"]  # type: ignore[index]
-            assert new_uid != old_uid
+                w.delete(f"{JOBS}/qwen")  # its finalizer deletes the RayCluster; the rest is the collector's
+                await eventually(lambda: w.job() is None, timeout=30, message="the old job was never deleted")
+                w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+                new_uid = w.job()["metadata"]["uid"]  # type: ignore[index]
+                assert new_uid != old_uid
+                left = {c: obj for c in (SECRETS, POLICIES) if (obj := _get(w, c)) and _owner_uid(obj) == old_uid}
+                assert set(left) == {SECRETS, POLICIES}, "nothing was left for the new job to meet"
 
-            async def watch_status() -> None:
-                while True:
-                    message = str(w.status().get("message") or "")
-                    if message not in messages[-1:]:
-                        messages.append(message)
-                    if collected and w.status().get("phase") == "Provisioning":
-                        for collection in NAMES:  # the collector gets to the old job's objects now
-                            obj = _get(w, collection)
-                            if obj is not None and _owner_uid(obj) == old_uid and "deletionTimestamp" not in obj:
-                                w.call("DELETE", f"{collection}/{NAMES[collection]}")
-                    await asyncio.sleep(0.01)
+                async def watch_status() -> None:
+                    while True:
+                        message = str(w.status().get("message") or "")
+                        if message not in messages[-1:]:
+                            messages.append(message)
+                        await asyncio.sleep(0.01)
 
-            watcher = asyncio.create_task(watch_status())
-            try:
-                status = await w.phase("Succeeded", timeout=60)
-            finally:
-                watcher.cancel()
-            assert status.get("attempts") == 1, status
-            for collection in NAMES:
-                obj = _get(w, collection)
-                assert obj is not None and _owner_uid(obj) == new_uid, (collection, obj)
+                watcher = asyncio.create_task(watch_status())
+                try:
+                    status = await w.phase("Succeeded", timeout=60)
+                finally:
+                    watcher.cancel()
+                assert status.get("attempts") == 1, status
+                for collection in NAMES:
+                    obj = _get(w, collection)
+                    assert obj is not None and _owner_uid(obj) == new_uid, (collection, obj)
 
-    asyncio.run(main())
+        asyncio.run(main())
+        made = {(verb, group, resource) for verb, group, resource, _ in w.access.calls_by(ACCOUNT.name)}
+    assert w.forbidden() == []
     assert not any("ClusterNameTaken" in m or "not created for this job" in m for m in messages), messages
-    if not collected:
+    if gc_delay is None:
+        # Only the operator could delete them: it did, with the chart's RBAC.
         assert any(m.startswith("replacing ") and "left by a deleted FSDPTrainingJob" in m for m in messages), messages
+        assert {calls.GET_POLICY.rule, calls.DELETE_SECRET.rule, calls.DELETE_POLICY.rule} <= made, made

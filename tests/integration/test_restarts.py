@@ -33,6 +33,7 @@ from fsdp_operator.runtime.kube import USER_AGENT, AioKube
 from fsdp_operator.runtime.rayjobs import LOG_CHUNK, RayJobInfo, RayJobs, RayNodes
 from fsdp_operator.runtime.shared import Runtime
 from integration.test_operator import FAST, WATCHED, Script, World, manifest, scenario
+from support.chart_rbac import ACCOUNT
 from support.kopf_runner import eventually, operator_settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -103,6 +104,7 @@ class Operator:
         self.w = w
         self.on_submit = on_submit
         self.token = f"operator-{Operator.incarnations}"
+        w.access.add_token(self.token, ACCOUNT)  # the chart's ServiceAccount, a token per incarnation
         self.runner: asyncio.Task[None] | None = None
         self.ignored: set[asyncio.Task[Any]] = set()
         self.runtime: Runtime | None = None

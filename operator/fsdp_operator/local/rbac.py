@@ -100,6 +100,10 @@ class Access:
     tokens: dict[str, _Token] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     denied: list[Call] = field(default_factory=list)
+    anonymous: User | None = None
+    """Who a request without an `Authorization` header is (a real server with `--anonymous-auth` calls it
+    `system:anonymous`); None: such a request is 401. kubectl sends a kubeconfig's token only over TLS, so a test
+    that runs kubectl against this server over plain HTTP names the user it acts as here."""
     unauthorized: int = 0
     """Requests refused with 401 (no token, an unknown one, or one that was rotated away or expired)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -120,6 +124,8 @@ class Access:
 
     def authenticate(self, authorization: str) -> User:
         """The user a request's `Authorization` header names; 401 when there is none or it is not accepted."""
+        if not authorization and self.anonymous is not None:
+            return User(self.anonymous.name, (*self.anonymous.groups, "system:unauthenticated"))
         scheme, _, token = authorization.partition(" ")
         with self.lock:
             entry = self.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
