@@ -109,6 +109,59 @@ def test_an_override_is_checked_against_the_family_of_the_model() -> None:
     ]
 
 
+def test_a_model_of_no_known_family_may_set_only_the_fields_every_family_has() -> None:
+    """The intersection, not the union: a field of one family only (Llama's head_dim and pretraining_tp, Qwen2's
+    sliding_window) is refused for a model the operator cannot place in a family."""
+    common = model_configs.allowed_fields("/models/mine")
+    for family, fields_ in model_configs.FAMILIES.items():
+        assert set(common) < set(fields_), family
+        assert all(fields_[name] == declared for name, declared in common.items()), family
+    only_some = set().union(*model_configs.FAMILIES.values()) - set(common)
+    assert {"head_dim", "pretraining_tp", "sliding_window", "max_window_layers", "mlp_bias"} <= only_some
+    for key in sorted(only_some):
+        found = problems({"model": {"name": "/models/mine", "overrides": {key: 1}}})
+        assert [p.split(";")[0] for p in found] == [
+            f"spec.model.overrides.{key}: not a config field of the supported model families"
+        ], key
+
+
+@pytest.mark.parametrize(
+    ("name", "family"),
+    [
+        ("Qwen/Qwen2.5-1.5B", "qwen2"),
+        ("Qwen/Qwen2-0.5B-Instruct", "qwen2"),
+        ("Qwen/Qwen2.5-Math-7B", "qwen2"),
+        ("/models/qwen2.5-local", "qwen2"),
+        ("Qwen/Qwen3-0.6B", None),
+        ("Qwen/Qwen3-30B-A3B", None),
+        ("Qwen/Qwen1.5-7B", None),
+        ("Qwen/Qwen1.5-MoE-A2.7B", None),
+        ("Qwen/Qwen-7B", None),
+        ("Qwen/Qwen2-VL-7B-Instruct", None),
+        ("Qwen/Qwen2.5-VL-3B-Instruct", None),
+        ("Qwen/Qwen2-57B-A14B-MoE", None),
+        ("Qwen/Qwen2-Audio-7B", None),
+        ("Qwen/Qwen25-1B", None),
+        ("meta-llama/Llama-3.2-1B", "llama"),
+        ("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "llama"),
+        ("meta-llama/Llama-4-Scout-17B-16E", None),
+        ("meta-llama/Llama-3.2-11B-Vision", None),
+        ("gpt2", None),
+    ],
+)
+def test_a_family_is_read_from_the_name_only_when_the_name_says_exactly_that_family(
+    name: str, family: str | None
+) -> None:
+    """Qwen1.5 and Qwen3 are other config classes (Qwen3Config has head_dim, no max_window_layers): Qwen2's fields
+    are not theirs, and a pattern loosened to `qwen` would give them those."""
+    assert model_configs.family_of(name) == family
+    expected = model_configs.FAMILIES[family] if family else model_configs.common_fields()
+    assert model_configs.allowed_fields(name) == expected
+    if family is None:
+        refused = problems({"model": {"name": name, "overrides": {"sliding_window": 8}}})
+        assert refused and refused[0].startswith("spec.model.overrides.sliding_window: not a config field"), refused
+
+
 def test_every_bad_key_and_value_of_a_map_is_reported_and_the_good_ones_stay_quiet() -> None:
     got = overrides({1: 2, "vocab_size": 3, "hidden_size": True, 2: "x"})
     assert got == [

@@ -87,10 +87,17 @@ LEFT_OUT = {
     "layer_types": "a list, derived from use_sliding_window and max_window_layers",
 }
 
-# Known model ids and name patterns -> family; a name that matches none is checked against every family.
+# Known model ids and name patterns -> family; a name that matches none is checked against the fields every family
+# has. Exact on purpose: Qwen1.5 and Qwen3 (Qwen3Config: head_dim, no max_window_layers) are not Qwen2, nor are
+# the Qwen2 models of another architecture (Qwen2-VL, Qwen2-MoE, Qwen2-Audio; their own config classes), nor
+# Llama 4 or Llama 3.2 Vision (Llama4Config, MllamaConfig).
+_NAME_FLAGS = re.IGNORECASE | re.DOTALL
 _FAMILY_OF_NAME = (
-    (re.compile(r"qwen2(?![0-9])|qwen-?2\.5", re.IGNORECASE), "qwen2"),
-    (re.compile(r"llama", re.IGNORECASE), "llama"),
+    (
+        re.compile(r"(?<![a-z0-9])qwen-?2(?:\.5)?(?![0-9.])(?!.*(?:vl|moe|audio|omni))", _NAME_FLAGS),
+        "qwen2",
+    ),
+    (re.compile(r"^(?!.*llama[-_ ]?4)(?!.*vision).*llama", _NAME_FLAGS), "llama"),
 )
 
 
@@ -102,17 +109,16 @@ def family_of(model_name: str) -> str | None:
     return None
 
 
+def common_fields() -> dict[str, ConfigField]:
+    """The fields every family has, declared alike in each (the intersection)."""
+    first, *others = FAMILIES.values()
+    return {name: declared for name, declared in first.items() if all(f.get(name) == declared for f in others)}
+
+
 def allowed_fields(model_name: str) -> dict[str, ConfigField]:
-    """The fields an override of `model_name` may set: its family's, or those every family agrees on."""
+    """The fields an override of `model_name` may set: its family's, or those every family has (`common_fields`)."""
     family = family_of(model_name)
-    if family is not None:
-        return FAMILIES[family]
-    merged: dict[str, ConfigField] = {}
-    for fields_ in FAMILIES.values():
-        for name, declared in fields_.items():
-            if merged.get(name, declared) == declared:
-                merged[name] = declared
-    return merged
+    return FAMILIES[family] if family is not None else common_fields()
 
 
 def check_overrides(model_name: str, overrides: dict[str, Any], path: str, problems: Problems) -> dict[str, Any]:
