@@ -50,6 +50,8 @@ def run_local(
         env={**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"},
     )
     assert_nothing_left(proc.stdout)
+    # The operator runs as a ServiceAccount with the roles of the call table (the chart's): nothing refused.
+    assert "RBAC refused the operator" not in proc.stdout, proc.stdout[-4000:]
     job_object = json.loads(status_file.read_text()) if status_file.exists() else {}
     return proc, job_object
 

@@ -32,8 +32,11 @@ from rich.progress import Progress as RichProgress
 from fsdp_operator.api import generate, queueing, schema
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.summary import loss_curve, summary_lines
+from fsdp_operator.local import rbac
+from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
 from fsdp_operator.local.apiserver import ApiServer
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, marked_processes
+from fsdp_operator.runtime import calls
 
 Obj = dict[str, Any]
 
@@ -210,6 +213,28 @@ def format_table(table: Obj) -> str:
     return "\n".join(lines)
 
 
+OPERATOR_ACCOUNT = "fsdp-operator"
+OPERATOR_TOKEN = "fsdp-operator-token"
+
+
+def operator_rbac(namespace: str) -> list[Obj]:
+    """The operator's ClusterRole and Role (watching `namespace` only) with their bindings, from the call table."""
+    cluster, namespaced = calls.required(watch_all=False, peering=False)
+    meta = {"name": OPERATOR_ACCOUNT}
+    role_ref = {"apiGroup": rbac.RBAC_GROUP, "name": OPERATOR_ACCOUNT}
+    subjects = [{"kind": "ServiceAccount", "name": OPERATOR_ACCOUNT, "namespace": namespace}]
+    api_version = f"{rbac.RBAC_GROUP}/v1"
+    return [
+        {"apiVersion": api_version, "kind": "ClusterRole", "metadata": meta, "rules": calls.rules(cluster)},
+        {"apiVersion": api_version, "kind": "ClusterRoleBinding", "metadata": meta,
+         "roleRef": {**role_ref, "kind": "ClusterRole"}, "subjects": subjects},
+        {"apiVersion": api_version, "kind": "Role", "metadata": {**meta, "namespace": namespace},
+         "rules": calls.rules(namespaced)},
+        {"apiVersion": api_version, "kind": "RoleBinding", "metadata": {**meta, "namespace": namespace},
+         "roleRef": {**role_ref, "kind": "Role"}, "subjects": subjects},
+    ]  # fmt: skip
+
+
 class LocalRun:
     """One run-local session: the pieces it started, and how to stop them."""
 
@@ -219,11 +244,17 @@ class LocalRun:
         self.name = str(manifest["metadata"]["name"])
         self.workdir = workdir
         self.out = out
-        self.api = ApiServer()
+        # The operator runs as a ServiceAccount with exactly the roles the call table names (the chart's, which
+        # tests/integration/test_rbac.py holds equal to it), with OwnerReferencesPermissionEnforcement on. run-local
+        # itself, the KubeRay stand-in and the person's kubectl (no token over plain HTTP) act as a cluster admin.
+        self.access = rbac.Access(anonymous=rbac.User("admin", (rbac.MASTERS,)))
+        self.access.add_token(OPERATOR_TOKEN, rbac.service_account(self.namespace, OPERATOR_ACCOUNT))
+        self.api = ApiServer(access=self.access, admission=OwnerReferencesPermissionEnforcement())
         self.kuberay = LocalKubeRay("", workdir / "r")
         self.operator: asyncio.subprocess.Process | None = None
         self.http: aiohttp.ClientSession | None = None
         self.kubeconfig = workdir / "kubeconfig"
+        self.operator_kubeconfig = workdir / "operator.kubeconfig"
 
     @property
     def job_path(self) -> str:
@@ -239,7 +270,13 @@ class LocalRun:
         crds = self.api.store.resource("customresourcedefinitions", "apiextensions.k8s.io")
         self.api.store.create(crds, generate.crd())
         self.api.store.create(crds, RAYCLUSTER_CRD)
+        if self.namespace != "default":
+            self.api.store.create(self.api.store.resource("namespaces"), {"metadata": {"name": self.namespace}})
+        for doc in operator_rbac(self.namespace):
+            group = doc["apiVersion"].split("/")[0]
+            self.api.store.create(self.api.store.resource(doc["kind"].lower(), group), doc)
         self.api.write_kubeconfig(self.kubeconfig, self.namespace)
+        self.api.write_kubeconfig(self.operator_kubeconfig, self.namespace, user={"token": OPERATOR_TOKEN})
         self.http = aiohttp.ClientSession()
         self.kuberay.api_url = self.api.url
         self._kuberay_task = asyncio.get_running_loop().create_task(self.kuberay.run())
@@ -247,7 +284,7 @@ class LocalRun:
 
     async def start_operator(self) -> None:
         """The operator in its own process (again, after a crash: its log goes on in the same file)."""
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig), "PYTHONUNBUFFERED": "1"}
         log = (self.workdir / "operator.log").open("ab")
         self.operator = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -265,11 +302,6 @@ class LocalRun:
 
     async def apply(self) -> None:
         assert self.http is not None
-        if self.namespace != "default":
-            namespaces = self.api.store.resource("namespaces")
-            with contextlib.suppress(Exception):
-                self.api.store.create(namespaces, {"apiVersion": "v1", "kind": "Namespace",
-                                                   "metadata": {"name": self.namespace}})  # fmt: skip
         path = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{self.namespace}/{schema.PLURAL}"
         async with self.http.post(self.api.url + path, json=self.manifest) as response:
             body = await response.json(content_type=None)
@@ -405,6 +437,11 @@ async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, st
     finally:
         progress.close()
         left = await run.stop()
+        if run.access.denied:
+            refused = sorted(
+                {f"{c.verb} {c.resource}{'/' + c.subresource if c.subresource else ''}" for c in run.access.denied}
+            )
+            progress.line(f"warning: RBAC refused the operator {len(run.access.denied)} requests: {', '.join(refused)}")
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         if left:
