@@ -254,6 +254,26 @@ def test_metadata_at_the_root_may_restrict_only_name_and_generate_name() -> None
     ]
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [{"description": "the job's metadata"}, {"title": "metadata"}, {"nullable": True}, {"maxProperties": 3}],
+    ids=["description", "title", "nullable", "a value validation"],
+)
+def test_metadata_at_the_root_may_carry_not_even_a_description(extra: dict[str, Any]) -> None:
+    """A real server compares the root `metadata` schema, less type, default and name/generateName, with an
+    empty one: a description (or a title) is something other than name and generateName, and is refused
+    (apiextensions-apiserver, validateStructuralMetadataInvariants). Our generator must not emit one either."""
+    crd = widget_crd()
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    root["properties"]["metadata"] = {"type": "object", **extra}
+    assert messages(crd) == [
+        f"{S}.properties[metadata]: Forbidden: must not specify anything other than name and generateName, but "
+        "metadata is implicitly specified"
+    ]
+    ours = generate.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert set(ours["properties"].get("metadata") or {"type": "object"}) <= {"type", "properties"}
+
+
 def test_defaults_are_forbidden_in_top_level_metadata() -> None:
     crd = widget_crd()
     root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

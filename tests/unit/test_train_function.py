@@ -12,7 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
-from fsdp_operator.api import generate, render, schema
+from fsdp_operator.api import generate, render, schema, train_function
 from fsdp_operator.api.spec import Job, SpecError, parse_job
 from fsdp_operator.api.train_function import MAX_CONFIG_BYTES
 from fsdp_operator.decide.observed import RAY_FAILED, RAY_RUNNING, ClusterView, Observed, RayJobInfo
@@ -144,6 +144,25 @@ def test_config_nested_too_deep_is_refused() -> None:
         node = node["n"]
     assert problems(base(trainFunction={"callable": "a:b", "config": deep})) == [
         "spec.trainFunction.config: nested deeper than 32 levels"
+    ]
+
+
+def _nested(levels: int, container: str) -> dict[str, Any]:
+    """A config whose deepest value sits `levels` levels below the config itself, through maps or lists."""
+    value: Any = 1
+    for _ in range(levels if container == "map" else levels - 1):
+        value = {"n": value} if container == "map" else [value]
+    return value if container == "map" else {"n": value}
+
+
+@pytest.mark.parametrize("container", ["map", "list"])
+def test_config_nesting_is_bounded_exactly_at_its_limit(container: str) -> None:
+    """MAX_CONFIG_DEPTH levels pass, one more does not: the bound is `>`, not `>=` (nor an off-by-one either way)."""
+    limit = train_function.MAX_CONFIG_DEPTH
+    at_limit = _nested(limit, container)
+    assert problems(base(trainFunction={"callable": "a:b", "config": at_limit})) == []
+    assert problems(base(trainFunction={"callable": "a:b", "config": _nested(limit + 1, container)})) == [
+        f"spec.trainFunction.config: nested deeper than {limit} levels"
     ]
 
 
