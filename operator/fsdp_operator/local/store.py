@@ -1,8 +1,10 @@
 """In-memory object storage of the emulated API server: the Kubernetes semantics, without the HTTP.
 
 One global resourceVersion counter, uids, generations, finalizers and deletionTimestamp, the status
-subresource split, ownerReference garbage collection and an event history that watches replay from.
-Thread-safe: the HTTP server's loop and test code in other threads may both call it.
+subresource split, ownerReference garbage collection (background, foreground and orphan propagation; the
+collector at once, after a delay from its own thread, or none: `Store.gc_delay`, docs/conformance.md) and an
+event history that watches replay from. Thread-safe: the HTTP server's loop, the collector and test code in
+other threads may all call it.
 """
 
 from __future__ import annotations
