@@ -93,12 +93,15 @@ async def run_with(manifest: dict[str, Any], tmp_path: Path, scenario: Callable[
     try:
         await run.start()
         await run.apply()
-        return await scenario(run)
+        result = await scenario(run)
     finally:
         await run.delete_job()
         left = await run.stop()
         assert not left, f"processes left behind: {left}"
         shutil.rmtree(workdir, ignore_errors=True)
+    # The operator ran as a ServiceAccount with the call table's roles (the chart's): nothing was refused.
+    assert run.access.denied == [], run.access.denied
+    return result
 
 
 @pytest.mark.slow

@@ -133,3 +133,18 @@ def test_the_immediate_collector_deletes_inside_the_request() -> None:
         child(k8s, "child", owner_and_ref(k8s, "owner"))
         assert k8s.delete(f"{WIDGETS}/owner")[0] == 200
         assert not exists(k8s, f"{CM}/child")
+
+
+def test_a_foreground_deletion_without_dependents_still_waits_for_the_collector(
+    gc: tuple[Client, ThreadedApiServer],
+) -> None:
+    """The API server marks the owner whatever its dependents; the collector removes the finalizer (docs: "the
+    controller deletes the owner object" once the dependents are gone), so without one the owner stays."""
+    k8s, api = gc
+    owner_and_ref(k8s, "lonely")
+    code, owner = k8s.delete(f"{WIDGETS}/lonely", params={"propagationPolicy": "Foreground"})
+    assert code == 200 and owner["metadata"]["finalizers"] == [FOREGROUND_FINALIZER]
+    if api.store.gc_delay is None:
+        assert exists(k8s, f"{WIDGETS}/lonely") and not api.store.collection_pending
+    else:
+        until(lambda: not exists(k8s, f"{WIDGETS}/lonely"))

@@ -461,7 +461,7 @@ class Store:
                 self._orphan_dependents(old["metadata"]["uid"])
             if rtype.key == ("", "namespaces"):
                 return self._delete_namespace(rtype, old)
-            if propagation == "Foreground" and self._dependents.get(old["metadata"]["uid"]):
+            if propagation == "Foreground" and (self.gc_delay != 0 or self._dependents.get(old["metadata"]["uid"])):
                 # The owner stays, marked and with the foregroundDeletion finalizer, until the collector has deleted
                 # its dependents; only those with blockOwnerDeletion: true hold it (docs: "Foreground cascading
                 # deletion"). Without a collector it stays so.
