@@ -75,7 +75,10 @@ def secure(
     api: ThreadedApiServer, docs: list[dict[str, Any]] | None = None, namespaces: tuple[str, ...] = ()
 ) -> Access:
     """Turn on authentication, RBAC and OwnerReferencesPermissionEnforcement on a running emulated API server,
-    and install `docs` (by default the chart's RBAC for watching every namespace) and the `namespaces`."""
+    and install `docs` (by default the chart's RBAC for watching every namespace) and the `namespaces`. A server
+    secured already keeps its access and roles."""
+    if api.server.access is not None:
+        return api.server.access
     docs = rendered_rbac(watch_all=True) if docs is None else docs
     access = Access()
     access.add_token(ADMIN_TOKEN, User("admin", (MASTERS,)))
