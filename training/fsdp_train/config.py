@@ -24,8 +24,13 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 RANDOM_DATA = "random"
-DATA_SCHEMES = ("s3://", "gs://", "file://", "hf://datasets/", "/")
-"""Where data, weights and the exported model may live: object storage, the hub (data), or a path."""
+STORAGE_SCHEMES = ("s3://", "gs://", "file:///", "/")
+"""Where checkpoints and the exported model may go, exactly as they are read (`storage.filesystem`, Ray Train's
+storage_path, pyarrow): an object store's scheme in lower case (``S3://b`` is not read as S3: it would be a
+relative local path), ``file://`` followed by an absolute path, or an absolute path. The operator refuses the
+rest with the same table (fsdp_operator.api.formats.STORAGE_URI), so a job it accepts is never refused here."""
+DATA_SCHEMES = ("s3://", "gs://", "hf://datasets/", "file:///", "/")
+"""Where data may come from: STORAGE_SCHEMES, or a data set of the Hugging Face hub."""
 
 
 class ConfigError(ValueError):
@@ -187,8 +192,14 @@ class TrainConfig:
             value = getattr(self, name)
             if value.startswith("hf://"):
                 raise ConfigError(name, "must not be an hf:// location (that is for data sets); use the model's id.")
-        if self.output_path and not self.output_path.startswith(DATA_SCHEMES):
-            raise ConfigError("output_path", f"must start with {', '.join(DATA_SCHEMES)}; got {self.output_path!r}.")
+        for name in ("output_path", "checkpoint_path"):
+            value = getattr(self, name)
+            if value and not value.startswith(STORAGE_SCHEMES):
+                raise ConfigError(name, f"must start with {', '.join(STORAGE_SCHEMES)}; got {value!r}.")
+        for name in ("data", "validation_data", "output_path", "checkpoint_path"):
+            value = getattr(self, name)
+            if value.startswith(("s3://", "gs://")) and not value[5:].split("/", 1)[0]:
+                raise ConfigError(name, f"has no bucket ({value[:5]}BUCKET/prefix); got {value!r}.")
         if not (0.0 <= self.validation_split <= 0.5):
             raise ConfigError("validation_split", f"must be between 0 and 0.5; got {self.validation_split}.")
         if self.validation_split and self.validation_data:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from urllib.parse import unquote, urlsplit
 
+from fsdp_train.config import STORAGE_SCHEMES as TRAINING_STORAGE_SCHEMES
 from packaging.requirements import InvalidRequirement, Requirement
 
 
@@ -267,12 +268,44 @@ _NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
 _REFERENCE = re.compile(rf"({_NAME})(?::({_TAG}))?(?:@({_DIGEST}))?", re.ASCII)
 
 
+# What `digest.Parse` accepts after the grammar (github.com/opencontainers/go-digest, algorithm.go): the
+# algorithms it registers, each with its encoded length in lowercase hex only. The OCI image spec
+# (descriptor.md, "Digests") registers sha256 and sha512; go-digest, which containerd and the kubelet use,
+# also knows sha384. An upper-case or shorter digest passes the reference grammar and is refused at the pull.
+DIGEST_HEX_LENGTHS = {"sha256": 64, "sha384": 96, "sha512": 128}
+# ParseNormalizedNamed (normalize.go), which the kubelet uses, refuses a name of 64 hex digits: it reads as an
+# image id, not a repository.
+_IMAGE_ID = re.compile(r"[a-f0-9]{64}")
+# NameTotalLengthMax in reference.go: the name (domain and path) is at most 255 characters.
+NAME_TOTAL_LENGTH_MAX = 255
+
+
 def _image_reference(value: str) -> str | None:
     match = _REFERENCE.fullmatch(value)
     if match is None:
         return "is not an OCI image reference (registry/repository[:tag][@digest], repository in lowercase)"
-    if len(match.group(1)) > 255:
-        return "has a repository name longer than 255 characters"
+    if len(match.group(1)) > NAME_TOTAL_LENGTH_MAX:
+        return f"has a repository name longer than {NAME_TOTAL_LENGTH_MAX} characters"
+    if _IMAGE_ID.fullmatch(value):
+        return "is 64 hexadecimal digits, which the kubelet reads as an image id, not a repository"
+    if match.group(3) is not None:
+        return _digest(match.group(3))
+    return None
+
+
+def _digest(digest: str) -> str | None:
+    algorithm, encoded = digest.split(":", 1)
+    length = DIGEST_HEX_LENGTHS.get(algorithm)
+    if length is None:
+        known = ", ".join(DIGEST_HEX_LENGTHS)
+        return (
+            f"has a digest of the algorithm {algorithm[:20]!r}, which go-digest (containerd, the kubelet) does not "
+            f"know ({known})"
+        )
+    if not re.fullmatch(r"[0-9a-f]+", encoded):
+        return f"has a {algorithm} digest with upper-case hex digits; a digest is lowercase hex"
+    if len(encoded) != length:
+        return f"has a {algorithm} digest of {len(encoded)} hex digits; {algorithm} has {length}"
     return None
 
 
@@ -281,12 +314,55 @@ IMAGE_REFERENCE = Grammar("OCI image reference", _image_reference, 512)
 
 # --- storage URIs ------------------------------------------------------------------------------------
 
+# The schemes exactly as the training function reads them (fsdp_train.config.STORAGE_SCHEMES: one table for
+# both sides, so a URI accepted here is never read differently there).
 STORAGE_SCHEMES = ("s3", "gs", "file")
-# S3: 3-63 characters; Cloud Storage allows up to 222 when the name has dots (and '_').
-_BUCKET = {
-    "s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
-    "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
-}
+
+
+def _s3_bucket(name: str) -> str | None:
+    """AWS S3 User Guide, "General purpose bucket naming rules" (bucketnamingrules.html)."""
+    if not 3 <= len(name) <= 63:
+        return "has a bucket name of other than 3-63 characters (S3's bucket naming rules)"
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*[a-z0-9]", name):
+        return (
+            "has a bucket name S3 refuses: lowercase letters, digits, '.' and '-' only, starting and ending with a "
+            "letter or digit"
+        )
+    if ".." in name:
+        return "has a bucket name with two adjacent periods, which S3 refuses"
+    if _IPV4.fullmatch(name):
+        return "has a bucket name formatted as an IP address, which S3 refuses"
+    for prefix in _S3_RESERVED_PREFIXES:
+        if name.startswith(prefix):
+            return f"has a bucket name starting with {prefix}, a prefix S3 reserves"
+    for suffix in _S3_RESERVED_SUFFIXES:
+        if name.endswith(suffix):
+            return f"has a bucket name ending in {suffix}, a suffix S3 reserves (aliases, directory buckets)"
+    return None
+
+
+def _gcs_bucket(name: str) -> str | None:
+    """Cloud Storage, "Bucket names" (cloud.google.com/storage/docs/buckets#naming)."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*[a-z0-9]", name):
+        return (
+            "has a bucket name Cloud Storage refuses: lowercase letters, digits, '-', '_' and '.', starting and "
+            "ending with a letter or digit"
+        )
+    if len(name) > (222 if "." in name else 63) or len(name) < 3:
+        return "has a bucket name of other than 3-63 characters (222 with dots), which Cloud Storage refuses"
+    if any(not 1 <= len(part) <= 63 for part in name.split(".")):
+        return "has a bucket name with an empty part or a part over 63 characters between dots"
+    if _IPV4.fullmatch(name):
+        return "has a bucket name formatted as an IP address, which Cloud Storage refuses"
+    if name.startswith("goog") or "google" in name:
+        return "has a bucket name starting with goog or containing google, which Cloud Storage refuses"
+    return None
+
+
+_IPV4 = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}")
+_S3_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
+_S3_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
+_BUCKET = {"s3": _s3_bucket, "gs": _gcs_bucket}
 # Control characters and white space, Unicode's included (NEL, no-break and zero-width spaces, line separators).
 _CONTROL = re.compile(r"[\x00-\x20\x7f-\xa0\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u3000\ufeff]")
 
@@ -311,6 +387,12 @@ def _storage_uri(value: str) -> str | None:
             return "is not a well-formed URI"
         if parts.scheme not in STORAGE_SCHEMES:
             return "has an unsupported scheme (use s3://, gs://, file:// or an absolute path)"
+        written = value.split(":", 1)[0]
+        if written != parts.scheme:
+            # urlsplit lower-cases the scheme; the training function (and pyarrow, and Ray) read it as written.
+            return f"has the scheme {written[:8]!r}, not in lower case; write {parts.scheme}://"
+        if not value.startswith(f"{parts.scheme}://"):
+            return f"must start with {parts.scheme}:// ({parts.scheme}:// and the location, e.g. file:///path)"
         if "@" in parts.netloc:
             return "must not carry credentials in the URI (user info); use the pod's credentials instead"
         if parts.query or parts.fragment or "?" in value or "#" in value:
@@ -324,11 +406,13 @@ def _storage_uri(value: str) -> str | None:
         else:
             if not parts.netloc:
                 return f"has no bucket ({parts.scheme}://BUCKET/prefix)"
-            if not _BUCKET[parts.scheme].fullmatch(parts.netloc):
-                return "has a bucket name that is not valid (3-63 lowercase letters, digits, '.' or '-')"
+            if (bucket := _BUCKET[parts.scheme](parts.netloc)) is not None:
+                return bucket
             path = parts.path
     if _dot_dot(path):
         return "must not contain '..' segments"
+    if not value.startswith(TRAINING_STORAGE_SCHEMES):  # the checks above imply it; this holds both sides to one table
+        return f"must start with {', '.join(TRAINING_STORAGE_SCHEMES)}"
     return None
 
 

@@ -687,7 +687,7 @@ CASES: list[tuple[str, str, str | bytes, int, str]] = [
         "credentials",
         spec("{output: {storage: 's3:u:s3cr3t@bucket/x'}}"),
         1,
-        "spec.output.storage: 's3:***@bucket/x' has no bucket",
+        "spec.output.storage: 's3:***@bucket/x' must start with s3://",
     ),
     (
         "secret-uri-space",
