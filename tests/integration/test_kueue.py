@@ -103,6 +103,7 @@ def queued(name: str, **sections: Any) -> dict[str, Any]:
     m["spec"]["queueName"] = QUEUE
     m["spec"]["network"] = {"transport": "socket"}  # the script reports no transport
     m["spec"]["training"] = {"steps": 6, "checkpoint": {"storage": f"/ckpt/{name}", "intervalSteps": 1}}
+    m["spec"]["sharedVolume"] = {"claimName": "ckpt", "mountPath": "/ckpt"}
     return m
 
 

@@ -606,7 +606,8 @@ def test_resources_no_node_can_give_are_refused(spec: dict[str, Any], expected: 
 
 
 def test_resources_at_whole_units_pass() -> None:
-    job = parse_job(manifest({"head": {"cpu": "1m", "memory": "1e9"}, "workers": {"cpu": "40.5", "sharedMemory": 1}}))
+    workers = {"cpu": "40.5", "sharedMemory": 2**30}
+    job = parse_job(manifest({"head": {"cpu": "1m", "memory": "1e9"}, "workers": workers}))
     assert (job.spec.head.cpu, job.spec.workers.cpu) == ("1m", "40.5")
     # Left out, /dev/shm is the default or the whole memory when that is less, never more than memory.
     assert parse_job(manifest({"workers": {"memory": "12Gi"}})).spec.workers.shared_memory == "12Gi"

@@ -21,6 +21,8 @@ from urllib.parse import unquote, urlsplit
 from fsdp_train.config import STORAGE_SCHEMES as TRAINING_STORAGE_SCHEMES
 from packaging.requirements import InvalidRequirement, Requirement
 
+from fsdp_operator.api.buckets import BUCKET_RULES
+
 
 @dataclass(frozen=True, slots=True)
 class Grammar:
@@ -319,50 +321,6 @@ IMAGE_REFERENCE = Grammar("OCI image reference", _image_reference, 512)
 STORAGE_SCHEMES = ("s3", "gs", "file")
 
 
-def _s3_bucket(name: str) -> str | None:
-    """AWS S3 User Guide, "General purpose bucket naming rules" (bucketnamingrules.html)."""
-    if not 3 <= len(name) <= 63:
-        return "has a bucket name of other than 3-63 characters (S3's bucket naming rules)"
-    if not re.fullmatch(r"[a-z0-9][a-z0-9.-]*[a-z0-9]", name):
-        return (
-            "has a bucket name S3 refuses: lowercase letters, digits, '.' and '-' only, starting and ending with a "
-            "letter or digit"
-        )
-    if ".." in name:
-        return "has a bucket name with two adjacent periods, which S3 refuses"
-    if _IPV4.fullmatch(name):
-        return "has a bucket name formatted as an IP address, which S3 refuses"
-    for prefix in _S3_RESERVED_PREFIXES:
-        if name.startswith(prefix):
-            return f"has a bucket name starting with {prefix}, a prefix S3 reserves"
-    for suffix in _S3_RESERVED_SUFFIXES:
-        if name.endswith(suffix):
-            return f"has a bucket name ending in {suffix}, a suffix S3 reserves (aliases, directory buckets)"
-    return None
-
-
-def _gcs_bucket(name: str) -> str | None:
-    """Cloud Storage, "Bucket names" (cloud.google.com/storage/docs/buckets#naming)."""
-    if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*[a-z0-9]", name):
-        return (
-            "has a bucket name Cloud Storage refuses: lowercase letters, digits, '-', '_' and '.', starting and "
-            "ending with a letter or digit"
-        )
-    if len(name) > (222 if "." in name else 63) or len(name) < 3:
-        return "has a bucket name of other than 3-63 characters (222 with dots), which Cloud Storage refuses"
-    if any(not 1 <= len(part) <= 63 for part in name.split(".")):
-        return "has a bucket name with an empty part or a part over 63 characters between dots"
-    if _IPV4.fullmatch(name):
-        return "has a bucket name formatted as an IP address, which Cloud Storage refuses"
-    if name.startswith("goog") or "google" in name:
-        return "has a bucket name starting with goog or containing google, which Cloud Storage refuses"
-    return None
-
-
-_IPV4 = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}")
-_S3_RESERVED_PREFIXES = ("xn--", "sthree-", "amzn-s3-demo-")
-_S3_RESERVED_SUFFIXES = ("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")
-_BUCKET = {"s3": _s3_bucket, "gs": _gcs_bucket}
 # Control characters and white space, Unicode's included (NEL, no-break and zero-width spaces, line separators).
 _CONTROL = re.compile(r"[\x00-\x20\x7f-\xa0\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u3000\ufeff]")
 
@@ -406,7 +364,7 @@ def _storage_uri(value: str) -> str | None:
         else:
             if not parts.netloc:
                 return f"has no bucket ({parts.scheme}://BUCKET/prefix)"
-            if (bucket := _BUCKET[parts.scheme](parts.netloc)) is not None:
+            if (bucket := BUCKET_RULES[parts.scheme](parts.netloc)) is not None:
                 return bucket
             path = parts.path
     if _dot_dot(path):
@@ -417,6 +375,25 @@ def _storage_uri(value: str) -> str | None:
 
 
 STORAGE_URI = Grammar("storage URI", _storage_uri, 1024)
+
+
+def local_path(uri: str) -> str | None:
+    """The local path a storage URI names (``/x``, ``file:///x``), or None for an object store."""
+    if uri.startswith("/"):
+        return uri
+    if uri.startswith("file://"):
+        return uri.removeprefix("file://")
+    return None
+
+
+def _storage_destination(value: str) -> str | None:
+    reason = _storage_uri(value)
+    if reason is None and (path := local_path(value)) is not None:
+        return _writable_path(path)
+    return reason
+
+
+STORAGE_DESTINATION = Grammar("storage URI to write to", _storage_destination, 1024)
 
 _HF_DATASET = re.compile(r"hf://datasets/[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(/[^\s]*)?")
 
@@ -449,6 +426,15 @@ def _pip_requirement(value: str) -> str | None:
         return "must be one requirement specifier on one line"
     if value.lstrip().startswith("-"):
         return "must be a requirement specifier, not a pip option"
+    # Ray writes the entries into a requirements file, one a line, and pip reads that file line by line
+    # (pip's req_file.py): a line ending in a backslash is joined with the next entry, and ` #` starts a
+    # comment that cuts the rest of the entry off. No requirement specifier needs either.
+    if "\\" in value:
+        if value.rstrip().endswith("\\"):
+            return "ends in a backslash, with which pip joins this entry to the next one; one requirement per entry"
+        return "contains a backslash, which no requirement specifier has (pip reads it as a line continuation)"
+    if re.search(r"(^|\s)#", value):
+        return "contains ' #', which pip reads as the start of a comment; one requirement per entry, no comments"
     try:
         requirement = Requirement(value)
     except InvalidRequirement:
@@ -485,6 +471,31 @@ def _model_name(value: str) -> str | None:
     if _dot_dot(value):
         return "must not contain '..' segments"
     return None
+
+
+# The directories of the system itself (Filesystem Hierarchy Standard 3.0; proc(5), sysfs(5): /proc, /sys and
+# /dev are the kernel's virtual filesystems, where nothing can be cached or stored, and writing to some of them
+# changes the node), and of the image's software: a job that writes its caches, checkpoints or model there
+# fails (read-only or virtual) or overwrites what the container runs.
+SYSTEM_DIRECTORIES = ("/proc", "/sys", "/dev", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                      "/libx32", "/usr", "/run", "/var/run", "/var/lib/kubelet")  # fmt: skip
+
+
+def system_directory(path: str) -> str | None:
+    """The system directory `path` is (or is under), or None; `//proc/./x` is /proc/x."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    normal = "/" + "/".join(parts)
+    if normal == "/":
+        return "/"
+    return next((d for d in SYSTEM_DIRECTORIES if normal == d or normal.startswith(d + "/")), None)
+
+
+def _writable_path(value: str) -> str | None:
+    reason = _absolute_path(value)
+    if reason is None and (system := system_directory(value)) is not None:
+        where = "is the root directory" if system == "/" else f"is in {system}"
+        return f"{where}, a directory of the system or the image: choose a directory of the job's own"
+    return reason
 
 
 def _absolute_path(value: str) -> str | None:
@@ -548,13 +559,29 @@ def _capacity_reservation_id(value: str) -> str | None:
     return None
 
 
+# An EC2 instance type as EC2 spells it and as the node.kubernetes.io/instance-type label carries it: family and
+# generation, then a dot and the size, all in lower case (EC2 User Guide, "Amazon EC2 instance type naming
+# conventions": g6.12xlarge, p5en.48xlarge, u-6tb1.112xlarge, m7i.metal-24xl). `G6.12XLARGE` is no node's label.
+_INSTANCE_TYPE = r"[a-z][a-z0-9-]*[a-z0-9]\.[a-z0-9]+(-[a-z0-9]+)*"
+
+
+def _instance_type(value: str) -> str | None:
+    if re.fullmatch(_INSTANCE_TYPE, value):
+        return None
+    if re.fullmatch(_INSTANCE_TYPE, value.lower()):
+        return f"is not spelled as EC2 spells instance types (lower case): use {value.lower()!r}"
+    return "is not an EC2 instance type (family.size in lower case, e.g. g6.12xlarge)"
+
+
 ZONE_OR_AUTO = Grammar("Availability Zone or auto", _zone_or_auto, 64, f"^(auto|{_ZONE})$")
 CAPACITY_RESERVATION_ID = Grammar(
     "Capacity Reservation id", _capacity_reservation_id, 20, r"^cr-[0-9a-f]{8}([0-9a-f]{9})?$"
 )
 
+INSTANCE_TYPE = Grammar("EC2 instance type", _instance_type, 63, f"^{_INSTANCE_TYPE}$")
 MODEL_NAME = Grammar("Hugging Face model id or path", _model_name, 256)
 ABSOLUTE_PATH = Grammar("absolute path", _absolute_path, 1024)
+WRITABLE_PATH = Grammar("absolute path outside the system directories", _writable_path, 1024)
 RAY_VERSION = Grammar("Ray version", _ray_version, 64)
 INTERFACE_NAMES = Grammar("interface names", _interface_names, 256)
 CONFIG_KEY = Grammar("config key", _config_key, 64)
