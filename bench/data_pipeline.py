@@ -66,7 +66,7 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "nu
 def assets(root: Path, tokens: int, tiny: bool = False) -> None:
     import numpy as np
     import torch
-    from fsdp_train.model import QWEN25_1_5B
+    from fsdp_train.known_models import QWEN25_1_5B
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 

@@ -33,6 +33,7 @@ def function_job(tmp_path: Path, name: str, function: dict[str, Any]) -> Path:
                     "cpu": "2", "memory": "4Gi", "sharedMemory": "1Gi"},
         "network": {"transport": "socket", "minCrossNodeBandwidthGBps": 0},
         "training": {"probeSizeBytes": 1048576, "checkpoint": {"storage": str(tmp_path / "checkpoints")}},
+        "sharedVolume": {"claimName": "shared", "mountPath": str(tmp_path)},  # the Ray nodes share this machine
         "runPolicy": {"maxWorkerRestarts": 1},
         "trainFunction": function,
     }  # fmt: skip
@@ -107,6 +108,7 @@ def test_the_example_trains_a_tiny_gpt2_with_fsdp2(tmp_path: Path) -> None:
     spec = example["spec"]
     spec["trainFunction"]["code"] = str(EXAMPLE)
     spec["training"]["checkpoint"]["storage"] = str(tmp_path / "checkpoints")
+    spec["sharedVolume"]["mountPath"] = str(tmp_path)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(example))
     proc, job = run_local(path, tmp_path)

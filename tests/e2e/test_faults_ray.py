@@ -173,6 +173,7 @@ def test_a_lost_worker_node_restarts_training_from_the_latest_checkpoint(tmp_pat
     # ranks once the first is gone.
     spec["workers"].update(replicas=2, ranksPerWorker=1, cpu="2")
     checkpoint = {"storage": str(tmp_path / "checkpoints"), "intervalSteps": CHECKPOINT_INTERVAL}
+    spec["sharedVolume"] = {"claimName": "shared", "mountPath": str(tmp_path)}  # the Ray nodes share this machine
     spec["training"].update(steps=STEPS, seqLen=256, batchSizePerRank=8, checkpoint=checkpoint)
     spec["runPolicy"] = {"maxWorkerRestarts": 2, "cleanup": "Keep"}  # the job's log is read after it finished
 

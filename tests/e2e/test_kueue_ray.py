@@ -38,6 +38,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint_with_real_ray(tmp_path: Pat
     spec = manifest["spec"]
     spec["queueName"] = "team-a"
     checkpoint = {"storage": str(tmp_path / "checkpoints"), "intervalSteps": CHECKPOINT_INTERVAL}
+    spec["sharedVolume"] = {"claimName": "shared", "mountPath": str(tmp_path)}  # the Ray nodes share this machine
     spec["training"].update(steps=STEPS, seqLen=256, batchSizePerRank=8, checkpoint=checkpoint)
     spec["runPolicy"] = {"cleanup": "Keep", "backoffLimit": 0}  # a preemption must not count as a failure
 

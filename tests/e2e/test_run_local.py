@@ -153,6 +153,7 @@ def test_a_data_job_learns_evaluates_exports_and_the_export_reloads(tmp_path: Pa
     spec["output"] = {"storage": str(tmp_path / "export")}
     spec["training"].update(steps=40, learningRate=0.01, lrSchedule="constant", warmupSteps=0, seqLen=64)
     spec["training"]["checkpoint"] = {"storage": str(tmp_path / "ckpt")}
+    spec["sharedVolume"] = {"claimName": "shared", "mountPath": str(tmp_path)}  # the Ray nodes share this machine
     path = tmp_path / "data.yaml"
     path.write_text(yaml.safe_dump(manifest))
     proc, job = run_local(path, tmp_path)

@@ -367,3 +367,19 @@ def test_each_job_gets_an_owned_token_secret_and_network_policy(apiserver: Threa
     assert policy["spec"]["podSelector"] == {"matchLabels": {"ray.io/cluster": "qwen-ray"}}
     assert [p["port"] for p in policy["spec"]["ingress"][1]["ports"]] == [6379, 8265, 10001]
     assert apiserver.count("create", "networkpolicies", "networking.k8s.io") == 1
+
+
+def test_a_job_whose_raycluster_etcd_would_refuse_fails_before_anything_is_created(
+    apiserver: ThreadedApiServer,
+) -> None:
+    """128 variables of 10 KB: the job (1.3 MB) is stored, but its RayCluster, which sets them in the head and in
+    the workers, is 2.6 MB, over etcd's 1.5 MiB. Without the check the operator retried its creation forever."""
+    w = World(apiserver, Script())
+    runtime = Runtime(FAST, kube=AioKube(apiserver.url, timeout=FAST.kube_timeout), ray=w.ray.client)
+    loop = JobLoop(runtime, NAMESPACE, "qwen", logging.getLogger(__name__))
+    w.apply(manifest(env=[{"name": f"V{i}", "value": "x" * 10240} for i in range(128)]))  # type: ignore[arg-type]
+    run_loop(w, loop, lambda: w.status().get("phase") == "Failed")
+    status = w.status()
+    assert (status["phase"], status["reason"]) == ("Failed", "ValidationFailed"), status
+    assert status["message"].startswith("invalid spec: spec.env: the RayCluster would be about 26")
+    assert not w.clusters() and not w.ray.submit_calls

@@ -104,7 +104,7 @@ def queued(name: str, **sections: Any) -> dict[str, Any]:
     m = manifest(name, **sections)
     m["spec"]["queueName"] = QUEUE
     m["spec"]["network"] = {"transport": "socket"}  # the script reports no transport
-    m["spec"]["training"] = {"steps": 6, "checkpoint": {"storage": f"/ckpt/{name}", "intervalSteps": 1}}
+    m["spec"]["training"] = {"steps": 6, "checkpoint": {"storage": f"s3://ckpt/{name}", "intervalSteps": 1}}
     return m
 
 

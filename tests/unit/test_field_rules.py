@@ -68,14 +68,14 @@ def overrides(value: Any) -> list[str]:
         ({"num_hidden_layers": True}, ["spec.model.overrides.num_hidden_layers: expected integer, got boolean true"]),
         ({"num_hidden_layers": 1.5}, ["spec.model.overrides.num_hidden_layers: expected integer, got number 1.5"]),
         ({"num_hidden_layers": [2]}, ["spec.model.overrides.num_hidden_layers: expected integer, got array"]),
-        ({"num_hidden_layers": 2**31}, ["spec.model.overrides.num_hidden_layers: must be at most 2147483647, got"]),
+        ({"num_hidden_layers": 2**31}, ["spec.model.overrides.num_hidden_layers: must be at most 1024, got"]),
         ({"num_hidden_layers": 0}, ["spec.model.overrides.num_hidden_layers: must be at least 1, got 0"]),
         ({"rms_norm_eps": 0}, ["spec.model.overrides.rms_norm_eps: must be greater than 0, got 0.0"]),
         ({"rms_norm_eps": float("nan")}, ["spec.model.overrides.rms_norm_eps: must be a finite number, got nan"]),
         ({"attention_dropout": 2}, ["spec.model.overrides.attention_dropout: must be at most 1, got 2.0"]),
         ({"tie_word_embeddings": 0}, ["spec.model.overrides.tie_word_embeddings: expected boolean, got integer 0"]),
         ({"hidden_act": "evil"}, ["spec.model.overrides.hidden_act: 'evil' is not one of silu, swish, gelu"]),
-        ({"num_hidden_layers": 2**31 - 1, "hidden_act": "silu", "tie_word_embeddings": False}, []),
+        ({"num_hidden_layers": 1024, "hidden_act": "silu", "tie_word_embeddings": False}, []),
         ({"num_hidden_layers": 2.0, "rms_norm_eps": 1, "initializer_range": 0.5}, []),
         ({f"k{i}": i for i in range(65)}, ["spec.model.overrides: more than 64 entries (65)"]),
     ],
@@ -223,7 +223,7 @@ def test_operator_owned_prefixes_cover_their_family_only() -> None:
 
     for name in ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "NCCL_DEBUG_SUBSYS", "RAY_AUTH_TOKEN", " fi_provider "):
         assert operator_owned(name), name
-    for name in ("FIX", "FILE", "NCCL_ALGO", "RAY_ADDRESS_X", "LD_LIBRARY_PATH", "MY_FI_PROVIDER"):
+    for name in ("FIX", "FILE", "NCCL_ALGO", "RAY_ADDRESS_X", "MY_FI_PROVIDER"):
         assert operator_owned(name) is None, name
 
 

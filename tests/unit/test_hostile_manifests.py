@@ -85,6 +85,16 @@ def test_the_corpus_covers_every_class_with_100_files() -> None:
         "not-a-job",
         "yaml",
         "characters",
+        "digest",
+        "object-store",
+        "local-storage",
+        "overrides-bounds",
+        "floors",
+        "system-paths",
+        "instance-type",
+        "env-doors",
+        "strict-json",
+        "placement",
     ):
         assert per_class[kind] >= 2, kind
 
@@ -105,6 +115,18 @@ def test_larger_than_kubernetes_stores(capsys: pytest.CaptureFixture[str], tmp_p
     )
     code, _, err = validate(capsys, path)
     assert code == 2 and "larger than 1572864 bytes once aliases are expanded, the most Kubernetes stores" in err
+
+
+def test_a_raycluster_larger_than_etcd_stores(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """128 variables of 10 KB: a 1.3 MB manifest the API server stores, but set in the head and in the workers
+    they make a RayCluster of 2.6 MB, which etcd refuses (the operator would retry its creation forever)."""
+    path = tmp_path / "env.yaml"
+    env = "".join(f"  - {{name: V{i}, value: {'x' * 10240}}}\n" for i in range(128))
+    path.write_text(f"apiVersion: fsdp.dev/v1alpha1\nkind: FSDPTrainingJob\nmetadata: {{name: j}}\nspec:\n env:\n{env}")
+    code, _, err = validate(capsys, path)
+    assert code == 1, err
+    assert err.splitlines()[1].startswith("  spec.env: the RayCluster would be about 26")
+    assert "over the 1507328 that fit in etcd's 1572864-byte limit" in err
 
 
 def test_a_problem_list_is_bounded(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -95,6 +95,7 @@ def test_accepted_overrides_build_the_config() -> None:
             "bool": True,
             "str": declared.choices[0] if declared.choices else "x",
         }[declared.type]
+    smallest["hidden_size"] = 2  # one head of 2: the smallest head rotary embeddings can rotate (an even size)
     job = _job(smallest)
     config = transformers.Qwen2Config(**job.spec.model.overrides)
     for name, value in smallest.items():

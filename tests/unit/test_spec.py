@@ -118,7 +118,10 @@ def test_unsupported_checkpoint_storage(storage: str) -> None:
 
 @pytest.mark.parametrize("storage", ["s3://bucket/run", "gs://bkt/p", "file:///mnt/ckpt", "/mnt/fsx/ckpt"])
 def test_supported_checkpoint_storage(storage: str) -> None:
-    job = parse_job(manifest({"training": {"checkpoint": {"storage": storage, "intervalSteps": 10}}}))
+    # A local path is shared by the workers only on a shared volume (tests/unit/test_refused_up_front.py).
+    volume = {"claimName": "fsx", "mountPath": "/mnt"}
+    checkpoint = {"storage": storage, "intervalSteps": 10}
+    job = parse_job(manifest({"training": {"checkpoint": checkpoint}, "sharedVolume": volume}))
     assert job.spec.training.checkpoint.storage == storage
 
 

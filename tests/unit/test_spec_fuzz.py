@@ -20,6 +20,7 @@ import jsonschema
 import pytest
 from fsdp_operator.api import fields, formats, generate, render, schema
 from fsdp_operator.api.fields import Quantity
+from fsdp_operator.api.formats import parse_quantity
 from fsdp_operator.api.manifest_yaml import ManifestError, decode, load_all
 from fsdp_operator.api.spec import INSTANCE_TYPES, NotAJobError, Spec, SpecError, parse_job, train_config
 from fsdp_operator.local import validation
@@ -102,6 +103,13 @@ SAMPLES: dict[str, tuple[list[Any], list[Any]]] = {
     "CPU quantity": (["1", "500m", "2", "47"], ["0", "0.0001"]),
     "byte quantity": (["2Gi", "512Mi", "1000000", "1G"], ["0.5", "1m", "0"]),
     "absolute path or empty": (["", "/cache/compile", "/mnt/x"], ["rel/x", "/a/../b"]),
+    f"{formats.WRITABLE_PATH.name} or empty": (["", "/cache/compile", "/mnt/x"], ["rel/x", "/a/../b", "/proc/x"]),
+    formats.WRITABLE_PATH.name: (["/mnt", "/shared", "/fsx/team"], ["rel/x", "/etc", "/"]),
+    formats.STORAGE_DESTINATION.name: (
+        ["", "s3://bucket/x", "gs://bkt/y", "s3://bkt/ckpt", "/mnt/ckpt"],
+        ["s3://b/../x", "s3://", "S3://bucket/x", "file:/x", "/etc/x"],
+    ),
+    f"{formats.INSTANCE_TYPE.name} or empty": (["", "g6.12xlarge", "p5.48xlarge", "g7.future"], ["G6.12XLARGE", "g6"]),
     "Python callable": (["pkg.mod:fn", "train:main", "a.b:C.run"], ["pkg.mod", "a:1b", "a b:c"]),
     "code location": (
         ["/opt/code", "s3://bucket/code.zip", "gs://bkt/c/code.zip"],
@@ -242,6 +250,15 @@ def manifests(draw: st.DrawFn) -> Any:
     training = spec.setdefault("training", {})
     if training.get("warmupSteps", 0) >= training.get("steps", 100):
         training.pop("warmupSteps")
+    # The floors and the shared-storage rule (tests/unit/test_refused_up_front.py): keep most drawn specs runnable.
+    if "sharedMemory" in spec["workers"] and parse_quantity(spec["workers"]["sharedMemory"]) < 2**30:
+        del spec["workers"]["sharedMemory"]
+    data = spec.get("data", {})
+    if 0 < data.get("validationSplit", 0) < 1e-6:
+        data["validationSplit"] = 0
+    locations = [spec.get("output", {}).get("storage", ""), training.get("checkpoint", {}).get("storage", "")]
+    if any(location.startswith(("/", "file:")) for location in locations):
+        spec["sharedVolume"] = {"claimName": "shared", "mountPath": "/mnt"}
     # A user function refuses the bundled function's own fields: a spec with one mostly keeps none of them.
     if "trainFunction" in spec and draw(st.integers(0, 3)) == 0:
         for key in ("model", "data", "output"):

@@ -96,7 +96,7 @@ def test_user_variables_that_are_not_the_operators_pass_through() -> None:
         manifest(
             {
                 "network": {"env": [{"name": "NCCL_ALGO", "value": "Ring"}]},
-                "runtimeEnv": {"envVars": {"HF_HOME": "/cache", "NCCL_BUFFSIZE": "8388608"}},
+                "runtimeEnv": {"envVars": {"HF_HOME": "/cache", "MY_SETTING": "8388608"}},
             }
         )
     )
@@ -144,12 +144,43 @@ def test_one_variable_is_set_in_one_place() -> None:
     assert problems({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}) == [
         "spec.env[1].name: A is set twice"
     ]
-    algo = [{"name": "NCCL_ALGO", "value": "Ring"}]
-    both = {"env": algo, "network": {"env": algo}}
-    assert problems(both) == ["spec.network.env[0].name: NCCL_ALGO is also set in spec.env; set it in one place"]
     assert problems({"env": [{"name": "HF_HOME", "value": "/a"}], "runtimeEnv": {"envVars": {"HF_HOME": "/b"}}}) == [
         "spec.runtimeEnv.envVars.HF_HOME: HF_HOME is also set in spec.env; set it in one place (spec.env)"
     ]
+
+
+TRANSPORT_NAMES = ["NCCL_ALGO", "nccl_buffsize", "NCCL_IB_HCA", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OFI_NCCL_PROTOCOL",
+                   "OFI_NCCL_NIC_DUP_CONNS", "GLOO_SOCKET_IFNAME", "CUDA_DEVICE_MAX_CONNECTIONS", "RDMAV_FORK_SAFE",
+                   "UCX_TLS", "NVSHMEM_REMOTE_TRANSPORT", " Nccl_Proto "]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TRANSPORT_NAMES)
+def test_transport_variables_are_refused_through_every_door_but_network_env(name: str) -> None:
+    """spec.env and runtimeEnv.envVars would carry NCCL's or the EFA plugin's settings past network.env's checks."""
+    found = problems({"env": [{"name": "OK", "value": "1"}, {"name": name.strip(), "value": "1"}]})
+    assert found == [
+        f"spec.env[1].name: {name.strip()} is a transport variable (NCCL_*, FI_*, OFI_NCCL_*, ...); set it in "
+        "spec.network.env, where transport settings are checked and reach the training ranks only"
+    ]
+    (found,) = problems({"runtimeEnv": {"envVars": {name.strip(): "1"}}})
+    assert found.startswith(f"spec.runtimeEnv.envVars.{name.strip()}: {name.strip()} is a transport variable")
+    parse_job(manifest({"network": {"env": [{"name": name.strip(), "value": "1"}]}}))
+
+
+@pytest.mark.parametrize("name", ["LD_LIBRARY_PATH", "ld_library_path", "NCCL_CONF_FILE"])
+@pytest.mark.parametrize("door", ["env", "network.env", "runtimeEnv.envVars"])
+def test_library_path_and_nccl_config_file_are_refused_through_every_door(name: str, door: str) -> None:
+    """LD_LIBRARY_PATH hides the DLC's aws-ofi-nccl; NCCL_CONF_FILE sets NCCL_NET and the rest from a file."""
+    if door == "runtimeEnv.envVars":
+        spec: dict[str, Any] = {"runtimeEnv": {"envVars": {name: "/x"}}}
+        where = f"spec.runtimeEnv.envVars.{name}"
+    else:
+        item = [{"name": name, "value": "/x"}]
+        spec = {"env": item} if door == "env" else {"network": {"env": item}}
+        where = f"spec.{door}[0].name"
+    (found,) = problems(spec)
+    assert found.startswith(f"{where}: {name} may not be set by a job: "), found
+    assert ("aws-ofi-nccl" if name.upper() == "LD_LIBRARY_PATH" else "spec.network.env") in found
 
 
 @pytest.mark.parametrize(
@@ -575,7 +606,8 @@ def test_resources_no_node_can_give_are_refused(spec: dict[str, Any], expected: 
 
 
 def test_resources_at_whole_units_pass() -> None:
-    job = parse_job(manifest({"head": {"cpu": "1m", "memory": "1e9"}, "workers": {"cpu": "40.5", "sharedMemory": 1}}))
+    workers = {"cpu": "40.5", "sharedMemory": 2**30}
+    job = parse_job(manifest({"head": {"cpu": "1m", "memory": "1e9"}, "workers": workers}))
     assert (job.spec.head.cpu, job.spec.workers.cpu) == ("1m", "40.5")
     # Left out, /dev/shm is the default or the whole memory when that is less, never more than memory.
     assert parse_job(manifest({"workers": {"memory": "12Gi"}})).spec.workers.shared_memory == "12Gi"

@@ -77,7 +77,7 @@ def test_a_function_job_takes_what_the_operator_needs() -> None:
         ("output", {"storage": "s3://bucket/out"}),
         ("training", {"steps": 5}),
         ("training", {"learningRate": 0.1}),
-        ("training", {"checkpoint": {"intervalSteps": 5, "storage": "/ckpt"}}),
+        ("training", {"checkpoint": {"intervalSteps": 5, "storage": "s3://bucket/ckpt"}}),
     ],
 )
 def test_the_bundled_functions_fields_are_refused_each_by_its_path(field: str, value: dict[str, Any]) -> None:
@@ -177,7 +177,8 @@ def test_the_crd_keeps_config_free_form_and_structural() -> None:
 
 
 def test_the_submission_runs_the_function_with_its_config_and_probe() -> None:
-    j = job(base(training={"probeSizeBytes": 2048, "checkpoint": {"storage": "/shared/ckpt"}}))
+    shared = {"claimName": "shared", "mountPath": "/shared"}
+    j = job(base(training={"probeSizeBytes": 2048, "checkpoint": {"storage": "/shared/ckpt"}}, sharedVolume=shared))
     sub = render.submission(j, "sid-1", "/opt/pkg/fsdp_train")
     assert sub.config["function"] == {
         "callable": "tinygpt.train:train_func",

@@ -24,8 +24,17 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 RANDOM_DATA = "random"
-DATA_SCHEMES = ("s3://", "gs://", "file://", "hf://datasets/", "/")
-"""Where data, weights and the exported model may live: object storage, the hub (data), or a path."""
+MIN_VALIDATION_SPLIT = 1e-6
+"""The smallest non-zero validation split. Each document is held out with this probability (packing.pack): a
+split far below one in a million holds out nothing of all but the largest data sets, and 5e-324 (below the
+2**-53 step of the draws) nothing ever; evaluation then has nothing to evaluate."""
+STORAGE_SCHEMES = ("s3://", "gs://", "file:///", "/")
+"""Where checkpoints and the exported model may go, exactly as they are read (`storage.filesystem`, Ray Train's
+storage_path, pyarrow): an object store's scheme in lower case (``S3://b`` is not read as S3: it would be a
+relative local path), ``file://`` followed by an absolute path, or an absolute path. The operator refuses the
+rest with the same table (fsdp_operator.api.formats.STORAGE_URI), so a job it accepts is never refused here."""
+DATA_SCHEMES = ("s3://", "gs://", "hf://datasets/", "file:///", "/")
+"""Where data may come from: STORAGE_SCHEMES, or a data set of the Hugging Face hub."""
 
 
 class ConfigError(ValueError):
@@ -48,7 +57,7 @@ class TrainConfig:
     """A Hugging Face model id or a local directory holding ``config.json`` (and weights)."""
     model_init: str = "random"
     """``pretrained`` loads the weights; ``random`` builds the architecture only, with random init.
-    For the ids in ``fsdp_train.model.KNOWN_CONFIGS`` the architecture is built without any network access."""
+    For the ids in ``fsdp_train.known_models.KNOWN_CONFIGS`` the architecture is built without any network access."""
     model_overrides: dict[str, Any] = field(default_factory=dict)
     """Hugging Face config fields to override (``{"num_hidden_layers": 2}``)."""
     steps: int = 100
@@ -187,10 +196,22 @@ class TrainConfig:
             value = getattr(self, name)
             if value.startswith("hf://"):
                 raise ConfigError(name, "must not be an hf:// location (that is for data sets); use the model's id.")
-        if self.output_path and not self.output_path.startswith(DATA_SCHEMES):
-            raise ConfigError("output_path", f"must start with {', '.join(DATA_SCHEMES)}; got {self.output_path!r}.")
+        for name in ("output_path", "checkpoint_path"):
+            value = getattr(self, name)
+            if value and not value.startswith(STORAGE_SCHEMES):
+                raise ConfigError(name, f"must start with {', '.join(STORAGE_SCHEMES)}; got {value!r}.")
+        for name in ("data", "validation_data", "output_path", "checkpoint_path"):
+            value = getattr(self, name)
+            if value.startswith(("s3://", "gs://")) and not value[5:].split("/", 1)[0]:
+                raise ConfigError(name, f"has no bucket ({value[:5]}BUCKET/prefix); got {value!r}.")
         if not (0.0 <= self.validation_split <= 0.5):
             raise ConfigError("validation_split", f"must be between 0 and 0.5; got {self.validation_split}.")
+        if 0.0 < self.validation_split < MIN_VALIDATION_SPLIT:
+            raise ConfigError(
+                "validation_split",
+                f"must be 0 (none) or at least {MIN_VALIDATION_SPLIT} (one document in a million held out); got "
+                f"{self.validation_split!r}. For a smaller held-out set, use {self.PREFIX}.validation_data.",
+            )
         if self.validation_split and self.validation_data:
             raise ConfigError("validation_split", f"and {p}.validation_data exclude each other: set one.")
         if self.data == RANDOM_DATA and (self.validation_split or self.validation_data):

@@ -41,6 +41,21 @@ TRANSPORT_ENV_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "OFI_NCCL_", "RDMAV_", 
                           "TP_", "NVSHMEM_", "CUDA_")  # fmt: skip
 
 
+# Variables no door may set, though the operator does not set them either: the image does, or they would carry
+# transport settings past the checks above. Compared in upper case.
+IMAGE_ENV: dict[str, str] = {
+    "LD_LIBRARY_PATH": "the image sets it so that NCCL finds aws-ofi-nccl (the EFA plugin) and its own libraries; "
+    "another value hides them and NCCL silently falls back to sockets",
+    "NCCL_CONF_FILE": "NCCL would read settings from that file (NCCL_NET, NCCL_NET_PLUGIN, NCCL_DEBUG, ...) past "
+    "the checks of spec.network; set transport variables in spec.network.env",
+}
+
+
+def is_transport_variable(name: str) -> bool:
+    """NCCL's, libfabric's, aws-ofi-nccl's and the rest of TRANSPORT_ENV_PREFIXES (compared in upper case)."""
+    return name.strip().upper().startswith(TRANSPORT_ENV_PREFIXES)
+
+
 def operator_owned(name: str) -> str | None:
     """Why `name` is the operator's to set (and what to use instead), or None when the user may set it.
 
@@ -75,30 +90,35 @@ def _refuse_control_plane(group: dict[str, Any], path: str, problems: Problems) 
 
 
 def _env_rules(s: dict[str, Any], path: str, problems: Problems) -> None:
-    """Each variable in its one place: spec.env for every Ray process, network.env for the transport only."""
+    """Each variable in its one place: spec.env for every Ray process, network.env for the transport only.
+
+    Transport variables go through network.env alone, whatever door a spec tries (spec.env, runtimeEnv.envVars):
+    that is where they are checked against the operator's own, and where they reach the ranks and nothing else.
+    """
     everywhere: set[str] = set()
     for i, env in enumerate(s["env"]):
-        name = env["name"]
-        _refuse_operator_env(name, f"{path}.env[{i}].name", problems)
+        name, where = env["name"], f"{path}.env[{i}].name"
+        if _refuse_operator_env(name, where, problems) or _refuse_transport_env(name, where, path, problems):
+            continue
         if name in everywhere:
-            problems.append(f"{path}.env[{i}].name: {name} is set twice")
+            problems.append(f"{where}: {name} is set twice")
         everywhere.add(name)
     for i, env in enumerate(s["network"]["env"]):
         name, where = env["name"], f"{path}.network.env[{i}].name"
         if _refuse_operator_env(name, where, problems):
             continue
-        if not name.upper().startswith(TRANSPORT_ENV_PREFIXES):
+        if not is_transport_variable(name):
             # The job's driver runs on the head and reads the data there: a storage endpoint, a token or a
             # proxy set only on the workers fails in the driver (`Could not resolve host`).
             problems.append(
                 f"{where}: {name} is not a transport variable (NCCL_*, FI_*, ...), and network.env reaches the "
                 f"workers only; use {path}.env, which reaches every Ray process (the job's driver on the head too)"
             )
-        elif name in everywhere:
-            problems.append(f"{where}: {name} is also set in {path}.env; set it in one place")
     for name in s["runtime_env"]["env_vars"]:
         where = f"{path}.runtimeEnv.envVars.{show_key(name)}"
-        if not _refuse_operator_env(name, where, problems) and name in everywhere:
+        if _refuse_operator_env(name, where, problems) or _refuse_transport_env(name, where, path, problems):
+            continue
+        if name in everywhere:
             problems.append(f"{where}: {name} is also set in {path}.env; set it in one place (spec.env)")
 
 
@@ -106,4 +126,18 @@ def _refuse_operator_env(name: str, path: str, problems: Problems) -> bool:
     why = operator_owned(name)
     if why is not None:
         problems.append(f"{path}: {name} is set by the operator (transport verification, log collection); {why}")
+        return True
+    why = IMAGE_ENV.get(name.strip().upper())
+    if why is not None:
+        problems.append(f"{path}: {name} may not be set by a job: {why}")
     return why is not None
+
+
+def _refuse_transport_env(name: str, where: str, path: str, problems: Problems) -> bool:
+    if not is_transport_variable(name):
+        return False
+    problems.append(
+        f"{where}: {name} is a transport variable (NCCL_*, FI_*, OFI_NCCL_*, ...); set it in {path}.network.env, "
+        "where transport settings are checked and reach the training ranks only"
+    )
+    return True

@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from urllib.parse import unquote, urlsplit
 
+from fsdp_train.config import STORAGE_SCHEMES as TRAINING_STORAGE_SCHEMES
 from packaging.requirements import InvalidRequirement, Requirement
+
+from fsdp_operator.api.buckets import BUCKET_RULES
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,12 +270,44 @@ _NAME = rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
 _REFERENCE = re.compile(rf"({_NAME})(?::({_TAG}))?(?:@({_DIGEST}))?", re.ASCII)
 
 
+# What `digest.Parse` accepts after the grammar (github.com/opencontainers/go-digest, algorithm.go): the
+# algorithms it registers, each with its encoded length in lowercase hex only. The OCI image spec
+# (descriptor.md, "Digests") registers sha256 and sha512; go-digest, which containerd and the kubelet use,
+# also knows sha384. An upper-case or shorter digest passes the reference grammar and is refused at the pull.
+DIGEST_HEX_LENGTHS = {"sha256": 64, "sha384": 96, "sha512": 128}
+# ParseNormalizedNamed (normalize.go), which the kubelet uses, refuses a name of 64 hex digits: it reads as an
+# image id, not a repository.
+_IMAGE_ID = re.compile(r"[a-f0-9]{64}")
+# NameTotalLengthMax in reference.go: the name (domain and path) is at most 255 characters.
+NAME_TOTAL_LENGTH_MAX = 255
+
+
 def _image_reference(value: str) -> str | None:
     match = _REFERENCE.fullmatch(value)
     if match is None:
         return "is not an OCI image reference (registry/repository[:tag][@digest], repository in lowercase)"
-    if len(match.group(1)) > 255:
-        return "has a repository name longer than 255 characters"
+    if len(match.group(1)) > NAME_TOTAL_LENGTH_MAX:
+        return f"has a repository name longer than {NAME_TOTAL_LENGTH_MAX} characters"
+    if _IMAGE_ID.fullmatch(value):
+        return "is 64 hexadecimal digits, which the kubelet reads as an image id, not a repository"
+    if match.group(3) is not None:
+        return _digest(match.group(3))
+    return None
+
+
+def _digest(digest: str) -> str | None:
+    algorithm, encoded = digest.split(":", 1)
+    length = DIGEST_HEX_LENGTHS.get(algorithm)
+    if length is None:
+        known = ", ".join(DIGEST_HEX_LENGTHS)
+        return (
+            f"has a digest of the algorithm {algorithm[:20]!r}, which go-digest (containerd, the kubelet) does not "
+            f"know ({known})"
+        )
+    if not re.fullmatch(r"[0-9a-f]+", encoded):
+        return f"has a {algorithm} digest with upper-case hex digits; a digest is lowercase hex"
+    if len(encoded) != length:
+        return f"has a {algorithm} digest of {len(encoded)} hex digits; {algorithm} has {length}"
     return None
 
 
@@ -281,12 +316,11 @@ IMAGE_REFERENCE = Grammar("OCI image reference", _image_reference, 512)
 
 # --- storage URIs ------------------------------------------------------------------------------------
 
+# The schemes exactly as the training function reads them (fsdp_train.config.STORAGE_SCHEMES: one table for
+# both sides, so a URI accepted here is never read differently there).
 STORAGE_SCHEMES = ("s3", "gs", "file")
-# S3: 3-63 characters; Cloud Storage allows up to 222 when the name has dots (and '_').
-_BUCKET = {
-    "s3": re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"),
-    "gs": re.compile(r"[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]"),
-}
+
+
 # Control characters and white space, Unicode's included (NEL, no-break and zero-width spaces, line separators).
 _CONTROL = re.compile(r"[\x00-\x20\x7f-\xa0\u1680\u180e\u2000-\u200f\u2028-\u202f\u205f-\u2064\u3000\ufeff]")
 
@@ -311,6 +345,12 @@ def _storage_uri(value: str) -> str | None:
             return "is not a well-formed URI"
         if parts.scheme not in STORAGE_SCHEMES:
             return "has an unsupported scheme (use s3://, gs://, file:// or an absolute path)"
+        written = value.split(":", 1)[0]
+        if written != parts.scheme:
+            # urlsplit lower-cases the scheme; the training function (and pyarrow, and Ray) read it as written.
+            return f"has the scheme {written[:8]!r}, not in lower case; write {parts.scheme}://"
+        if not value.startswith(f"{parts.scheme}://"):
+            return f"must start with {parts.scheme}:// ({parts.scheme}:// and the location, e.g. file:///path)"
         if "@" in parts.netloc:
             return "must not carry credentials in the URI (user info); use the pod's credentials instead"
         if parts.query or parts.fragment or "?" in value or "#" in value:
@@ -324,15 +364,36 @@ def _storage_uri(value: str) -> str | None:
         else:
             if not parts.netloc:
                 return f"has no bucket ({parts.scheme}://BUCKET/prefix)"
-            if not _BUCKET[parts.scheme].fullmatch(parts.netloc):
-                return "has a bucket name that is not valid (3-63 lowercase letters, digits, '.' or '-')"
+            if (bucket := BUCKET_RULES[parts.scheme](parts.netloc)) is not None:
+                return bucket
             path = parts.path
     if _dot_dot(path):
         return "must not contain '..' segments"
+    if not value.startswith(TRAINING_STORAGE_SCHEMES):  # the checks above imply it; this holds both sides to one table
+        return f"must start with {', '.join(TRAINING_STORAGE_SCHEMES)}"
     return None
 
 
 STORAGE_URI = Grammar("storage URI", _storage_uri, 1024)
+
+
+def local_path(uri: str) -> str | None:
+    """The local path a storage URI names (``/x``, ``file:///x``), or None for an object store."""
+    if uri.startswith("/"):
+        return uri
+    if uri.startswith("file://"):
+        return uri.removeprefix("file://")
+    return None
+
+
+def _storage_destination(value: str) -> str | None:
+    reason = _storage_uri(value)
+    if reason is None and (path := local_path(value)) is not None:
+        return _writable_path(path)
+    return reason
+
+
+STORAGE_DESTINATION = Grammar("storage URI to write to", _storage_destination, 1024)
 
 _HF_DATASET = re.compile(r"hf://datasets/[A-Za-z0-9][-A-Za-z0-9_.]*/[A-Za-z0-9][-A-Za-z0-9_.]*(/[^\s]*)?")
 
@@ -365,6 +426,15 @@ def _pip_requirement(value: str) -> str | None:
         return "must be one requirement specifier on one line"
     if value.lstrip().startswith("-"):
         return "must be a requirement specifier, not a pip option"
+    # Ray writes the entries into a requirements file, one a line, and pip reads that file line by line
+    # (pip's req_file.py): a line ending in a backslash is joined with the next entry, and ` #` starts a
+    # comment that cuts the rest of the entry off. No requirement specifier needs either.
+    if "\\" in value:
+        if value.rstrip().endswith("\\"):
+            return "ends in a backslash, with which pip joins this entry to the next one; one requirement per entry"
+        return "contains a backslash, which no requirement specifier has (pip reads it as a line continuation)"
+    if re.search(r"(^|\s)#", value):
+        return "contains ' #', which pip reads as the start of a comment; one requirement per entry, no comments"
     try:
         requirement = Requirement(value)
     except InvalidRequirement:
@@ -401,6 +471,31 @@ def _model_name(value: str) -> str | None:
     if _dot_dot(value):
         return "must not contain '..' segments"
     return None
+
+
+# The directories of the system itself (Filesystem Hierarchy Standard 3.0; proc(5), sysfs(5): /proc, /sys and
+# /dev are the kernel's virtual filesystems, where nothing can be cached or stored, and writing to some of them
+# changes the node), and of the image's software: a job that writes its caches, checkpoints or model there
+# fails (read-only or virtual) or overwrites what the container runs.
+SYSTEM_DIRECTORIES = ("/proc", "/sys", "/dev", "/etc", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64",
+                      "/libx32", "/usr", "/run", "/var/run", "/var/lib/kubelet")  # fmt: skip
+
+
+def system_directory(path: str) -> str | None:
+    """The system directory `path` is (or is under), or None; `//proc/./x` is /proc/x."""
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    normal = "/" + "/".join(parts)
+    if normal == "/":
+        return "/"
+    return next((d for d in SYSTEM_DIRECTORIES if normal == d or normal.startswith(d + "/")), None)
+
+
+def _writable_path(value: str) -> str | None:
+    reason = _absolute_path(value)
+    if reason is None and (system := system_directory(value)) is not None:
+        where = "is the root directory" if system == "/" else f"is in {system}"
+        return f"{where}, a directory of the system or the image: choose a directory of the job's own"
+    return reason
 
 
 def _absolute_path(value: str) -> str | None:
@@ -464,13 +559,29 @@ def _capacity_reservation_id(value: str) -> str | None:
     return None
 
 
+# An EC2 instance type as EC2 spells it and as the node.kubernetes.io/instance-type label carries it: family and
+# generation, then a dot and the size, all in lower case (EC2 User Guide, "Amazon EC2 instance type naming
+# conventions": g6.12xlarge, p5en.48xlarge, u-6tb1.112xlarge, m7i.metal-24xl). `G6.12XLARGE` is no node's label.
+_INSTANCE_TYPE = r"[a-z][a-z0-9-]*[a-z0-9]\.[a-z0-9]+(-[a-z0-9]+)*"
+
+
+def _instance_type(value: str) -> str | None:
+    if re.fullmatch(_INSTANCE_TYPE, value):
+        return None
+    if re.fullmatch(_INSTANCE_TYPE, value.lower()):
+        return f"is not spelled as EC2 spells instance types (lower case): use {value.lower()!r}"
+    return "is not an EC2 instance type (family.size in lower case, e.g. g6.12xlarge)"
+
+
 ZONE_OR_AUTO = Grammar("Availability Zone or auto", _zone_or_auto, 64, f"^(auto|{_ZONE})$")
 CAPACITY_RESERVATION_ID = Grammar(
     "Capacity Reservation id", _capacity_reservation_id, 20, r"^cr-[0-9a-f]{8}([0-9a-f]{9})?$"
 )
 
+INSTANCE_TYPE = Grammar("EC2 instance type", _instance_type, 63, f"^{_INSTANCE_TYPE}$")
 MODEL_NAME = Grammar("Hugging Face model id or path", _model_name, 256)
 ABSOLUTE_PATH = Grammar("absolute path", _absolute_path, 1024)
+WRITABLE_PATH = Grammar("absolute path outside the system directories", _writable_path, 1024)
 RAY_VERSION = Grammar("Ray version", _ray_version, 64)
 INTERFACE_NAMES = Grammar("interface names", _interface_names, 256)
 CONFIG_KEY = Grammar("config key", _config_key, 64)

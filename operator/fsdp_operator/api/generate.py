@@ -272,6 +272,76 @@ def crd() -> Schema:
     }
 
 
+REFUSED_UP_FRONT_INTRO = (
+    "What the kubelet, an object store, etcd or the training function itself would refuse later (or what could "
+    "never work) is refused by `fsdpctl validate` and by the operator before anything is created, each problem "
+    "naming its field."
+)
+REFUSED_UP_FRONT: tuple[tuple[str, str, str], ...] = (
+    ("`spec.image`", "anything outside the reference grammar; a digest of an algorithm other than sha256, sha384 "
+     "or sha512, with upper-case hex digits, or of the wrong length (64, 96, 128 hex digits); a name of 64 hex "
+     "digits (an image id); a name over 255 characters",
+     "github.com/distribution/reference (regexp.go, normalize.go), github.com/opencontainers/go-digest, OCI "
+     "image-spec descriptor.md \"Digests\""),
+    ("storage URIs (`checkpoint.storage`, `output.storage`, `data.source`, `data.validationSource`, "
+     "`model.name`, `data.tokenizer`)",
+     "a scheme other than `s3://`, `gs://`, `file:///` (and `hf://datasets/` for data) spelled in lower case, or "
+     "an absolute path: `S3://b/x`, `file:/x`, `file://host/x`. The training function reads the same table "
+     "(fsdp_train.config.STORAGE_SCHEMES) and refuses the same URIs",
+     "what the training function, pyarrow and Ray Train read"),
+    ("S3 bucket names", "other than 3-63 characters of lowercase letters, digits, `.` and `-`, starting and ending "
+     "with a letter or digit; two adjacent periods; an IP address; the prefixes `xn--`, `sthree-`, "
+     "`amzn-s3-demo-`; the suffixes `-s3alias`, `--ol-s3`, `.mrap`, `--x-s3`, `--table-s3`",
+     "AWS S3 User Guide, \"General purpose bucket naming rules\""),
+    ("Cloud Storage bucket names", "outside 3-63 characters (222 with dots, 63 between dots) of lowercase letters, "
+     "digits, `-`, `_` and `.`; an IP address; the prefix `goog`; `google` anywhere",
+     "Cloud Storage documentation, \"Bucket names\""),
+    ("a local checkpoint or output path with more than one worker",
+     "unless it lies under `spec.sharedVolume.mountPath` (a ReadWriteMany PersistentVolumeClaim every Ray "
+     "container mounts): each worker would write its own shards to its own disk, and nothing could resume. "
+     "Otherwise use `s3://` or `gs://`", "Ray Train: storage_path must be shared storage for multi-node runs"),
+    ("the RayCluster's size", "over 1.5 MiB less 64 KiB kept for what the API server and KubeRay add; the problem "
+     "names the largest spec field (`spec.env` counts twice: it is set in the head and in the workers)",
+     "etcd's `--max-request-bytes` (1.5 MiB by default)"),
+    ("`spec.model.overrides`", "a value beyond the bounds in the table above; `hidden_size` not a multiple of "
+     "`num_attention_heads`; `num_attention_heads` not a multiple of `num_key_value_heads`; an odd head size; "
+     "a token id outside `vocab_size`. Judged on the model's own config where the operator knows it "
+     "(Qwen/Qwen2.5-1.5B), else on the overrides given",
+     "transformers 5.13: LlamaConfig's own check, repeat_kv, rotary embeddings, nn.Embedding's padding_idx"),
+    ("`spec.workers.sharedMemory`", "less than 1Gi with GPUs, 64Mi without",
+     "NCCL troubleshooting guide (\"Docker\": --shm-size=1g); Docker's 64 MiB default"),
+    ("`spec.data.validationSplit`", "between 0 and 1e-06 (it would hold out nothing; use validationSource)",
+     "the training function's split (each document held out with that probability)"),
+    ("`spec.training.compileCacheDir`, local checkpoint and output paths", "the root directory, or one in /proc, "
+     "/sys, /dev, /etc, /boot, /bin, /sbin, /lib*, /usr, /run, /var/run, /var/lib/kubelet",
+     "Filesystem Hierarchy Standard 3.0; proc(5), sysfs(5)"),
+    ("`spec.workers.instanceType`", "anything but EC2's lower-case family.size (`G6.12XLARGE` is refused with "
+     "`g6.12xlarge` suggested)", "EC2 User Guide, \"Amazon EC2 instance type naming conventions\""),
+    ("transport variables", "NCCL_*, FI_*, OFI_NCCL_*, TORCH_NCCL_*, RDMAV_*, IBV_*, MLX5_*, UCX_*, GLOO_*, TP_*, "
+     "NVSHMEM_*, CUDA_* in `spec.env` or `spec.runtimeEnv.envVars` (they belong in `spec.network.env`); "
+     "LD_LIBRARY_PATH and NCCL_CONF_FILE in every one of the three", "the DLC's aws-ofi-nccl and NCCL settings"),
+    ("a JSON manifest", "one that starts as JSON (`{\"`) and is not strict JSON: a trailing comma, a comment, a "
+     "single-quoted string", "kubectl's JSON decoder (encoding/json)"),
+    ("`spec.runtimeEnv.pip`", "an entry with a line break, a backslash (pip joins a line ending in one with the "
+     "next) or ` #` (a comment)", "pip's requirements file format"),
+    ("placement against `spec.workers.nodeSelector`", "a `karpenter.k8s.aws/capacity-reservation-id` other than "
+     "`placement.capacityReservationId`; `karpenter.sh/capacity-type: spot` with a reservation; a zone label "
+     "(`topology.kubernetes.io/zone`, `failure-domain.beta.kubernetes.io/zone`) other than "
+     "`placement.availabilityZone` or than each other; an instance-type, `karpenter.k8s.aws/instance-family` "
+     "or `instance-size` label other than `instanceType`'s", "what the renderer would silently overwrite"),
+)  # fmt: skip
+ACCEPTED_WITH_REASON: tuple[str, ...] = (
+    "A local checkpoint or output path with one worker: the one worker pod writes and reads it (it is lost with "
+    "the pod; a restarted pod starts over).",
+    "`sha384` digests: go-digest, which containerd and the kubelet use, knows them, although the OCI image spec "
+    "registers only sha256 and sha512.",
+    "A YAML flow mapping that starts with `{` but whose keys are not quoted (`{apiVersion: ...}`) is read as YAML, "
+    "as before; only a document that starts as JSON is held to JSON.",
+    "Cross-field override rules whose fields are not all known (a model other than Qwen/Qwen2.5-1.5B with, say, "
+    "only `hidden_size` overridden): the training function's transformers judges them when it builds the model.",
+)
+
+
 def api_reference() -> str:
     """docs/api.md: every spec field (from the declarations) and status field (from STATUS_SCHEMA)."""
     from fsdp_operator.api import model_configs, spec
@@ -311,6 +381,19 @@ def api_reference() -> str:
     ]
     for name, kind, families in model_configs.reference_rows():
         lines.append(f"| `{name}` | {cell(kind)} | {families} |")
+    lines += [
+        "",
+        "### Refused up front",
+        "",
+        REFUSED_UP_FRONT_INTRO,
+        "",
+        "| what | refused | source |",
+        "|---|---|---|",
+    ]
+    for what, refused, source in REFUSED_UP_FRONT:
+        lines.append(f"| {what} | {cell(refused)} | {cell(source)} |")
+    lines += ["", "Accepted, and why:", ""]
+    lines += [f"- {cell(reason)}" for reason in ACCEPTED_WITH_REASON]
     lines += ["", "## status", "", "Written by the operator only.", "", "| field | type | description |"]
     lines.append("|---|---|---|")
 

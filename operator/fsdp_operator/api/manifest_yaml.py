@@ -93,7 +93,10 @@ def _load_json_stream(text: str) -> list[Any] | None:
     """The JSON objects of a stream (kubectl's decoder takes one after another), under the YAML bounds.
 
     None when the first object is not JSON at all: a YAML flow mapping (``{apiVersion: v1, ...}``) starts
-    with ``{`` too, and is read as YAML (kubectl would refuse it; nothing is gained by doing the same).
+    with ``{`` too, and is read as YAML (kubectl would refuse it; nothing is gained by doing the same). A
+    document whose first key is quoted (``{"apiVersion": ...``) is JSON, and held to JSON's grammar as
+    kubectl's decoder holds it (encoding/json): a trailing comma, a comment or a single-quoted string is
+    refused, where YAML would have read them.
     """
     decoder = json.JSONDecoder(object_pairs_hook=_json_object, parse_constant=_json_constant)
     documents: list[Any] = []
@@ -105,7 +108,7 @@ def _load_json_stream(text: str) -> list[Any] | None:
         try:
             document, at = decoder.raw_decode(text, at)
         except json.JSONDecodeError as e:
-            if not documents:
+            if not documents and not _JSON_START.match(text, start):
                 return None
             raise ManifestError(f"not valid JSON: line {e.lineno}, column {e.colno}: {e.msg}") from e
         except RecursionError as e:
@@ -120,6 +123,10 @@ def _load_json_stream(text: str) -> list[Any] | None:
         documents.append(document)
         at = _skip_space(text, at)
     return documents
+
+
+# JSON's first key, or an empty object: what only a JSON document starts with (a YAML flow mapping's keys are plain).
+_JSON_START = re.compile(r'\{[ \t\r\n]*["}]')
 
 
 def _skip_space(text: str, at: int) -> int:

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fsdp_train.known_models import KNOWN_CONFIGS
+
 from fsdp_operator.api.fields import Problems, show, show_key, type_name
 
 ConfigType = Literal["int", "float", "bool", "str"]
@@ -35,21 +37,28 @@ class ConfigField:
 
 
 _COUNT = ConfigField("int", minimum=1, maximum=2**31 - 1)
-_TOKEN_ID = ConfigField("int", minimum=0, maximum=2**31 - 1)
+# Sane maxima: what a model this operator can train may have, each far above every released model's value (in
+# brackets), and each far below what would overflow a tensor's size or a GPU's memory in one layer.
+_VOCAB = ConfigField("int", minimum=1, maximum=2**22)  # 4,194,304 (largest released: 262,144)
+_WIDTH = ConfigField("int", minimum=1, maximum=65_536)  # hidden_size (16,384 in Llama 3.1 405B)
+_FFN_WIDTH = ConfigField("int", minimum=1, maximum=262_144)  # intermediate_size (53,248)
+_LAYERS = ConfigField("int", minimum=1, maximum=1024)  # num_hidden_layers (126), heads (128), head_dim (256)
+_CONTEXT = ConfigField("int", minimum=1, maximum=2**24)  # 16,777,216 positions (10M in Llama 4 Scout)
+_TOKEN_ID = ConfigField("int", minimum=0, maximum=2**22 - 1)  # below vocab_size (a rule of check_overrides)
 _PROBABILITY = ConfigField("float", minimum=0, maximum=1)
 _POSITIVE = ConfigField("float", minimum=0, exclusive_minimum=True, maximum=1e12)
 # The activations the decoder MLPs of these families accept (transformers' ACT2FN; the test checks them).
 ACTIVATIONS = ("silu", "swish", "gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "tanh")
 
 _DECODER_FIELDS: dict[str, ConfigField] = {
-    "vocab_size": _COUNT,
-    "hidden_size": _COUNT,
-    "intermediate_size": _COUNT,
-    "num_hidden_layers": _COUNT,
-    "num_attention_heads": _COUNT,
-    "num_key_value_heads": _COUNT,
+    "vocab_size": _VOCAB,
+    "hidden_size": _WIDTH,
+    "intermediate_size": _FFN_WIDTH,
+    "num_hidden_layers": _LAYERS,
+    "num_attention_heads": _LAYERS,
+    "num_key_value_heads": _LAYERS,
     "hidden_act": ConfigField("str", choices=ACTIVATIONS),
-    "max_position_embeddings": _COUNT,
+    "max_position_embeddings": _CONTEXT,
     "initializer_range": ConfigField("float", minimum=0, maximum=10),
     "rms_norm_eps": _POSITIVE,
     "tie_word_embeddings": ConfigField("bool"),
@@ -64,16 +73,16 @@ FAMILIES: dict[str, dict[str, ConfigField]] = {
     "qwen2": {
         **_DECODER_FIELDS,
         "use_sliding_window": ConfigField("bool"),
-        "sliding_window": _COUNT,
-        "max_window_layers": ConfigField("int", minimum=0, maximum=2**31 - 1),
+        "sliding_window": _CONTEXT,
+        "max_window_layers": ConfigField("int", minimum=0, maximum=1024),
     },
     # transformers.LlamaConfig
     "llama": {
         **_DECODER_FIELDS,
-        "pretraining_tp": _COUNT,
+        "pretraining_tp": _LAYERS,
         "attention_bias": ConfigField("bool"),
         "mlp_bias": ConfigField("bool"),
-        "head_dim": _COUNT,
+        "head_dim": _LAYERS,
     },
 }
 """Config fields per family (the `model_type` of the config); a family's config class is `CONFIG_CLASSES`."""
@@ -142,7 +151,61 @@ def check_overrides(model_name: str, overrides: dict[str, Any], path: str, probl
         typed = _typed(declared, value, sub, problems)
         if typed is not None:
             checked[key] = typed
+    if len(checked) == len(overrides):
+        _check_architecture(model_name, checked, path, problems)
     return checked
+
+
+def _check_architecture(model_name: str, overrides: dict[str, Any], path: str, problems: Problems) -> None:
+    """What the model built from the overrides needs of them together (transformers 5's attention layers).
+
+    Judged on the model's own config with the overrides applied where the operator knows it (the ids the
+    training function builds offline, fsdp_train.known_models), else on the overrides alone: a rule whose
+    fields are not all known is not judged here, and a rule none of whose fields is overridden neither.
+    """
+    base = {k: v for k, v in KNOWN_CONFIGS.get(model_name, {}).items() if isinstance(v, int)}
+    config: dict[str, Any] = {**base, **overrides}
+
+    def judged(*fields: str) -> bool:
+        return all(config.get(f) is not None for f in fields) and any(f in overrides for f in fields)
+
+    def named(field: str) -> str:
+        return (
+            f"{path}.{field} ({config[field]})" if field in overrides else f"{model_name}'s {field} ({config[field]})"
+        )
+
+    def at(*fields: str) -> str:
+        return f"{path}.{next(f for f in fields if f in overrides)}"
+
+    if judged("hidden_size", "num_attention_heads") and config["hidden_size"] % config["num_attention_heads"]:
+        # Each head takes hidden_size / heads of the hidden state (LlamaConfig refuses it; Qwen2 fails in forward).
+        problems.append(
+            f"{at('num_attention_heads', 'hidden_size')}: {named('hidden_size')} is not a multiple of "
+            f"{named('num_attention_heads')}"
+        )
+    if judged("num_attention_heads", "num_key_value_heads") and (
+        config["num_attention_heads"] % config["num_key_value_heads"]
+    ):
+        # Grouped-query attention repeats each key/value head heads / kv_heads times (repeat_kv): it fails otherwise.
+        problems.append(
+            f"{at('num_key_value_heads', 'num_attention_heads')}: {named('num_attention_heads')} is not a multiple "
+            f"of {named('num_key_value_heads')} (each key/value head serves a whole group of heads)"
+        )
+    head_dim = config.get("head_dim")
+    if head_dim is None and judged("hidden_size", "num_attention_heads"):
+        whole, rest = divmod(config["hidden_size"], config["num_attention_heads"])
+        head_dim = None if rest else whole
+    touched = any(f in overrides for f in ("head_dim", "hidden_size", "num_attention_heads"))
+    if head_dim is not None and head_dim % 2 and touched:
+        # Rotary embeddings rotate the two halves of each head against each other (rotate_half): no odd size.
+        problems.append(
+            f"{at('head_dim', 'num_attention_heads', 'hidden_size')}: the attention head size ({head_dim}) is odd; "
+            "rotary position embeddings need an even one"
+        )
+    for token in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        if token in overrides and judged(token, "vocab_size") and config[token] >= config["vocab_size"]:
+            # pad: nn.Embedding refuses a padding_idx outside it; bos/eos: transformers warns of "unexpected behavior".
+            problems.append(f"{path}.{token}: {config[token]} is not an id of the vocabulary ({named('vocab_size')})")
 
 
 def _typed(declared: ConfigField, value: Any, path: str, problems: Problems) -> Any:

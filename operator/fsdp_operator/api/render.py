@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_operator.api import queueing, schema
+from fsdp_operator.api import cluster_rules, queueing, schema
 from fsdp_operator.api import spec as spec_mod
 from fsdp_operator.api.spec import Job, Spec
 
@@ -23,8 +23,8 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_JOB = "fsdp.dev/job"
 LABEL_NAME = "app.kubernetes.io/name"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-# Karpenter's label on nodes it launched into an On-Demand Capacity Reservation.
-CAPACITY_RESERVATION_LABEL = "karpenter.k8s.aws/capacity-reservation-id"
+# Karpenter's label on nodes it launched into an On-Demand Capacity Reservation (declared with the placement rules).
+CAPACITY_RESERVATION_LABEL = cluster_rules.CAPACITY_RESERVATION_LABEL
 GPU_RESOURCE = "nvidia.com/gpu"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 HEAD_PORTS = (("gcs-server", 6379), ("dashboard", 8265), ("client", 10001))
@@ -352,6 +352,15 @@ def raycluster(job: Job, security: Security | None = None, *, chosen_zone: str =
         "containers": [head],
         "volumes": _volumes("2Gi"),
     }
+    if spec.shared_volume is not None:
+        # One filesystem for every Ray process: where local checkpoint and output paths lie with several workers.
+        for pod in (head_pod, worker_pod):
+            pod["volumes"].append(
+                {"name": "shared", "persistentVolumeClaim": {"claimName": spec.shared_volume.claim_name}}
+            )
+            # First: a mount at a parent of /tmp/ray (run-local's example mounts /tmp) must not hide Ray's logs.
+            mount = {"name": "shared", "mountPath": spec.shared_volume.mount_path}
+            pod["containers"][0]["volumeMounts"].insert(0, mount)
     if spec.head.node_selector:
         head_pod["nodeSelector"] = dict(spec.head.node_selector)
     if spec.head.tolerations:

@@ -37,14 +37,14 @@ from typing import Any, Literal
 from fsdp_train import catalog
 from fsdp_train.config import ConfigError, TrainConfig
 
-from fsdp_operator.api import fields, formats, queueing, schema
+from fsdp_operator.api import cluster_rules, fields, formats, queueing, schema
 from fsdp_operator.api.env_rules import _env_rules, _refuse_control_plane
 from fsdp_operator.api.fields import Problems, Quantity, show, show_key
 from fsdp_operator.api.fields import field as declare
 from fsdp_operator.api.formats import parse_quantity
 from fsdp_operator.api.kube_types import INT32_MAX, EnvVar, ObjectMeta, Toleration
 from fsdp_operator.api.train_function import TrainFunction, check_bundled_fields_unset
-from fsdp_operator.api.training_spec import Data, Model, Output, Training
+from fsdp_operator.api.training_spec import Data, Model, Output, SharedVolume, Training
 
 __all__ = [
     "INSTANCE_TYPES",
@@ -68,8 +68,7 @@ InstanceType = catalog.InstanceType
 
 # The node labels Kubernetes sets from the instance type; a nodeSelector may repeat, never contradict, it.
 INSTANCE_TYPE_LABELS = ("node.kubernetes.io/instance-type", "beta.kubernetes.io/instance-type")
-# The zone label of every node (the cloud provider sets it); placement.availabilityZone becomes a selector on it.
-ZONE_LABEL = "topology.kubernetes.io/zone"
+ZONE_LABEL = cluster_rules.ZONE_LABEL
 
 
 class SpecError(ValueError):
@@ -117,10 +116,10 @@ class Workers:
 
     replicas: int = declare("Number of worker pods (Ray nodes).", default=2, minimum=1, maximum=512)
     instance_type: str = declare(
-        "EC2 instance type the workers run on; becomes a node.kubernetes.io/instance-type selector. "
-        "Empty: no selector.",
+        "EC2 instance type the workers run on, as EC2 spells it (g6.12xlarge); becomes a "
+        "node.kubernetes.io/instance-type selector. Empty: no selector.",
         default="g6.12xlarge",
-        grammar=formats.LABEL_VALUE,
+        grammar=formats.or_empty(formats.INSTANCE_TYPE),
     )
     gpus_per_worker: int = declare("GPUs per worker pod (nvidia.com/gpu).", default=4, minimum=0, maximum=16)
     efa_per_worker: int = declare(
@@ -144,7 +143,8 @@ class Workers:
         grammar=formats.BYTE_QUANTITY,
     )
     shared_memory: Quantity = declare(
-        "Size of the memory-backed /dev/shm for NCCL and dataloaders; at most memory (it is counted in it).",
+        "Size of the memory-backed /dev/shm for NCCL and dataloaders; at most memory (it is counted in it), at least "
+        f"{cluster_rules.MIN_SHARED_MEMORY_GPU} with GPUs ({cluster_rules.MIN_SHARED_MEMORY_CPU} without).",
         default=Quantity(DEFAULT_SHARED_MEMORY),
         grammar=formats.BYTE_QUANTITY,
         unset=f"{DEFAULT_SHARED_MEMORY}, or memory when that is less",
@@ -189,6 +189,8 @@ class Workers:
                 f"{path}.sharedMemory: {w['shared_memory']} is more than {path}.memory ({w['memory']}), "
                 "which it is counted in"
             )
+        else:
+            cluster_rules.shared_memory_floor(w["shared_memory"], gpus, path, problems)
         if w["ranks_per_worker"] is None:
             if gpus == 0:
                 problems.append(f"{path}.ranksPerWorker: required when gpusPerWorker is 0 (CPU training)")
@@ -284,7 +286,8 @@ class RuntimeEnv:
     """Additions to the Ray job's runtime environment."""
 
     pip: list[str] = declare(
-        "Extra pip requirements for the job, one requirement specifier each (PEP 508, no pip options).",
+        "Extra pip requirements for the job, one requirement specifier each (PEP 508, no pip options, no comment, "
+        "no backslash).",
         factory=list,
         grammar=formats.PIP_REQUIREMENT,
         max_items=128,
@@ -366,13 +369,15 @@ class Spec:
     output: Output = declare(Output.__doc__ or "", factory=Output)
     env: list[dict[str, Any]] = declare(
         "Environment variables of every Ray process: the job's driver on the head (which reads the data) and the "
-        "training ranks on the workers ({name, value} or {name, valueFrom: {secretKeyRef: {name, key}}}). Set in "
+        "training ranks on the workers ({name, value} or {name, valueFrom: {secretKeyRef: {name, key}}}); transport "
+        "variables (NCCL_*, FI_*, OFI_NCCL_*, ...) go in network.env. Set in "
         "the head and worker containers, so a Secret's value is read by the kubelet and never reaches the "
         "operator or Ray's job API.",
         factory=list,
         shape=EnvVar,
         max_items=128,
     )
+    shared_volume: SharedVolume | None = declare(SharedVolume.__doc__ or "")
     runtime_env: RuntimeEnv = declare(RuntimeEnv.__doc__ or "", factory=RuntimeEnv)
     train_function: TrainFunction | None = declare(TrainFunction.__doc__ or "")
     run_policy: RunPolicy = declare(RunPolicy.__doc__ or "", factory=RunPolicy)
@@ -416,12 +421,8 @@ class Spec:
             )
         if t["checkpoint"]["interval_steps"] and not t["checkpoint"]["storage"]:
             problems.append(f"{path}.training.checkpoint.intervalSteps: set, but checkpoint.storage is empty")
-        zone, chosen = s["placement"]["availability_zone"], w["node_selector"].get(ZONE_LABEL)
-        if zone and chosen is not None and chosen != zone:
-            problems.append(
-                f"{path}.workers.nodeSelector.{ZONE_LABEL}: {show(chosen)} contradicts "
-                f"{path}.placement.availabilityZone ({zone}); choose the zone with placement.availabilityZone"
-            )
+        cluster_rules.placement_rules(s["placement"], w, path, problems)
+        cluster_rules.local_storage_rules(s, path, problems)
         for group in ("head", "workers"):
             _refuse_control_plane(s[group], f"{path}.{group}", problems)
         _env_rules(s, path, problems)
@@ -513,7 +514,7 @@ def parse_job(manifest: Any) -> Job:
         queueing.check_labels(meta["labels"], spec.queue_name, problems)
     if problems or meta is None or spec is None:
         raise SpecError(problems)
-    return Job(
+    job = Job(
         name=meta["name"],
         namespace=meta["namespace"] or "default",
         uid=meta["uid"],
@@ -521,6 +522,10 @@ def parse_job(manifest: Any) -> Job:
         spec=spec,
         labels=dict(meta["labels"]),
     )
+    cluster_rules.check_cluster_size(job.spec, job.labels, problems)
+    if problems:
+        raise SpecError(problems)
+    return job
 
 
 # TrainConfig fields no spec field sets (yet); a declared field with the same `train=` name wins.

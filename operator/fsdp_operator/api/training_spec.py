@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fsdp_operator.api import formats, model_configs, schema
-from fsdp_operator.api.fields import Problems
+from fsdp_operator.api.fields import Problems, show
 from fsdp_operator.api.fields import field as declare
 
 Sharding = Literal["full", "hybrid", "auto"]
@@ -52,10 +52,10 @@ class Checkpoint:
     """Distributed checkpoints (torch.distributed.checkpoint); resumed from on restart."""
 
     storage: str = declare(
-        "Where to write checkpoints: s3://BUCKET/prefix, gs://BUCKET/prefix, file:///path or an absolute path. "
-        "Empty: none.",
+        "Where to write checkpoints: s3://BUCKET/prefix, gs://BUCKET/prefix, file:///path or an absolute path (with "
+        "more than one worker: under sharedVolume.mountPath). Empty: none.",
         default="",
-        grammar=formats.STORAGE_URI,
+        grammar=formats.STORAGE_DESTINATION,
         train="checkpoint_path",
     )
     interval_steps: int = declare(
@@ -103,7 +103,7 @@ class Data:
         train="tokenizer",
     )
     validation_split: float = declare(
-        "Fraction of the documents held out for evaluation (chosen with shuffleSeed). 0: none.",
+        "Fraction of the documents held out for evaluation (chosen with shuffleSeed): 0 (none), or at least 1e-06.",
         default=0.0,
         minimum=0,
         maximum=0.5,
@@ -153,10 +153,11 @@ class Output:
     """The trained model, written as a Hugging Face directory (config, safetensors, tokenizer, generation config)."""
 
     storage: str = declare(
-        "Where to write it: s3://BUCKET/prefix, gs://BUCKET/prefix, file:///path or an absolute path. Its path "
-        "goes into status.output. Empty: no export (the DCP checkpoints are for resuming only).",
+        "Where to write it: s3://BUCKET/prefix, gs://BUCKET/prefix, file:///path or an absolute path (with more than "
+        "one worker: under sharedVolume.mountPath). Its path goes into status.output. Empty: no export (the DCP "
+        "checkpoints are for resuming only).",
         default="",
-        grammar=formats.STORAGE_URI,
+        grammar=formats.STORAGE_DESTINATION,
         train="output_path",
     )
     every_checkpoint: bool = declare(
@@ -238,7 +239,7 @@ class Training:
         "(Inductor, Triton, and Python's bytecode of what the training function imports): a restart or a second "
         "run reuses the compiled kernels and modules. Empty: each process compiles.",
         default="",
-        grammar=formats.or_empty(formats.ABSOLUTE_PATH),
+        grammar=formats.or_empty(formats.WRITABLE_PATH),
         train="compile_cache_dir",
     )
     seed: int = declare("Random seed for weights and data.", default=0, minimum=0, maximum=2**32 - 1, train="seed")
@@ -250,3 +251,31 @@ class Training:
         train="probe_size_bytes",
     )
     checkpoint: Checkpoint = declare(Checkpoint.__doc__ or "", factory=Checkpoint)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedVolume:
+    """A PersistentVolumeClaim every Ray container mounts (ReadWriteMany: EFS, FSx for Lustre, NFS): one filesystem
+    for all workers, where local checkpoint and output paths may lie when there is more than one worker."""
+
+    claim_name: str = declare(
+        "The PersistentVolumeClaim, in the job's namespace; it must allow ReadWriteMany.",
+        grammar=formats.DNS1123_SUBDOMAIN,
+        required=True,
+    )
+    mount_path: str = declare(
+        "Where it is mounted in the head and in every worker, e.g. /shared.",
+        grammar=formats.WRITABLE_PATH,
+        required=True,
+    )
+
+    @staticmethod
+    def _rules(v: dict[str, Any], path: str, problems: Problems) -> None:
+        mount = v["mount_path"].rstrip("/")
+        for taken in RESERVED_MOUNTS:
+            if mount == taken or mount.startswith(taken + "/"):
+                problems.append(f"{path}.mountPath: {show(mount)} is in {taken}, which the operator mounts itself")
+
+
+# What the operator mounts in every Ray container itself (render._container): Ray's logs and /dev/shm.
+RESERVED_MOUNTS = ("/tmp/ray", "/dev/shm")

@@ -199,7 +199,7 @@ CASES: list[tuple[str, str, str | bytes, int, str]] = [
         "bounds",
         spec("{model: {overrides: {num_hidden_layers: 4294967296}}}"),
         1,
-        "spec.model.overrides.num_hidden_layers: must be at most 2147483647",
+        "spec.model.overrides.num_hidden_layers: must be at most 1024",
     ),
     (
         "int-gpus-17",
@@ -687,7 +687,7 @@ CASES: list[tuple[str, str, str | bytes, int, str]] = [
         "credentials",
         spec("{output: {storage: 's3:u:s3cr3t@bucket/x'}}"),
         1,
-        "spec.output.storage: 's3:***@bucket/x' has no bucket",
+        "spec.output.storage: 's3:***@bucket/x' must start with s3://",
     ),
     (
         "secret-uri-space",
@@ -976,6 +976,345 @@ CASES: list[tuple[str, str, str | bytes, int, str]] = [
     ("yaml-set-tag", "yaml", spec("!!set {a, b}"), 2, "the tag tag:yaml.org,2002:set has no JSON form"),
     ("yaml-bad-int-tag", "yaml", spec("{workers: {replicas: !!int 'two'}}"), 2, "the value cannot be read as int"),
     ("yaml-custom-tag", "yaml", spec("{workers: !Workers {replicas: 2}}"), 2, "the tag !Workers has no JSON form"),
+    # --- refused up front: what the kubelet, S3, etcd or the job would refuse later ---
+    (
+        "digest-upper-case",
+        "digest",
+        spec("{image: 'ray@sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA'}"),
+        1,
+        "spec.image: 'ray@sha256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAA'... has a sha256 digest with upper-case",
+    ),
+    (
+        "digest-33-hex",
+        "digest",
+        spec("{image: 'ray@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'}"),
+        1,
+        "spec.image: 'ray@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaa'... has a sha256 digest of 33 hex digits",
+    ),
+    (
+        "digest-sha512-64-hex",
+        "digest",
+        spec("{image: 'ray@sha512:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'}"),
+        1,
+        "spec.image: 'ray@sha512:aaaaaaaaaaaaaaaaaaaaaaaaaaaaa'... has a sha512 digest of 64 hex digits; "
+        "sha512 has 128",
+    ),
+    (
+        "digest-unknown-algorithm",
+        "digest",
+        spec("{image: 'ray@md5:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'}"),
+        1,
+        "spec.image: 'ray@md5:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa' has a digest of the algorithm 'md5'",
+    ),
+    (
+        "digest-image-id",
+        "digest",
+        spec("{image: 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'}"),
+        1,
+        "spec.image: 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'... is 64 hexadecimal digits",
+    ),
+    (
+        "store-upper-scheme",
+        "object-store",
+        spec("{training: {checkpoint: {storage: 'S3://bucket/x'}}}"),
+        1,
+        "spec.training.checkpoint.storage: 'S3://bucket/x' has the scheme 'S3', not in lower case; write s3://",
+    ),
+    (
+        "store-file-one-slash",
+        "object-store",
+        spec("{output: {storage: 'file:/ckpt'}}"),
+        1,
+        "spec.output.storage: 'file:/ckpt' must start with file://",
+    ),
+    (
+        "store-data-upper-scheme",
+        "object-store",
+        spec("{data: {source: 'Gs://bucket/d.jsonl'}}"),
+        1,
+        "spec.data.source: 'Gs://bucket/d.jsonl' has the scheme 'Gs'",
+    ),
+    (
+        "bucket-adjacent-dots",
+        "object-store",
+        spec("{output: {storage: 's3://my..bucket/x'}}"),
+        1,
+        "spec.output.storage: 's3://my..bucket/x' has a bucket name with two adjacent periods",
+    ),
+    (
+        "bucket-ip-address",
+        "object-store",
+        spec("{output: {storage: 's3://192.168.1.1/x'}}"),
+        1,
+        "spec.output.storage: 's3://192.168.1.1/x' has a bucket name formatted as an IP address",
+    ),
+    (
+        "bucket-xn-prefix",
+        "object-store",
+        spec("{output: {storage: 's3://xn--bucket/x'}}"),
+        1,
+        "spec.output.storage: 's3://xn--bucket/x' has a bucket name starting with xn--",
+    ),
+    (
+        "bucket-s3alias",
+        "object-store",
+        spec("{output: {storage: 's3://data-s3alias/x'}}"),
+        1,
+        "spec.output.storage: 's3://data-s3alias/x' has a bucket name ending in -s3alias",
+    ),
+    (
+        "bucket-gcs-google",
+        "object-store",
+        spec("{output: {storage: 'gs://google-models/x'}}"),
+        1,
+        "spec.output.storage: 'gs://google-models/x' has a bucket name starting with goog",
+    ),
+    (
+        "local-ckpt-two-workers",
+        "local-storage",
+        spec("{training: {checkpoint: {storage: /tmp/ckpt}}}"),
+        1,
+        "spec.training.checkpoint.storage: '/tmp/ckpt' is a path on each worker's own disk, and with 2 workers",
+    ),
+    (
+        "local-output-outside-volume",
+        "local-storage",
+        spec(
+            "{sharedVolume: {claimName: efs, mountPath: /shared}, workers: {replicas: 4}, output: {storage: "
+            "'file:///tmp/out'}}"
+        ),
+        1,
+        "spec.output.storage: 'file:///tmp/out' is a path on each worker's own disk, and with 4 workers",
+    ),
+    (
+        "local-volume-no-mount",
+        "local-storage",
+        spec("{sharedVolume: {claimName: efs}}"),
+        1,
+        "spec.sharedVolume.mountPath: required",
+    ),
+    (
+        "overrides-layers-int32",
+        "overrides-bounds",
+        spec("{model: {overrides: {num_hidden_layers: 2147483647}}}"),
+        1,
+        "spec.model.overrides.num_hidden_layers: must be at most 1024",
+    ),
+    (
+        "overrides-vocab-huge",
+        "overrides-bounds",
+        spec("{model: {overrides: {vocab_size: 1e9}}}"),
+        1,
+        "spec.model.overrides.vocab_size: must be at most 4194304",
+    ),
+    (
+        "overrides-heads-not-divisor",
+        "overrides-bounds",
+        spec("{model: {overrides: {num_attention_heads: 7}}}"),
+        1,
+        "spec.model.overrides.num_attention_heads: Qwen/Qwen2.5-1.5B's hidden_size (1536) is not a multiple",
+    ),
+    (
+        "overrides-kv-heads",
+        "overrides-bounds",
+        spec("{model: {overrides: {num_key_value_heads: 5}}}"),
+        1,
+        "spec.model.overrides.num_key_value_heads: Qwen/Qwen2.5-1.5B's num_attention_heads (12) is not a multiple",
+    ),
+    (
+        "overrides-pad-outside-vocab",
+        "overrides-bounds",
+        spec("{model: {overrides: {vocab_size: 64, pad_token_id: 64}}}"),
+        1,
+        "spec.model.overrides.pad_token_id: 64 is not an id of the vocabulary",
+    ),
+    (
+        "floor-shared-memory-byte",
+        "floors",
+        spec("{workers: {sharedMemory: 1}}"),
+        1,
+        "spec.workers.sharedMemory: 1 is less than 1Gi",
+    ),
+    (
+        "floor-shared-memory-cpu",
+        "floors",
+        spec(
+            "{workers: {sharedMemory: 1Mi, gpusPerWorker: 0, efaPerWorker: 0, ranksPerWorker: 1}, network: "
+            "{transport: socket}}"
+        ),
+        1,
+        "spec.workers.sharedMemory: 1Mi is less than 64Mi",
+    ),
+    (
+        "floor-validation-split",
+        "floors",
+        spec("{data: {source: 's3://bucket/d', validationSplit: 5e-324}}"),
+        1,
+        "spec.data.validationSplit: must be 0 (none) or at least 1e-06",
+    ),
+    (
+        "syspath-proc-cache",
+        "system-paths",
+        spec("{training: {compileCacheDir: /proc/sys/kernel}}"),
+        1,
+        "spec.training.compileCacheDir: '/proc/sys/kernel' is in /proc",
+    ),
+    (
+        "syspath-dev-double-slash",
+        "system-paths",
+        spec("{training: {compileCacheDir: //dev/./shm}}"),
+        1,
+        "spec.training.compileCacheDir: '//dev/./shm' is in /dev",
+    ),
+    (
+        "syspath-etc-checkpoint",
+        "system-paths",
+        spec("{workers: {replicas: 1}, training: {checkpoint: {storage: 'file:///etc/ckpt'}}}"),
+        1,
+        "spec.training.checkpoint.storage: 'file:///etc/ckpt' is in /etc",
+    ),
+    (
+        "instance-upper-case",
+        "instance-type",
+        spec("{workers: {instanceType: G6.12XLARGE}}"),
+        1,
+        "spec.workers.instanceType: 'G6.12XLARGE' is not spelled as EC2 spells instance types (lower case): "
+        "use 'g6.12xlarge'",
+    ),
+    (
+        "instance-mixed-case",
+        "instance-type",
+        spec("{workers: {instanceType: p5.48XLarge}}"),
+        1,
+        "spec.workers.instanceType: 'p5.48XLarge' is not spelled as EC2 spells instance types (lower case): "
+        "use 'p5.48xlarge'",
+    ),
+    (
+        "instance-no-size",
+        "instance-type",
+        spec("{workers: {instanceType: g6, efaPerWorker: 0}, network: {transport: socket}}"),
+        1,
+        "spec.workers.instanceType: 'g6' is not an EC2 instance type",
+    ),
+    (
+        "envdoor-ld-library-path",
+        "env-doors",
+        spec("{runtimeEnv: {envVars: {LD_LIBRARY_PATH: /opt/x}}}"),
+        1,
+        "spec.runtimeEnv.envVars.LD_LIBRARY_PATH: LD_LIBRARY_PATH may not be set by a job",
+    ),
+    (
+        "envdoor-nccl-conf-file",
+        "env-doors",
+        spec("{runtimeEnv: {envVars: {NCCL_CONF_FILE: /tmp/nccl.conf}}}"),
+        1,
+        "spec.runtimeEnv.envVars.NCCL_CONF_FILE: NCCL_CONF_FILE may not be set by a job",
+    ),
+    (
+        "envdoor-ofi-nccl",
+        "env-doors",
+        spec("{runtimeEnv: {envVars: {OFI_NCCL_PROTOCOL: RDMA}}}"),
+        1,
+        "spec.runtimeEnv.envVars.OFI_NCCL_PROTOCOL: OFI_NCCL_PROTOCOL is a transport variable",
+    ),
+    (
+        "envdoor-spec-env-nccl",
+        "env-doors",
+        spec("{env: [{name: NCCL_ALGO, value: Ring}]}"),
+        1,
+        "spec.env[0].name: NCCL_ALGO is a transport variable",
+    ),
+    (
+        "envdoor-network-ld-path",
+        "env-doors",
+        spec("{network: {env: [{name: LD_LIBRARY_PATH, value: /x}]}}"),
+        1,
+        "spec.network.env[0].name: LD_LIBRARY_PATH may not be set by a job",
+    ),
+    (
+        "json-trailing-comma",
+        "strict-json",
+        '{"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "metadata": {"name": "j"}, "spec": {},}\n',
+        2,
+        "not valid JSON: line 1, column",
+    ),
+    (
+        "json-trailing-comma-list",
+        "strict-json",
+        '{"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob", "metadata": {"name": "j"}, "spec": '
+        '{"runtimeEnv": {"pip": ["pandas",]}}}\n',
+        2,
+        "not valid JSON: line 1, column",
+    ),
+    (
+        "json-comment",
+        "strict-json",
+        '{"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob",\n // a comment\n "metadata": {"name": '
+        '"j"}, "spec": {}}\n',
+        2,
+        "not valid JSON: line 2, column",
+    ),
+    (
+        "pip-trailing-backslash",
+        "pip",
+        spec("{runtimeEnv: {pip: ['pandas \\', numpy]}}"),
+        1,
+        "spec.runtimeEnv.pip[0]: 'pandas \\\\' ends in a backslash",
+    ),
+    (
+        "pip-url-backslash",
+        "pip",
+        spec("{runtimeEnv: {pip: ['pkg @ https://example.com/p.whl\\']}}"),
+        1,
+        "spec.runtimeEnv.pip[0]: 'pkg @ https://example.com/p.whl\\\\' ends in a backslash",
+    ),
+    (
+        "pip-comment",
+        "pip",
+        spec("{runtimeEnv: {pip: ['pandas # later']}}"),
+        1,
+        "spec.runtimeEnv.pip[0]: 'pandas # later' contains ' #'",
+    ),
+    (
+        "placement-reservation",
+        "placement",
+        spec(
+            "{placement: {capacityReservationId: cr-0a1b2c3d4e5f6a7b8}, workers: {nodeSelector: "
+            "{karpenter.k8s.aws/capacity-reservation-id: cr-0fedcba9876543210}}}"
+        ),
+        1,
+        "spec.workers.nodeSelector.karpenter.k8s.aws/capacity-reservation-id: 'cr-0fedcba9876543210' "
+        "contradicts spec.placement.capacityReservationId (cr-0a1b2c3d4e5f6a7b8)",
+    ),
+    (
+        "placement-reservation-spot",
+        "placement",
+        spec(
+            "{placement: {capacityReservationId: cr-0a1b2c3d4e5f6a7b8}, workers: {nodeSelector: "
+            "{karpenter.sh/capacity-type: spot}}}"
+        ),
+        1,
+        "spec.workers.nodeSelector.karpenter.sh/capacity-type: spot contradicts spec.placement.capacityReservationId",
+    ),
+    (
+        "placement-old-zone-label",
+        "placement",
+        spec(
+            "{placement: {availabilityZone: us-east-1b}, workers: {nodeSelector: "
+            "{failure-domain.beta.kubernetes.io/zone: us-west-2a}}}"
+        ),
+        1,
+        "spec.workers.nodeSelector.failure-domain.beta.kubernetes.io/zone: 'us-west-2a' contradicts "
+        "spec.placement.availabilityZone (us-east-1b)",
+    ),
+    (
+        "placement-instance-family",
+        "placement",
+        spec("{workers: {nodeSelector: {karpenter.k8s.aws/instance-family: p5}}}"),
+        1,
+        "spec.workers.nodeSelector.karpenter.k8s.aws/instance-family: 'p5' contradicts "
+        "spec.workers.instanceType (g6.12xlarge)",
+    ),
     # --- accepted as kubectl would accept them (controls) ---
     ("ok-yaml12-numbers", "accepted", spec("{training: {learningRate: 1e-4, steps: 1e3, seed: 0o17}}"), 0, ""),
     ("ok-utf8-bom", "accepted", "\ufeff" + spec("{}"), 0, ""),
