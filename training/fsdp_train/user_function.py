@@ -32,6 +32,7 @@ from fsdp_train.events import (
     clean_text,
     emit,
 )
+from fsdp_train.failures import failure_reason
 
 REMOTE_CODE_SCHEMES = ("s3://", "gs://")
 """`code` locations Ray's runtime environment fetches itself (a ``.zip``); anything else is a local directory."""
@@ -102,6 +103,10 @@ def load_callable(target: str, code: str = "") -> Callable[[dict[str, Any]], Any
     return found  # type: ignore[no-any-return]
 
 
+def _library(filename: str) -> bool:
+    return filename.startswith("<frozen ") or any(part in filename for part in ("site-packages", "dist-packages"))
+
+
 def failure(rank: int, error: BaseException) -> Failure:
     """This rank's ``Failure`` for a user exception: its type and message, then where it was raised.
 
@@ -109,7 +114,10 @@ def failure(rank: int, error: BaseException) -> Failure:
     the innermost :data:`TRACEBACK_FRAMES` frames, the message cut so that they fit the field's bound.
     """
     # Not the wrapper's own frames: the user's code is where the story is.
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename != __file__][-TRACEBACK_FRAMES:]
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename != __file__]
+    # The user's own frames when there are any (not the import machinery's, not a library's).
+    frames = [f for f in frames if not _library(f.filename)] or frames
+    frames = frames[-TRACEBACK_FRAMES:]
     where = [
         f"at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
         + (f": {frame.line}" if frame.line else "")
@@ -117,7 +125,7 @@ def failure(rank: int, error: BaseException) -> Failure:
     ]
     tail = clean_text(" | ".join(where), TEXT_LIMITS["message"] // 2)
     head = clean_text(f"{type(error).__name__}: {error}".rstrip(": "), TEXT_LIMITS["message"] - len(tail) - 3)
-    return Failure(rank=rank, message=f"{head} | {tail}" if tail else head, reason=getattr(error, "reason", "") or "")
+    return Failure(rank=rank, message=f"{head} | {tail}" if tail else head, reason=failure_reason(error))
 
 
 def run_user_function(function: FunctionConfig, rank: int, verify: Callable[[], object]) -> Any:

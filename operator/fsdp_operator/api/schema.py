@@ -237,6 +237,12 @@ STATUS_SCHEMA: Schema = {
             "startupSeconds, probeSeconds, buildSeconds (model, sharding, weights) and firstStepSeconds (compilation "
             "included); compileCache: cold or warm when spec.training.compileCacheDir is set.",
         ),
+        "failureLog": {
+            "type": "string",
+            "description": "The end of a failed Ray job's output (the detail behind the one-line message); "
+            "fsdpctl status --logs prints it.",
+            "maxLength": 4096,
+        },
         "rankFailures": {
             "type": "array",
             "maxItems": 16,

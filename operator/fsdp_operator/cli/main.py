@@ -144,6 +144,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {str(c.get('type')).ljust(width)}  {c.get('status')!s:7} {c.get('reason', '')}")
     if curve := loss_curve(status):
         print("\n" + curve)
+    if args.logs:
+        log = status.get("failureLog")
+        print("\nlast output lines of the failed Ray job\n" + str(log) if log else "\nno failure log in the status")
+    elif status.get("failureLog"):
+        print("\nthe failed Ray job's last output lines: fsdpctl status --logs " + args.name)
     return EXIT_FINDING if status.get("phase") == "Failed" else EXIT_OK
 
 
@@ -215,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
     p.add_argument("-o", "--output", choices=["text", "yaml", "json"], default="text")
+    p.add_argument(
+        "--logs", action="store_true", help="also print the end of a failed job's output (status.failureLog)"
+    )
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("run-local", help="run a job end to end on this machine (emulated API server, local Ray)")

@@ -18,12 +18,14 @@ def _number(value: Any, digits: int = 4) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.{digits}g}"
 
 
-def summary_lines(status: Mapping[str, Any], *, saved_to: str = "") -> list[str]:
-    """Phase, ranks, transport, bandwidth, steps, loss, tokens/s, and where the full status is."""
+def summary_lines(status: Mapping[str, Any], *, saved_to: str = "", message: bool = True) -> list[str]:
+    """Phase, ranks, transport, bandwidth, steps, loss, tokens/s, and where the full status is.
+
+    `message` False leaves the status message out of the phase line (a caller that prints it on its own).
+    """
     phase = status.get("phase") or "no status yet"
-    lines = [
-        f"phase      {phase}" + (f" ({status['reason']}: {status.get('message', '')})" if status.get("reason") else "")
-    ]
+    said = f": {status.get('message', '')}" if message and status.get("message") else ""
+    lines = [f"phase      {phase}" + (f" ({status['reason']}{said})" if status.get("reason") else "")]
     ranks = [r for r in status.get("ranks") or [] if isinstance(r, Mapping)]
     if ranks:
         nodes = {r.get("nodeIP") or r.get("nodeRank") for r in ranks}

@@ -147,11 +147,13 @@ class Progress:
         phase = status.get("phase", "")
         if not phase:
             return  # the operator has not written a status yet
-        said = (str(phase), str(status.get("reason") or ""), str(status.get("message") or ""))
+        # A failure's message is printed once, at the end (after the summary), not here as well.
+        message = "" if phase == "Failed" else str(status.get("message") or "")
+        said = (str(phase), str(status.get("reason") or ""), message)
         if said != self.said:
             # Every change of the message is shown, not only phase changes: it is where the waiting is explained.
             self.said = said
-            self.line(f"{said[0]}" + (f" ({said[1]}): {said[2]}" if said[1] else ""))
+            self.line(f"{said[0]}" + (f" ({said[1]})" if said[1] else "") + (f": {said[2]}" if said[2] else ""))
         for rank in status.get("ranks", []) or []:
             self.once(
                 f"rank-{rank.get('rank')}",
@@ -336,6 +338,11 @@ class LocalRun:
         return marked_processes(f"{RUN_MARKER}={self.workdir}")
 
 
+def code_for(status: Obj) -> int:
+    """run-local's exit code for a job's final status."""
+    return EXIT_SUCCEEDED if status.get("phase") == "Succeeded" else EXIT_FAILED
+
+
 async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, status_out: str | None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="fsdp-local-"))
     # Every process started below inherits this marker, so a leftover can be traced to its run.
@@ -378,13 +385,21 @@ async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, st
         status = job.get("status", {})
         saved = Path(status_out) if status_out else Path(tempfile.gettempdir()) / f"fsdp-run-local-{run.name}.json"
         saved.write_text(json.dumps(job, indent=2))
-        out.write("\n" + "\n".join(summary_lines(status, saved_to=str(saved))) + "\n")
+        out.write(
+            "\n"
+            + "\n".join(summary_lines(status, saved_to=str(saved), message=code_for(status) == EXIT_SUCCEEDED))
+            + "\n"
+        )
         if curve := loss_curve(status):
             out.write("\n" + curve + "\n")
         out.write("\n" + await run.table() + "\n")
-        code = EXIT_SUCCEEDED if status.get("phase") == "Succeeded" else EXIT_FAILED
+        code = code_for(status)
         if code == EXIT_FAILED:
             out.write(f"\njob failed: {status.get('reason')}: {status.get('message')}\n")
+            if log := status.get("failureLog"):
+                # The end of the job's output, for the detail behind that line: in a file, not on the screen.
+                (workdir / "failure.log").write_text(str(log) + "\n")
+                out.write(f"the job's last output lines: {workdir / 'failure.log'}\n")
         if keep:
             clusters = ", ".join(f"{c.name} (Ray dashboard http://127.0.0.1:{c.dashboard_port})"
                                  for c in run.kuberay.clusters.values()) or "none"  # fmt: skip
