@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_train import report
+from fsdp_train import preflight, report
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
@@ -111,6 +111,8 @@ def _train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
 def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> dict[str, Any]:
     env = host.env
     started = time.perf_counter()
+    # Before the first collective: a missing data file or an unreachable model fails in seconds, named.
+    preflight.check_rank(cfg)
     fingerprint = run_fingerprint(cfg, topo.world_size) if cfg.checkpoint_path else None
     clock = StartupClock.start()
     compile_cache = configure_compile_cache(cfg.compile_cache_dir, env)
@@ -219,15 +221,21 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         # A rerun of a finished run (same fingerprint) trains nothing; it still leaves the export it promises.
         if topo.rank == 0:
             print(f"fsdp_train: the checkpoint is the end of training (step {resumed_from}); exporting it", flush=True)
+        if validation is not None:  # the figures of this run are this run's own: its evaluation of the model
+            t1 = time.perf_counter()
+            eval_loss = _evaluate(cfg, topo, model, validation, device, resumed_from)
+            eval_seconds += time.perf_counter() - t1
         check = _check_batch(cfg, feed, validation, config.vocab_size)
+        t1 = time.perf_counter()
         _export(cfg, topo, model, config, cfg.output_path, resumed_from, tokenizer_dir, model_dir, check, device)
+        export_seconds += time.perf_counter() - t1
 
-    last_loss = metrics.last.loss if metrics.last else float("nan")
+    # Losses and the rate of the steps this run trained; None (absent) when it trained none.
     summary = Summary(
         rank=topo.rank,
         steps=cfg.steps,
-        final_loss=last_loss,
-        first_loss=metrics.first_loss if metrics.first_loss is not None else float("nan"),
+        final_loss=metrics.last.loss if metrics.last else None,
+        first_loss=metrics.first_loss,
         tokens_per_second=metrics.mean_tokens_per_second,
         mfu=metrics.mean_mfu,
         seconds=time.perf_counter() - started,

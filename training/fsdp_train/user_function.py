@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdp_train import preflight
 from fsdp_train.events import (
     MAX_COUNT,
     MAX_EXTRA,
@@ -134,6 +135,8 @@ def run_user_function(function: FunctionConfig, rank: int, verify: Callable[[], 
     Any exception, the link's or the user's, is this rank's ``Failure`` before it propagates.
     """
     try:
+        if function.code:  # a directory on this node (a remote .zip is Ray's working directory by now)
+            preflight.check(preflight.function_problems(function.callable, function.code))
         verify()
         target = load_callable(function.callable, function.code)
         return target(dict(function.config))
@@ -176,7 +179,8 @@ def events_from_report(
     loss = _number(metrics.get("loss"))
     total = _count(metrics.get("total_steps"))
     rate = _number(metrics.get("tokens_per_second"))
-    rate = rate if rate is not None and rate >= 0 else 0.0
+    # Not reported (or not a rate): absent, never 0, which would read as a stall.
+    rate = rate if rate is not None and math.isfinite(rate) and rate >= 0 else None
     extra: dict[str, float] = {}
     for name in sorted(k for k in metrics if isinstance(k, str) and k not in KNOWN_METRICS):
         value = _number(metrics[name])
@@ -188,16 +192,16 @@ def events_from_report(
             rank=0,
             step=step,
             total_steps=total if total is not None and total >= step else 0,
-            loss=loss if loss is not None else math.nan,
+            loss=loss if loss is not None and math.isfinite(loss) else None,
             tokens_per_second=rate,
-            tokens_per_second_per_device=rate / max(world_size, 1),
+            tokens_per_second_per_device=rate / max(world_size, 1) if rate is not None else None,
             epoch=_count(metrics.get("epoch")) or 0,
             tokens_seen=_count(metrics.get("tokens")) or 0,
             extra=extra,
         )
     ]
     eval_loss = _number(metrics.get("eval_loss"))
-    if eval_loss is not None:
+    if eval_loss is not None and math.isfinite(eval_loss):
         events.append(Evaluation(rank=0, step=step, loss=eval_loss))
     if checkpoint_path is not None:
         events.append(Checkpoint(rank=0, step=step, path=checkpoint_path))

@@ -78,7 +78,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
-    from fsdp_operator.local.run import cannot_run_locally, default_timeout, run_local
+    from fsdp_operator.local.run import cannot_run_locally, default_timeout, preflight_problems, run_local
 
     manifest = load_manifest(args.file)  # read once: `-` is stdin
     try:
@@ -89,6 +89,12 @@ def cmd_run_local(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     if reason := cannot_run_locally(job):
         print(f"{args.file}: cannot run on this machine: {reason}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if problems := preflight_problems(job):
+        # Every Ray node of run-local is this machine: what the job needs must be here, checked before a cluster.
+        print(f"{args.file}: cannot run: what the job needs is not there", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     timeout = default_timeout(job) if args.timeout is None else args.timeout
     return run_local(manifest, keep=args.keep, timeout=timeout, status_out=args.status_out)

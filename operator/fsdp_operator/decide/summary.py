@@ -56,12 +56,15 @@ def summary_lines(status: Mapping[str, Any], *, saved_to: str = "", message: boo
     output = status.get("output") or {}
     if output.get("path"):
         lines.append(f"model      {output['path']} (step {output.get('step', '-')})")
-    tokens = result.get("tokensPerSecond", progress.get("tokensPerSecond"))
-    if tokens is not None:
-        # The summary's figure is the mean over training steps 2..N; evaluation, checkpoints, export are outside it.
-        which = "training steps only" if "tokensPerSecond" in result else "last step"
+    mean, last = result.get("tokensPerSecond"), progress.get("tokensPerSecond")
+    if mean is not None or last is not None:
+        # Two figures, each labelled: the mean over training steps 2..N (evaluation, checkpoints and export are
+        # outside it), and the last step's, which the TOKENS/S column of `kubectl get` shows.
+        figures = [f"{_number(mean)} (mean of training steps 2..N)"] if mean is not None else []
+        if last is not None:
+            figures.append(f"{_number(last)} (last step, the table's column)")
         mfu = f", MFU {_number(result['mfu'])}" if "mfu" in result else ""
-        lines.append(f"tokens/s   {_number(tokens)} ({which}){mfu}")
+        lines.append(f"tokens/s   {'; '.join(figures)}{mfu}")
     if status.get("dashboardURL"):
         lines.append(f"dashboard  {status['dashboardURL']}")
     if saved_to:

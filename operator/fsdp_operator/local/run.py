@@ -30,6 +30,7 @@ from rich.progress import BarColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
 from fsdp_operator.api import generate, queueing, schema
+from fsdp_operator.api import spec as spec_mod
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.summary import loss_curve, summary_lines
 from fsdp_operator.local.apiserver import ApiServer
@@ -60,6 +61,18 @@ def cannot_run_locally(job: Job) -> str:
             "has no Kueue: the cluster would stay suspended. Leave the queue out to run it here (docs/kueue.md)"
         )
     return ""
+
+
+def preflight_problems(job: Job) -> list[str]:
+    """What `job` needs and this machine does not have (the Ray nodes of run-local are this machine), each
+    naming its field: the user function's code directory, the data source, the tokenizer, the model's config.
+    Seconds, before any cluster starts (fsdp_train.preflight; the same checks run again in the job)."""
+    from fsdp_train import preflight
+
+    function = job.spec.train_function
+    if function is not None:
+        return preflight.function_problems(function.callable, function.code)
+    return preflight.job_problems(spec_mod.train_config(job.spec))
 
 
 DEADLINE_ALLOWANCE_SECONDS = 120.0
@@ -107,7 +120,10 @@ class Progress:
             self.line(text)
 
     def steps(self, step: int, total: int, loss: Any, tokens: Any) -> None:
-        detail = f"loss {loss}  tokens/s {tokens}"
+        # A figure the run did not report is left out (a user function may report no rate), never shown as 0.
+        detail = "  ".join(
+            f"{name} {value}" for name, value in (("loss", loss), ("tokens/s", tokens)) if value is not None
+        )
         if self.console.is_terminal:
             if self.bar is None:
                 self.bar = RichProgress(
