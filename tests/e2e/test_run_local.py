@@ -100,20 +100,65 @@ def test_tiny_cpu_job_succeeds_and_the_status_tells_what_happened(tmp_path: Path
 
 
 @pytest.mark.slow  # the failure path is covered fast by the integration tests (FakeRay) and ray_entry unit tests
-def test_a_failing_training_ends_failed_with_rays_error(tmp_path: Path) -> None:
+def test_a_failing_training_ends_failed_with_one_line_said_once(tmp_path: Path) -> None:
+    """A failure no preflight can see (the training raises after step 2): status.message is one line naming the
+    cause, printed once by run-local; Ray's log tail is in status.failureLog and in a file, not on the screen."""
     manifest = yaml.safe_load(EXAMPLE.read_text())
     manifest["metadata"]["name"] = "tiny-broken"
-    # A model path that does not exist: the training function fails while loading it on every rank.
-    manifest["spec"]["model"] = {"name": "/nonexistent/model", "init": "pretrained"}
+    manifest["spec"]["runtimeEnv"] = {"envVars": {"FSDP_TRAIN_FAIL_AT_STEP": "2"}}
+    manifest["spec"]["runPolicy"] = {"maxWorkerRestarts": 0, "backoffLimit": 0}
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(manifest))
+    started = time.monotonic()
     proc, job = run_local(path, tmp_path)
+    took = time.monotonic() - started
     assert proc.returncode == 1, proc.stdout[-4000:]
     status = job["status"]
-    assert status["phase"] == "Failed"
-    assert status["reason"] == "RayJobFailed"
-    assert "/nonexistent/model" in status["message"]
-    assert "job failed: RayJobFailed" in proc.stdout
+    assert (status["phase"], status["reason"]) == ("Failed", "RayJobFailed")
+    message = status["message"]
+    print(f"message after {took:.0f} s: {message}")
+    assert "\n" not in message and len(message) <= 300
+    assert message.startswith("rank ") and "RuntimeError: FSDP_TRAIN_FAIL_AT_STEP=2: injected failure after step 2" \
+        in message  # fmt: skip
+    assert "last available logs" not in message and "last available logs" not in proc.stdout
+    assert proc.stdout.count(message) == 1, proc.stdout[-4000:]  # said once, not three times
+    assert f"job failed: RayJobFailed: {message}" in proc.stdout
+    assert "injected failure after step 2" in status["failureLog"]
+    log_file = re.search(r"the job's last output lines: (\S+)", proc.stdout)
+    assert log_file and Path(log_file.group(1)).read_text().strip() == status["failureLog"].strip()
+
+
+def test_missing_inputs_are_refused_in_seconds_before_any_cluster_each_named(tmp_path: Path) -> None:
+    """The four needs run-local checks before it starts a cluster: the code directory of a user function, the data
+    file, the model (here a hub id on a machine without the hub), all at once, no traceback, nothing started."""
+    fsdpctl = Path(sys.executable).with_name("fsdpctl")
+    manifest = yaml.safe_load((ROOT / "examples" / "tiny-finetune.yaml").read_text())
+    manifest["spec"]["model"] = {"name": "acme/no-such-model-9b", "init": "pretrained"}
+    manifest["spec"]["data"]["source"] = str(tmp_path / "gone.jsonl")
+    missing_data = tmp_path / "missing-data.yaml"
+    missing_data.write_text(yaml.safe_dump(manifest))
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}  # port 9: nothing
+    for job, said in (
+        (ROOT / "examples" / "byo-function" / "job.yaml", ["spec.trainFunction.code: /opt/byo-function not found"]),
+        (
+            missing_data,
+            [
+                f"spec.data.source: {tmp_path / 'gone.jsonl'} not found",
+                "spec.model.name: acme/no-such-model-9b: hub unreachable from this node",
+            ],
+        ),
+    ):
+        started = time.monotonic()
+        proc = subprocess.run(
+            [str(fsdpctl), "run-local", "-f", str(job)], capture_output=True, text=True, timeout=120, env=env
+        )
+        took = time.monotonic() - started
+        print(f"{job.name}: refused after {took:.1f} s: {proc.stderr.strip()}")
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+        for text in said:
+            assert text in proc.stderr
+        assert "Traceback" not in proc.stderr and "--config-json" not in proc.stderr
+        assert took < 60
 
 
 def test_bad_yaml_exits_2_and_starts_nothing(tmp_path: Path) -> None:
