@@ -5,9 +5,8 @@ What needs a Ray cluster (`run`, `train_fn_per_worker`) runs in tests/e2e/test_t
 
 from __future__ import annotations
 
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fsdp_train import ray_entry
