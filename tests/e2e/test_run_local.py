@@ -112,7 +112,7 @@ def test_a_failing_training_ends_failed_with_one_line_said_once(tmp_path: Path) 
     started = time.monotonic()
     proc, job = run_local(path, tmp_path)
     took = time.monotonic() - started
-    assert proc.returncode == 1, proc.stdout[-4000:]
+    assert proc.returncode == 1 and job, proc.stdout[-4000:] + proc.stderr[-2000:]
     status = job["status"]
     assert (status["phase"], status["reason"]) == ("Failed", "RayJobFailed")
     message = status["message"]
