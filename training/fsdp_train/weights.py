@@ -212,7 +212,7 @@ def _write_hf_dir(
     generation_source: str | None,
     dtype: torch.dtype,
 ) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     config = type(config).from_dict(config.to_dict())
     config.use_cache = True  # the training run turned the KV cache off; inference wants it
@@ -235,7 +235,9 @@ def _write_hf_dir(
     hf_model.save_pretrained(directory, max_shard_size="5GB")
     _set_json(directory / "config.json", use_cache=True)  # save_pretrained keeps the training run's False
     if tokenizer_dir:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        from fsdp_train.data import choose_tokenizer
+
+        tokenizer = choose_tokenizer(tokenizer_dir).tokenizer  # the one training used, not AutoTokenizer's own
         tokenizer.save_pretrained(directory)
         if type(tokenizer).__name__ in GENERIC_TOKENIZER_CLASSES:
             # Next to a config.json, AutoTokenizer would otherwise pick the model family's own class

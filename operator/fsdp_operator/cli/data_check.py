@@ -50,7 +50,15 @@ def cmd_data_check(args: argparse.Namespace) -> int:
 
 def check(cfg: Any, rows: int) -> bool:
     """Print the report for the first ``rows`` rows of ``cfg.data``; False when the job would fail on them."""
-    from fsdp_train.data import Tokenize, check_rows, eos_is_target, open_source, read_tables, tokenizer_location
+    from fsdp_train.data import (
+        Tokenize,
+        check_rows,
+        eos_is_target,
+        load_tokenizer_choice,
+        open_source,
+        read_tables,
+        tokenizer_location,
+    )
     from fsdp_train.packing import TARGET, DataReport, pack_documents
     from fsdp_train.storage import DataUnavailable
 
@@ -76,7 +84,7 @@ def check(cfg: Any, rows: int) -> bool:
     targets = int(((packed.flags & TARGET) != 0).sum())
     files = len(source.files)
     print(f"data: {cfg.data} ({source.format}, {files} files, field {cfg.data_field!r}, kind {cfg.data_kind})")
-    print(f"tokenizer: {tokenize.tokenizer_location} ({type(tokenizer).__name__})")
+    print(f"tokenizer: {tokenize.tokenizer_location}: {load_tokenizer_choice(tokenize.tokenizer_location).why}")
     print(f"rows read: {report.total_rows} (the first {rows} at most)")
     print(f"bad rows: {report.total_bad}" + (f" ({report.describe(cfg.data_field)})" if report.total_bad else ""))
     print(f"tokens: {tokens:,}, of them targets: {targets:,}")
