@@ -101,7 +101,10 @@ def cmd_run_local(args: argparse.Namespace) -> int:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
+    from fsdp_operator.cli.quiet import quiet_library_warnings
     from fsdp_operator.local.model import MakeModelError, make_model
+
+    quiet_library_warnings()
 
     try:
         written = make_model(Path(args.directory), [Path(t) for t in args.text or []], vocab_size=args.vocab_size)
