@@ -297,3 +297,18 @@ def test_any_config_and_callable_is_accepted_unchanged_or_refused_by_path(config
     sub = render.submission(parsed, "sid", "/p")
     arrived = RayJobConfig.from_dict(json.loads(shlex.split(sub.entrypoint)[-1])).function
     assert arrived is not None and arrived.config == config and arrived.callable == target
+
+
+def test_a_malformed_function_does_not_hide_the_bundled_fields_it_refuses() -> None:
+    """All problems at once, not in stages: the function's own and the fields it would not read."""
+    spec = base(training={"steps": 7}, data={"source": "/x.jsonl"})
+    spec["trainFunction"] = {"callable": "not a callable", "code": "relative/dir"}
+    found = problems(spec)
+    assert [p.split(":", 1)[0] for p in found] == [
+        "spec.trainFunction.callable",
+        "spec.trainFunction.code",
+        "spec.training.steps",
+        "spec.data.source",
+    ]
+    spec["workers"] = {"replicas": "two"}  # another group malformed too: said once, nothing invented
+    assert sum("spec.workers.replicas" in p for p in problems(spec)) == 1

@@ -239,6 +239,7 @@ def _write_hf_dir(
 
         tokenizer = choose_tokenizer(tokenizer_dir).tokenizer  # the one training used, not AutoTokenizer's own
         tokenizer.save_pretrained(directory)
+        _stop_at_end_of_turn(directory, tokenizer)
         if type(tokenizer).__name__ in GENERIC_TOKENIZER_CLASSES:
             # Next to a config.json, AutoTokenizer would otherwise pick the model family's own class
             # (Qwen2Tokenizer), which rebuilds the pre-tokenizer and splits digits and spaces differently.
@@ -253,6 +254,26 @@ def _write_hf_dir(
             )
     for item in directory.iterdir():
         item.chmod(0o644)  # safetensors are written 0600; an export is read by other users and services
+
+
+END_OF_TURN = "<|im_end|>"
+"""ChatML's end of a turn (Qwen's chat template): generation stops there as well as at EOS."""
+
+
+def _stop_at_end_of_turn(directory: Path, tokenizer: Any) -> None:
+    """A tokenizer with ChatML's end-of-turn token: `generation_config.json` stops there too (Qwen's instruct
+    models list both ids), so a chat export does not talk on past its reply."""
+    vocab = tokenizer.get_vocab()
+    if END_OF_TURN not in vocab or not (directory / "generation_config.json").exists():
+        return
+    config = json.loads((directory / "generation_config.json").read_text())
+    eos = config.get("eos_token_id")
+    ids = [eos] if isinstance(eos, int) else list(eos) if isinstance(eos, list) else []
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if vocab[END_OF_TURN] not in ids:
+        ids.append(vocab[END_OF_TURN])
+    _set_json(directory / "generation_config.json", eos_token_id=ids)
 
 
 def _set_json(path: Path, **values: Any) -> None:

@@ -42,6 +42,8 @@ EXIT_SUCCEEDED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 TERMINAL_PHASES = {"Succeeded", "Failed"}
 RUN_MARKER = "FSDP_RUN_LOCAL"
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+QUIET_SECONDS = 15.0
+"""While a Ray job runs and no rank has reported, a line at least this often says it is still starting."""
 STEP_LINE_SECONDS = 30.0
 """Without a terminal, a step line at least this often while training advances."""
 
@@ -102,7 +104,7 @@ def manifest_to_apply(manifest: Obj, *, keep: bool) -> Obj:
 class Progress:
     """What changed in the job's status, as it happens: a line per status message, a step bar on a terminal."""
 
-    def __init__(self, out: TextIO, started: float) -> None:
+    def __init__(self, out: TextIO, started: float, *, data: bool = False) -> None:
         self.console = Console(file=out, highlight=False, soft_wrap=True)
         self.started = started
         self.seen: set[str] = set()
@@ -110,9 +112,13 @@ class Progress:
         self.bar: RichProgress | None = None
         self.bar_task: TaskID | None = None
         self.step_said, self.step_said_at = 0, started
+        self.said_at = started
+        self.data = data
+        """The job reads a data source (not random tokens): its Ray driver prepares the data before any rank runs."""
 
     def line(self, text: str) -> None:
-        self.console.print(f"[{time.monotonic() - self.started:6.1f}s] {text}", markup=False)
+        self.said_at = time.monotonic()
+        self.console.print(f"[{self.said_at - self.started:6.1f}s] {text}", markup=False)
 
     def once(self, key: str, text: str) -> None:
         if key not in self.seen:
@@ -170,6 +176,7 @@ class Progress:
             # Every change of the message is shown, not only phase changes: it is where the waiting is explained.
             self.said = said
             self.line(f"{said[0]}" + (f" ({said[1]})" if said[1] else "") + (f": {said[2]}" if said[2] else ""))
+        self._still_waiting(status)
         for rank in status.get("ranks", []) or []:
             self.once(
                 f"rank-{rank.get('rank')}",
@@ -202,6 +209,17 @@ class Progress:
         output = status.get("output") or {}
         if path := output.get("path"):
             self.once(f"output-{path}", f"model exported to {path} (step {output.get('step')})")
+
+    def _still_waiting(self, status: Obj) -> None:
+        """A line every QUIET_SECONDS while the Ray job runs and no rank has reported yet: the Ray driver is
+        starting the workers, and for a data job reading, tokenizing and packing the data first (a minute or
+        more), which would otherwise pass in silence."""
+        if status.get("phase") != "Running" or status.get("ranks") or (status.get("progress") or {}).get("step"):
+            return
+        if time.monotonic() - self.said_at < QUIET_SECONDS:
+            return
+        doing = "reading, tokenizing and packing the data, then " if self.data else ""
+        self.line(f"still starting: {doing}starting the training workers (no rank has reported yet)")
 
     def _resumed(self, status: Obj, progress: Obj) -> None:
         """A rerun that continued from a checkpoint says so: from a `Resumed` condition when the status has one,
@@ -365,7 +383,8 @@ async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, st
     os.environ[RUN_MARKER] = str(workdir)
     run = LocalRun(manifest_to_apply(manifest, keep=keep), workdir, out)
     started = time.monotonic()
-    progress = Progress(out, started)
+    data = str(((manifest.get("spec") or {}).get("data") or {}).get("source") or "random") != "random"
+    progress = Progress(out, started, data=data)
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -83,3 +83,16 @@ def test_autotokenizers_choice_stays_when_it_gives_the_same_ids(tmp_path: Path) 
     user_tokenizer(directory)  # no config.json: AutoTokenizer reads tokenizer_config.json's class
     choice = choose_tokenizer(str(directory))
     assert choice.why.startswith(f"{type(choice.tokenizer).__name__}: AutoTokenizer's choice, the same token ids")
+
+
+def test_an_export_with_a_chatml_tokenizer_stops_generating_at_the_end_of_a_turn(tmp_path: Path) -> None:
+    import torch
+    from support.tiny_hf import train_tokenizer
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = train_tokenizer(tmp_path / "tok")  # EOS <|endoftext|>, ChatML's <|im_start|> and <|im_end|>
+    config = Qwen2Config(**TINY_QWEN2, vocab_size=500, eos_token_id=tokenizer.eos_token_id)
+    weights = {k: v.clone() for k, v in Qwen2ForCausalLM(config).state_dict().items()}
+    _write_hf_dir(weights, config, tmp_path / "export", str(tmp_path / "tok"), None, torch.float32)
+    stops = GenerationConfig.from_pretrained(tmp_path / "export").eos_token_id
+    assert set(stops) == {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
