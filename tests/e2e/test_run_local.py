@@ -5,6 +5,7 @@ Assertions read the status the operator wrote (the FSDPTrainingJob that `--statu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -263,3 +264,53 @@ def test_the_driver_reads_s3_data_through_the_endpoint_in_spec_env(tmp_path: Pat
     status = job["status"]
     assert status["phase"] == "Succeeded" and status["result"]["steps"] == 4, status
     assert status["progress"]["samplesSeen"] == 4 * 8, status["progress"]  # documents from S3, not random tokens
+
+
+@pytest.mark.slow
+def test_a_head_that_dies_while_the_workers_join_is_reported_at_once(tmp_path: Path) -> None:
+    """The head's GCS is killed once the head is up (as an OOM kill under load would): run-local reports the head
+    gone within seconds of its fatal line (`Some Ray subprocesses exited unexpectedly`), not after the workers'
+    two-minute wait."""
+    import signal
+
+    from fsdp_operator.local.kuberay import NODE_MARKER
+
+    fsdpctl = Path(sys.executable).with_name("fsdpctl")
+    proc = subprocess.Popen(
+        [str(fsdpctl), "run-local", "-f", str(EXAMPLE), "--timeout", "300"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    output = ""
+    killed_at = None
+    try:
+        deadline = time.monotonic() + 300
+        while killed_at is None and time.monotonic() < deadline:
+            output += proc.stdout.readline()
+            match = re.search(r"work dir (\S+)", output)
+            if not match or "worker pods ready" not in output:
+                continue
+            head_dir = Path(match.group(1)) / "r" / "c1" / "n0"
+            for pid in marked_processes(f"{NODE_MARKER}={head_dir}"):
+                with contextlib.suppress(OSError):
+                    if b"gcs_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                        os.kill(pid, signal.SIGKILL)  # a process of this test's own run
+                        killed_at = time.monotonic()
+            if killed_at is None:
+                time.sleep(0.5)
+        assert killed_at is not None, output[-3000:]
+        rest, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output += rest
+    reported = re.search(r"error: (the Ray head of RayCluster \S+ (is dying|exited)[^\n]*)", output)
+    assert proc.returncode == 1 and reported, output[-3000:]
+    took = time.monotonic() - killed_at
+    print(f"reported within {took:.0f} s of the kill: {reported.group(1)}")
+    assert took < 60  # the workers' own wait is 120 s
+    assert_nothing_left(output)
