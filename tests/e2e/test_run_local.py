@@ -311,6 +311,16 @@ def test_a_head_that_dies_while_the_workers_join_is_reported_at_once(tmp_path: P
     reported = re.search(r"error: (the Ray head of RayCluster \S+ (is dying|exited)[^\n]*)", output)
     assert proc.returncode == 1 and reported, output[-3000:]
     took = time.monotonic() - killed_at
-    print(f"reported within {took:.0f} s of the kill: {reported.group(1)}")
-    assert took < 60  # the workers' own wait is 120 s
+    assert took < 100  # kill to the end of run-local, cleanup included; the workers' own wait alone is 120 s
+    # From the head's fatal line to the stand-in's report, on one clock (both logs stay in the kept work dir).
+    workdir = Path(re.search(r"work dir (\S+)", output).group(1))  # type: ignore[union-attr]
+    stamp = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
+    head_log = next((workdir / "r" / "c1").glob("*-head-*.log")).read_text(errors="replace")
+    fatal = re.search(stamp + r".*Some Ray subprocesses exited unexpectedly", head_log, re.M)
+    said = re.search(stamp + r" ERROR .*the Ray head of RayCluster", (workdir / "kuberay.log").read_text(), re.M)
+    assert fatal and said, head_log[-2000:]
+    moment = [time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + int(m.group(1)[20:]) / 1000
+              for m in (fatal, said)]  # fmt: skip
+    print(f"kill to run-local's end {took:.0f} s; fatal line to report {moment[1] - moment[0]:.2f} s: {reported[1]}")
+    assert moment[1] - moment[0] < 5  # a look or a few (HEAD_WATCH_SECONDS), not the workers' 120 s wait
     assert_nothing_left(output)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import sys
 import time
@@ -290,8 +291,8 @@ def _prepare_data(
 @torch.no_grad()
 def _evaluate(
     cfg: TrainConfig, topo: Topology, model: nn.Module, validation: Packed, device: torch.device, step: int
-) -> float:
-    """Mean loss over every validation target (all ranks); rank 0 emits it."""
+) -> float | None:
+    """Mean loss over every validation target (all ranks); rank 0 emits it. None when it is not a number."""
     started = time.perf_counter()
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)
@@ -311,9 +312,14 @@ def _evaluate(
     dist.all_reduce(totals)
     loss_sum, count = totals.tolist()
     mean = loss_sum / count if count else float("nan")
-    if topo.rank == 0:
+    if topo.rank == 0 and math.isfinite(mean):  # no targets, or a diverged model: no evaluation figure, never NaN
         emit(Evaluation(rank=0, step=step, loss=mean, tokens=int(count), seconds=time.perf_counter() - started))
-    return mean
+    return mean if math.isfinite(mean) else None
+
+
+def _known(value: float | None) -> float | None:
+    """A figure for an event: None (absent) when not finite, never NaN on the wire."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 EXPORT_CHECK_ROWS = 4
@@ -391,8 +397,8 @@ def _export(
                 path=target if verdict.verified else "",
                 seconds=time.perf_counter() - started,
                 verified=verdict.verified,
-                training_loss=verdict.training_loss,
-                export_loss=verdict.export_loss,
+                training_loss=_known(verdict.training_loss),
+                export_loss=_known(verdict.export_loss),
                 check=verdict.reason,
             )
         )
