@@ -132,7 +132,8 @@ def test_a_head_that_logs_its_fatal_line_is_reported_before_its_process_exits(
         log_path = tmp_path / "head.log"
         # A head that lives on (sleeps) after printing Ray's own words for a dead subprocess.
         script = (
-            "import sys, time; print('Some Ray subprocesses exited unexpectedly:', flush=True); "
+            "import sys, time; print('2026-12-03 08:24:00,462\\tERR scripts.py:1304 -- "
+            "\\x1b[31mSome Ray subprocesses exited unexpectedly:\\x1b[39m', flush=True); "
             "print('  gcs_server [exit code=-9]', flush=True); time.sleep(600)"
         )
         with log_path.open("wb") as out:
@@ -162,7 +163,8 @@ def test_a_head_that_logs_its_fatal_line_is_reported_before_its_process_exits(
             await kuberay.close()
 
     failure, took, pod = asyncio.run(scenario())
-    assert failure.startswith("the Ray head of RayCluster rc is dying: Some Ray subprocesses exited unexpectedly")
+    # Ray's own words, without its colours and log prefix.
+    assert failure.startswith("the Ray head of RayCluster rc is dying: Some Ray subprocesses exited unexpectedly:;")
     assert took < 30  # a look or a few (HEAD_WATCH_SECONDS each), generous for a loaded machine
     assert pod["status"]["phase"] == "Failed"
 

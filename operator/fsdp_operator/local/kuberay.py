@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -140,7 +141,14 @@ def fatal_line(log_path: Path) -> str:
     except OSError:
         return ""
     found = [line.strip() for line in tail.splitlines() if any(marker in line for marker in FATAL_MARKERS)]
-    return found[-1][:200] if found else ""
+    if not found:
+        return ""
+    # Without Ray's colours and its `2026-12-03 08:24:00,462 ERR scripts.py:1304 -- ` prefix.
+    return _RAY_LOG_PREFIX.sub("", _ANSI.sub("", found[-1]))[:200]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+\S+\s+\S+ -- ")
 
 
 def head_death(head: RayNode) -> str:
