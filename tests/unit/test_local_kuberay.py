@@ -164,7 +164,9 @@ def test_a_head_that_logs_its_fatal_line_is_reported_before_its_process_exits(
 
     failure, took, pod = asyncio.run(scenario())
     # Ray's own words, without its colours and log prefix.
-    assert failure.startswith("the Ray head of RayCluster rc is dying: Some Ray subprocesses exited unexpectedly:;")
+    assert failure.startswith(
+        "the Ray head of RayCluster rc is dying: Some Ray subprocesses exited unexpectedly: gcs_server [exit code=-9];"
+    )
     assert took < 30  # a look or a few (HEAD_WATCH_SECONDS each), generous for a loaded machine
     assert pod["status"]["phase"] == "Failed"
 

@@ -43,7 +43,11 @@ from fsdp_operator.api.fields import Problems, Quantity, show, show_key
 from fsdp_operator.api.fields import field as declare
 from fsdp_operator.api.formats import parse_quantity
 from fsdp_operator.api.kube_types import INT32_MAX, EnvVar, ObjectMeta, Toleration
-from fsdp_operator.api.train_function import TrainFunction, check_bundled_fields_unset
+from fsdp_operator.api.train_function import (
+    TrainFunction,
+    bundled_fields_despite_a_malformed_function,
+    check_bundled_fields_unset,
+)
 from fsdp_operator.api.training_spec import Data, Model, Output, Training
 
 __all__ = [
@@ -491,21 +495,6 @@ def _named(value: Any) -> str:
     return "(missing)" if value is None else show_key(value)
 
 
-def _bundled_fields_despite_a_malformed_function(raw_spec: dict[str, Any], problems: list[str]) -> None:
-    """All problems at once: a malformed trainFunction (a bad callable or code) keeps the spec's own rules from
-    running, and with them the check that names the bundled function's fields it would not read. Parsed again
-    with a well-formed stand-in function, the rest of the spec is checked for those; problems already said (the
-    function's own, a malformed field elsewhere) are not repeated."""
-    stand_in = {**raw_spec, "trainFunction": {"callable": "package.module:function"}}
-    scratch: list[str] = []
-    values = fields.parse(Spec, stand_in, "spec", scratch)
-    if values is None:
-        return  # another group is malformed too: its problem is said already
-    bundled: list[str] = []
-    check_bundled_fields_unset(values, Spec, "spec", bundled)
-    problems.extend(p for p in bundled if p not in problems)
-
-
 def parse_job(manifest: Any) -> Job:
     """A typed Job from a manifest dict (as applied, or as kopf hands it over); SpecError names every problem."""
     manifest = check_kind(manifest)
@@ -525,7 +514,7 @@ def parse_job(manifest: Any) -> Job:
             spec = fields.build(Spec, values)
             _check_train_config(spec, problems)
         elif isinstance(raw_spec, dict) and isinstance(raw_spec.get("trainFunction"), dict):
-            _bundled_fields_despite_a_malformed_function(raw_spec, problems)
+            bundled_fields_despite_a_malformed_function(raw_spec, Spec, problems)
     if meta is not None and spec is not None:
         queueing.check_labels(meta["labels"], spec.queue_name, problems)
     if problems or meta is None or spec is None:

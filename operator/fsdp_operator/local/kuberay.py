@@ -140,11 +140,18 @@ def fatal_line(log_path: Path) -> str:
             tail = f.read().decode(errors="replace")
     except OSError:
         return ""
-    found = [line.strip() for line in tail.splitlines() if any(marker in line for marker in FATAL_MARKERS)]
+    lines = tail.splitlines()
+    found = [i for i, line in enumerate(lines) if any(marker in line for marker in FATAL_MARKERS)]
     if not found:
         return ""
-    # Without Ray's colours and its `2026-12-03 08:24:00,462 ERR scripts.py:1304 -- ` prefix.
-    return _RAY_LOG_PREFIX.sub("", _ANSI.sub("", found[-1]))[:200]
+
+    def clean(line: str) -> str:  # without Ray's colours and its `2026-12-03 08:24:00,462 ERR scripts.py:1304 -- `
+        return " ".join(_RAY_LOG_PREFIX.sub("", _ANSI.sub("", line.strip())).split())
+
+    said = clean(lines[found[-1]])
+    if said.endswith(":") and found[-1] + 1 < len(lines):  # Ray names the subprocess on the next line
+        said += " " + clean(lines[found[-1] + 1])
+    return said[:200]
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
