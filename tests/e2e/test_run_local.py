@@ -5,6 +5,7 @@ Assertions read the status the operator wrote (the FSDPTrainingJob that `--statu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -102,20 +103,65 @@ def test_tiny_cpu_job_succeeds_and_the_status_tells_what_happened(tmp_path: Path
 
 
 @pytest.mark.slow  # the failure path is covered fast by the integration tests (FakeRay) and ray_entry unit tests
-def test_a_failing_training_ends_failed_with_rays_error(tmp_path: Path) -> None:
+def test_a_failing_training_ends_failed_with_one_line_said_once(tmp_path: Path) -> None:
+    """A failure no preflight can see (the training raises after step 2): status.message is one line naming the
+    cause, printed once by run-local; Ray's log tail is in status.failureLog and in a file, not on the screen."""
     manifest = yaml.safe_load(EXAMPLE.read_text())
     manifest["metadata"]["name"] = "tiny-broken"
-    # A model path that does not exist: the training function fails while loading it on every rank.
-    manifest["spec"]["model"] = {"name": "/nonexistent/model", "init": "pretrained"}
+    manifest["spec"]["runtimeEnv"] = {"envVars": {"FSDP_TRAIN_FAIL_AT_STEP": "2"}}
+    manifest["spec"]["runPolicy"] = {"maxWorkerRestarts": 0, "backoffLimit": 0}
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(manifest))
+    started = time.monotonic()
     proc, job = run_local(path, tmp_path)
-    assert proc.returncode == 1, proc.stdout[-4000:]
+    took = time.monotonic() - started
+    assert proc.returncode == 1 and job, proc.stdout[-4000:] + proc.stderr[-2000:]
     status = job["status"]
-    assert status["phase"] == "Failed"
-    assert status["reason"] == "RayJobFailed"
-    assert "/nonexistent/model" in status["message"]
-    assert "job failed: RayJobFailed" in proc.stdout
+    assert (status["phase"], status["reason"]) == ("Failed", "RayJobFailed")
+    message = status["message"]
+    print(f"message after {took:.0f} s: {message}")
+    assert "\n" not in message and len(message) <= 300
+    assert message.startswith("rank ") and "RuntimeError: FSDP_TRAIN_FAIL_AT_STEP=2: injected failure after step 2" \
+        in message  # fmt: skip
+    assert "last available logs" not in message and "last available logs" not in proc.stdout
+    assert proc.stdout.count(message) == 1, proc.stdout[-4000:]  # said once, not three times
+    assert f"job failed: RayJobFailed: {message}" in proc.stdout
+    assert "injected failure after step 2" in status["failureLog"]
+    log_file = re.search(r"the job's last output lines: (\S+)", proc.stdout)
+    assert log_file and Path(log_file.group(1)).read_text().strip() == status["failureLog"].strip()
+
+
+def test_missing_inputs_are_refused_in_seconds_before_any_cluster_each_named(tmp_path: Path) -> None:
+    """The four needs run-local checks before it starts a cluster: the code directory of a user function, the data
+    file, the model (here a hub id on a machine without the hub), all at once, no traceback, nothing started."""
+    fsdpctl = Path(sys.executable).with_name("fsdpctl")
+    manifest = yaml.safe_load((ROOT / "examples" / "tiny-finetune.yaml").read_text())
+    manifest["spec"]["model"] = {"name": "acme/no-such-model-9b", "init": "pretrained"}
+    manifest["spec"]["data"]["source"] = str(tmp_path / "gone.jsonl")
+    missing_data = tmp_path / "missing-data.yaml"
+    missing_data.write_text(yaml.safe_dump(manifest))
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}  # port 9: nothing
+    for job, said in (
+        (ROOT / "examples" / "byo-function" / "job.yaml", ["spec.trainFunction.code: /opt/byo-function not found"]),
+        (
+            missing_data,
+            [
+                f"spec.data.source: {tmp_path / 'gone.jsonl'} not found",
+                "spec.model.name: acme/no-such-model-9b: hub unreachable from this node",
+            ],
+        ),
+    ):
+        started = time.monotonic()
+        proc = subprocess.run(
+            [str(fsdpctl), "run-local", "-f", str(job)], capture_output=True, text=True, timeout=120, env=env
+        )
+        took = time.monotonic() - started
+        print(f"{job.name}: refused after {took:.1f} s: {proc.stderr.strip()}")
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+        for text in said:
+            assert text in proc.stderr
+        assert "Traceback" not in proc.stderr and "--config-json" not in proc.stderr
+        assert took < 60
 
 
 def test_bad_yaml_exits_2_and_starts_nothing(tmp_path: Path) -> None:
@@ -221,3 +267,63 @@ def test_the_driver_reads_s3_data_through_the_endpoint_in_spec_env(tmp_path: Pat
     status = job["status"]
     assert status["phase"] == "Succeeded" and status["result"]["steps"] == 4, status
     assert status["progress"]["samplesSeen"] == 4 * 8, status["progress"]  # documents from S3, not random tokens
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # a whole run-local on a loaded shared machine
+def test_a_head_that_dies_while_the_workers_join_is_reported_at_once(tmp_path: Path) -> None:
+    """The head's GCS is killed once the head is up (as an OOM kill under load would): run-local reports the head
+    gone within seconds of its fatal line (`Some Ray subprocesses exited unexpectedly`), not after the workers'
+    two-minute wait."""
+    import signal
+
+    from fsdp_operator.local.kuberay import NODE_MARKER
+
+    fsdpctl = Path(sys.executable).with_name("fsdpctl")
+    log = tmp_path / "run-local.out"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [str(fsdpctl), "run-local", "-f", str(EXAMPLE), "--timeout", "300"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    killed_at = None
+    try:
+        deadline = time.monotonic() + 200
+        while killed_at is None and time.monotonic() < deadline and proc.poll() is None:
+            output = log.read_text()
+            match = re.search(r"work dir (\S+)", output)
+            head_logs = list((Path(match.group(1)) / "r" / "c1").glob("*-head-*.log")) if match else []
+            if head_logs and "Ray runtime started" in head_logs[0].read_text(errors="replace"):
+                # The head is up (its `ray start` done), the workers are joining.
+                head_dir = Path(match.group(1)) / "r" / "c1" / "n0"  # type: ignore[union-attr]
+                for pid in marked_processes(f"{NODE_MARKER}={head_dir}"):
+                    with contextlib.suppress(OSError):
+                        if b"gcs_server" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                            os.kill(pid, signal.SIGKILL)  # a process of this test's own run
+                            killed_at = time.monotonic()
+            time.sleep(0.5)
+        assert killed_at is not None, log.read_text()[-3000:]
+        proc.wait(timeout=200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = log.read_text()
+    reported = re.search(r"error: (the Ray head of RayCluster \S+ (is dying|exited)[^\n]*)", output)
+    assert proc.returncode == 1 and reported, output[-3000:]
+    took = time.monotonic() - killed_at
+    assert took < 100  # kill to the end of run-local, cleanup included; the workers' own wait alone is 120 s
+    # From the head's fatal line to the stand-in's report, on one clock (both logs stay in the kept work dir).
+    workdir = Path(re.search(r"work dir (\S+)", output).group(1))  # type: ignore[union-attr]
+    stamp = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
+    head_log = next((workdir / "r" / "c1").glob("*-head-*.log")).read_text(errors="replace")
+    fatal = re.search(stamp + r".*Some Ray subprocesses exited unexpectedly", head_log, re.M)
+    said = re.search(stamp + r" ERROR .*the Ray head of RayCluster", (workdir / "kuberay.log").read_text(), re.M)
+    assert fatal and said, head_log[-2000:]
+    moment = [time.mktime(time.strptime(m.group(1)[:19], "%Y-%m-%d %H:%M:%S")) + int(m.group(1)[20:]) / 1000
+              for m in (fatal, said)]  # fmt: skip
+    print(f"kill to run-local's end {took:.0f} s; fatal line to report {moment[1] - moment[0]:.2f} s: {reported[1]}")
+    assert moment[1] - moment[0] < 5  # a look or a few (HEAD_WATCH_SECONDS), not the workers' 120 s wait
+    assert_nothing_left(output)

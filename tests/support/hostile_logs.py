@@ -53,7 +53,7 @@ def event_lines() -> Iterator[tuple[str, str]]:
         _placement(rank="1"), _placement(rank=1.5), _placement(rank=True), _placement(rank=None),
         _placement(world_size=[8]), _placement(node_ip=10), _placement(pod={"name": "x"}), _placement(hostname=None),
         _transport(transport="carrier-pigeon"), _transport(transport=1), _transport(evidence=["a", "b"]),
-        _step(step="3"), _step(loss="low"), _step(loss=True), _step(mfu="high"), _step(tokens_per_second=None),
+        _step(step="3"), _step(loss="low"), _step(loss=True), _step(mfu="high"), _step(tokens_per_second="fast"),
         {"v": 1, "kind": "probe", "rank": 0, "scope": "galaxy", "ranks": 8, "size_bytes": 1,
          "allreduce_busbw_gbps": 1.0, "allgather_busbw_gbps": 1.0},
         {"v": 1, "kind": "failure", "rank": 0, "message": 404},

@@ -60,6 +60,10 @@ def test_invalid_spec_lists_every_problem_and_exits_1(capsys: pytest.CaptureFixt
         ("- a\n- b\n", "expected a mapping"),
         ("a: 1\n---\nb: 2\n", "expected one YAML document"),
         ("", "found 0"),
+        # A tab that indents a line, at the first key (PyYAML: "cannot start any token") and deeper.
+        ("apiVersion: fsdp.dev/v1alpha1\nmetadata:\n\tname: x\n", "line 3, column 1: a tab indents this line"),
+        ("spec:\n  workers:\n    replicas: 2\n\tcpu: '1'\n", "line 4, column 1: a tab indents this line"),
+        ("spec:\n  \t workers: {}\n", "a tab indents this line; YAML indents with spaces only"),
     ],
 )
 def test_unusable_input_exits_2_with_the_reason(

@@ -121,6 +121,56 @@ def test_a_head_whose_ray_process_exits_is_reported_not_ready_as_a_kubelet_would
     assert conditions["RayClusterProvisioned"]["status"] == "True"  # the other conditions stay as they were
 
 
+def test_a_head_that_logs_its_fatal_line_is_reported_before_its_process_exits(
+    apiserver: ThreadedApiServer, tmp_path: Path
+) -> None:
+    """`ray start --block` whose GCS died says so in its log, then takes its time stopping the rest: the stand-in
+    reports the head gone at that line (within one look, HEAD_WATCH_SECONDS), not when the process ends."""
+
+    async def scenario() -> tuple[str, float, dict[str, Any]]:
+        kuberay = LocalKubeRay(apiserver.url, tmp_path)
+        log_path = tmp_path / "head.log"
+        # A head that lives on (sleeps) after printing Ray's own words for a dead subprocess.
+        script = (
+            "import sys, time; print('2026-12-03 08:24:00,462\\tERR scripts.py:1304 -- "
+            "\\x1b[31mSome Ray subprocesses exited unexpectedly:\\x1b[39m', flush=True); "
+            "print('  gcs_server [exit code=-9]', flush=True); time.sleep(600)"
+        )
+        with log_path.open("wb") as out:
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, stdout=out)
+        try:
+            await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
+            rc = await kuberay._request(
+                "POST",
+                "/apis/ray.io/v1/namespaces/default/rayclusters",
+                {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": {}},
+            )
+            cluster = LocalCluster("default", "rc", rc["metadata"]["uid"], tmp_path / "c")
+            template = {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.58.0"}]}}
+            await kuberay._put_pod(
+                cluster, "rc-head", {"ray.io/node-type": "head"}, "127.0.0.2", ready=True, template=template
+            )
+            head = RayNode("rc-head", "127.0.0.2", process, log_path, tmp_path / "n0")
+            started = time.monotonic()
+            await asyncio.wait_for(kuberay.watch_head(cluster, head), 120)
+            took = time.monotonic() - started
+            assert process.returncode is None  # reported while the process still runs
+            pod = await kuberay._request("GET", "/api/v1/namespaces/default/pods/rc-head")
+            return cluster.failure, took, pod
+        finally:
+            process.kill()
+            await process.wait()
+            await kuberay.close()
+
+    failure, took, pod = asyncio.run(scenario())
+    # Ray's own words, without its colours and log prefix.
+    assert failure.startswith(
+        "the Ray head of RayCluster rc is dying: Some Ray subprocesses exited unexpectedly: gcs_server [exit code=-9];"
+    )
+    assert took < 30  # a look or a few (HEAD_WATCH_SECONDS each), generous for a loaded machine
+    assert pod["status"]["phase"] == "Failed"
+
+
 def test_a_containers_memory_limit_bounds_each_process_of_its_ray_node() -> None:
     """`memory: 4Gi` holds locally too: past the limit an allocation fails instead of taking the machine's memory."""
     limit = parse_quantity("256Mi")

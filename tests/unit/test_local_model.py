@@ -44,3 +44,38 @@ def test_without_text_a_sample_corpus_comes_with_it_and_the_example_points_there
 def test_unreadable_text_is_a_one_line_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["local", "make-model", str(tmp_path / "m"), "--text", str(tmp_path / "missing.txt")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'missing.txt'}: not a file"
+
+
+def test_jsonl_text_trains_the_tokenizer_on_its_documents_not_its_keys(tmp_path: Path) -> None:
+    """`--text chat.jsonl`: the contents are the text; `role`, `content` and the JSON around them are not."""
+    import json
+
+    from transformers import AutoTokenizer, GenerationConfig
+
+    rows = [
+        {"messages": [{"role": "user", "content": "bonjour le monde"}, {"role": "assistant", "content": "salut"}]},
+        {"text": "un deux trois quatre"},
+    ]
+    text = tmp_path / "chat.jsonl"
+    text.write_text("".join(json.dumps(r) + "\n" for r in rows * 200))
+    assert main(["local", "make-model", str(tmp_path / "m"), "--text", str(text), "--vocab-size", "400"]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "m")
+    learned = set(tokenizer.get_vocab())
+    assert not [t for t in learned if "content" in t or "role" in t or '":' in t]
+    assert len(tokenizer("bonjour le monde")["input_ids"]) <= 3  # merged from the documents
+    # A chat model stops at the end of its turn, not only at the end of a document.
+    generation = GenerationConfig.from_pretrained(tmp_path / "m")
+    assert set(generation.eos_token_id) == {tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")}
+
+
+def test_make_model_prints_no_library_warnings(tmp_path: Path) -> None:
+    """No torchao kernel-loading or pytree deprecation lines, no progress bar: stderr stays empty."""
+    import subprocess
+    import sys
+
+    fsdpctl = Path(sys.executable).with_name("fsdpctl")
+    done = subprocess.run(
+        [str(fsdpctl), "local", "make-model", str(tmp_path / "m")], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""

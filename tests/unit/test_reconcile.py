@@ -420,12 +420,31 @@ def test_success_records_result_and_cleans_up() -> None:
     assert kinds(d) == ["DeleteRayCluster"] and events(d) == [("Normal", "Completed")]
 
 
-def test_ray_failure_carries_rays_and_the_ranks_message() -> None:
+def test_ray_failure_says_the_ranks_cause_in_one_line_and_keeps_rays_logs_apart() -> None:
     failure = Failure(rank=3, message="CUDA out of memory")
-    info = RayJobInfo(sid(1), "FAILED", "Job entrypoint command failed with exit code 1")
+    logs = "Traceback (most recent call last):\n" * 40 + "torch.OutOfMemoryError: CUDA out of memory\n"
+    info = RayJobInfo(
+        sid(1),
+        "FAILED",
+        "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n" + logs,
+    )
     d = run(manifest(), at(Phase.RUNNING), **running(ray_job=info, events=(failure,)))
     assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.RAY_JOB_FAILED)
-    assert "exit code 1" in d.status.message and "rank 3: CUDA out of memory" in d.status.message
+    assert d.status.message == "rank 3: CUDA out of memory"
+    assert d.status.failure_log.endswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert "last available logs" not in d.status.failure_log
+
+
+def test_ray_failure_without_a_rank_report_names_the_last_exception() -> None:
+    logs = "chatter\n" * 300 + "fsdp_train: training failed: ModuleNotFoundError: No module named 'tinygpt'\n"
+    info = RayJobInfo(
+        sid(1),
+        "FAILED",
+        "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\n" + logs,
+    )
+    d = run(manifest(), at(Phase.RUNNING), **running(ray_job=info))
+    assert d.status.message == "Ray: ModuleNotFoundError: No module named 'tinygpt'"
+    assert "\n" in d.status.to_dict()["failureLog"]
     assert condition(d.status, ConditionType.JOB_SUBMITTED) == "False"
     assert kinds(d) == ["DeleteRayCluster"] and events(d) == [("Warning", "RayJobFailed")]
 

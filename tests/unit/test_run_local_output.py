@@ -156,3 +156,34 @@ def test_an_endpoint_in_network_env_is_refused_before_anything_starts_and_points
     assert "spec.network.env[0].name: AWS_ENDPOINT_URL is not a transport variable" in captured.err
     assert "use spec.env, which reaches every Ray process" in captured.err
     assert captured.out == ""
+
+
+def test_the_silence_before_the_first_rank_is_broken_by_a_line_while_running() -> None:
+    """A data job's driver reads, tokenizes and packs for a minute before any rank reports: say so."""
+    import time
+
+    out = io.StringIO()
+    progress = Progress(out, started=time.monotonic() - 100, data=True)  # nothing said for 100 s
+    running = {"phase": "Running", "reason": "JobRunning", "message": "training is running"}
+    progress.show(running)  # the message line itself
+    progress.said_at -= 100  # as if that line was said 100 s ago
+    progress.show(running)
+    progress.show(running)  # at most one line per QUIET_SECONDS
+    lines = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert lines == [
+        "Running (JobRunning): training is running",
+        "still starting: reading, tokenizing and packing the data, then starting the training workers "
+        "(no rank has reported yet)",
+    ]
+    progress.said_at -= 100
+    progress.show({**running, "ranks": [{"rank": 0}]})  # a rank reported: no more waiting lines
+    assert "still starting" not in out.getvalue().splitlines()[-1]
+
+
+def test_a_failed_phase_line_leaves_the_message_to_the_end() -> None:
+    out = io.StringIO()
+    Progress(out, started=0.0).show({"phase": "Failed", "reason": "RayJobFailed", "message": "rank 0: X: y"})
+    assert out.getvalue().split("] ", 1)[1] == "Failed (RayJobFailed)\n"
+    assert summary_lines({"phase": "Failed", "reason": "RayJobFailed", "message": "m"}, message=False)[0] == (
+        "phase      Failed (RayJobFailed)"
+    )

@@ -213,8 +213,9 @@ def test_non_finite_numbers_never_reach_the_api_server() -> None:
     ]
     status = fold_events(job(), JobStatus(), list(parse_lines(lines)), now=NOW).status
     json.dumps(status.to_dict(), allow_nan=False)  # raises on NaN or infinity
-    assert status.progress["loss"] is None and status.progress["tokensPerSecond"] is None
-    assert status.result["finalLoss"] is None
+    # Unknown figures are absent (no field, an empty column), not null, 0 or NaN.
+    assert "loss" not in status.progress and "tokensPerSecond" not in status.progress
+    assert "finalLoss" not in status.result and "tokensPerSecond" not in status.result
 
 
 def test_fold_timings_and_precision() -> None:
@@ -279,3 +280,21 @@ def test_without_rank_detail_keeps_the_verdict_and_drops_what_each_rank_reported
         Phase.RUNNING, Reason.JOB_RUNNING, {"step": 3}, [{"type": "X"}],
     )  # fmt: skip
     assert full.ranks == [{"rank": 0}]  # the original is left as it was
+
+
+def test_a_rerun_of_a_finished_run_shows_its_step_and_no_invented_figures() -> None:
+    """A rerun that resumes at the last step trains none: the table's STEP is where it stands (100/100), the
+    losses and the rate are absent (not NaN, not 0), the export time is what the export took."""
+    lines = [
+        Checkpoint(rank=0, step=100, path="/ckpt", resumed=True).to_line(),
+        Summary(
+            rank=0, steps=100, final_loss=None, first_loss=None, tokens_per_second=None, resumed_from_step=100,
+            export_seconds=3.5,
+        ).to_line(),
+    ]  # fmt: skip
+    status = fold_events(job(), JobStatus(), list(parse_lines(lines)), now=NOW).status.to_dict()
+    assert status["progress"] == {"step": 100, "stepOfTotal": "100/100", "totalSteps": 100}
+    assert "firstLoss" not in status["result"] and "tokensPerSecond" not in status["result"]
+    assert status["result"]["resumedFromStep"] == 100
+    text = json.dumps(status)
+    assert "NaN" not in text and "null" not in text

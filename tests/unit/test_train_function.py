@@ -21,7 +21,7 @@ from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_train.events import Event, parse_lines
 from fsdp_train.ray_entry import RayJobConfig
 from fsdp_train.user_function import events_from_report, failure
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,6 +259,32 @@ def test_a_functions_reports_fill_the_progress_without_a_total_it_did_not_give()
     jsonschema.Draft7Validator(status_schema).validate(status)
 
 
+@settings(max_examples=80, deadline=None, database=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["loss", "tokens_per_second", "eval_loss", "grad_norm", "step"]),
+        st.floats() | st.integers(-5, 10**6) | st.none() | st.text(max_size=3),
+    )
+)
+def test_a_figure_a_function_does_not_report_is_absent_never_0_or_nan(metrics: dict[str, Any]) -> None:
+    """No tokens_per_second: no tokensPerSecond (an empty TOKENS/S column), not 0; NaN nowhere in status."""
+    loss = metrics.get("loss")
+    # A negative loss is no cross-entropy: the step is refused whole (test_log_hostility), nothing to see here.
+    assume(not (isinstance(loss, int | float) and loss < 0))
+    reported = events_from_report(metrics, reports=1, world_size=4, checkpoint_path=None)
+    assert "NaN" not in "".join(e.to_line() for e in reported)
+    status = one_pass(reported)
+    text = json.dumps(status, allow_nan=True)
+    assert "NaN" not in text and "Infinity" not in text and "null" not in text
+    progress = status["progress"]
+    rate = metrics.get("tokens_per_second")
+    given_rate = isinstance(rate, int | float) and not isinstance(rate, bool) and 0 <= rate < float("inf")
+    if not given_rate:
+        assert "tokensPerSecond" not in progress and "tokensPerSecondPerDevice" not in progress
+    elif rate <= 1e15:  # past 2^53 a rate is no exact JSON integer: left out too (folding._whole)
+        assert progress["tokensPerSecond"] == round(rate)
+
+
 def test_a_function_that_raises_fails_the_job_with_its_exception() -> None:
     try:
         raise ValueError("loss went NaN at step 12")
@@ -268,6 +294,8 @@ def test_a_function_that_raises_fails_the_job_with_its_exception() -> None:
     assert status["phase"] == Phase.FAILED and status["reason"] == Reason.RAY_JOB_FAILED
     assert "rank 1: ValueError: loss went NaN at step 12 | at test_train_function.py:" in status["message"]
     assert status["rankFailures"][0]["message"] == fail.message
+    assert status["rankFailures"][0]["reason"] == "ValueError"  # every failure has a reason
+    assert "\n" not in status["message"] and len(status["message"]) <= 300
 
 
 JSON_VALUES = st.recursive(
@@ -289,3 +317,18 @@ def test_any_config_and_callable_is_accepted_unchanged_or_refused_by_path(config
     sub = render.submission(parsed, "sid", "/p")
     arrived = RayJobConfig.from_dict(json.loads(shlex.split(sub.entrypoint)[-1])).function
     assert arrived is not None and arrived.config == config and arrived.callable == target
+
+
+def test_a_malformed_function_does_not_hide_the_bundled_fields_it_refuses() -> None:
+    """All problems at once, not in stages: the function's own and the fields it would not read."""
+    spec = base(training={"steps": 7}, data={"source": "/x.jsonl"})
+    spec["trainFunction"] = {"callable": "not a callable", "code": "relative/dir"}
+    found = problems(spec)
+    assert [p.split(":", 1)[0] for p in found] == [
+        "spec.trainFunction.callable",
+        "spec.trainFunction.code",
+        "spec.training.steps",
+        "spec.data.source",
+    ]
+    spec["workers"] = {"replicas": "two"}  # another group malformed too: said once, nothing invented
+    assert sum("spec.workers.replicas" in p for p in problems(spec)) == 1

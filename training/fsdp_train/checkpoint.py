@@ -34,6 +34,8 @@ Fingerprint = Mapping[str, Any]
 class CheckpointMismatch(RuntimeError):
     """The latest checkpoint was written by a run with other settings; resuming would not continue it."""
 
+    reason = "CheckpointMismatch"
+
 
 def check_fingerprint(stored: Fingerprint | None, current: Fingerprint | None, where: str) -> None:
     """Raise ``CheckpointMismatch`` naming every field whose value differs between the checkpoint and this run.

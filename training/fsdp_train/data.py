@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from fsdp_train.config import TrainConfig
 from fsdp_train.storage import DataUnavailable, filesystem, on_one_rank_per_node
+from fsdp_train.tokenizer_choice import TokenizerChoice, choose_tokenizer
 
 EXTENSIONS: dict[str, tuple[str, ...]] = {
     "jsonl": (".jsonl", ".json", ".jsonl.gz", ".json.gz"),
@@ -149,15 +150,19 @@ def read_tables(source: Source, column: str) -> Iterator[pa.Table]:
 @functools.cache
 def load_tokenizer(location: str) -> Any:
     """The tokenizer at ``location`` (a directory, an ``s3://`` prefix or a hub id), fetched to this node
-    first: Ray Data runs the tokenizing tasks on any node of the cluster."""
-    from transformers import AutoTokenizer
+    first: Ray Data runs the tokenizing tasks on any node of the cluster. See :func:`choose_tokenizer`."""
+    return load_tokenizer_choice(location).tokenizer
 
+
+@functools.cache
+def load_tokenizer_choice(location: str) -> TokenizerChoice:
+    """:func:`load_tokenizer` with why that class."""
     from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, fetch
 
-    tokenizer = AutoTokenizer.from_pretrained(fetch(location, patterns=TOKENIZER_FILE_PATTERNS))
-    if tokenizer.eos_token_id is None:
+    choice = choose_tokenizer(fetch(location, patterns=TOKENIZER_FILE_PATTERNS))
+    if choice.tokenizer.eos_token_id is None:
         raise ValueError(f"training.tokenizer: the tokenizer in {location} has no EOS token to separate documents.")
-    return tokenizer
+    return choice
 
 
 @dataclass(slots=True)

@@ -115,10 +115,11 @@ class Step(Event):
     kind: ClassVar[str] = "step"
     step: int
     total_steps: int
-    loss: float
-    tokens_per_second: float
-    """Tokens per second over all ranks."""
-    tokens_per_second_per_device: float
+    loss: float | None
+    """None when not known (a user function that reports none; a non-finite loss is sent as None too)."""
+    tokens_per_second: float | None
+    """Tokens per second over all ranks; None when not known (a user function that reports none)."""
+    tokens_per_second_per_device: float | None
     mfu: float | None = None
     """Model FLOPs utilisation, 0..1; None on CPU (no known peak)."""
     step_seconds: float = 0.0
@@ -184,10 +185,11 @@ class Summary(Event):
 
     kind: ClassVar[str] = "summary"
     steps: int
-    final_loss: float
-    first_loss: float
-    tokens_per_second: float
-    """Training steps only: tokens over the time of steps 2..N (``step_seconds``), all ranks."""
+    final_loss: float | None
+    """None when this run trained no step (a rerun of a finished run) or the loss was not finite."""
+    first_loss: float | None
+    tokens_per_second: float | None
+    """Training steps only: tokens over the time of steps 2..N (``step_seconds``), all ranks; None without steps."""
     mfu: float | None = None
     seconds: float = 0.0
     """The whole run on this rank: start-up, steps, evaluation, checkpoints, export."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import sys
 import time
@@ -20,11 +21,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_train import report
+from fsdp_train import preflight, report
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
 from fsdp_train.events import Checkpoint, Evaluation, Export, Failure, Summary, as_dict, emit
+from fsdp_train.failures import failure_reason
 from fsdp_train.feed import Collate, TrainFeed, eval_batches
 from fsdp_train.fingerprint import run_fingerprint
 from fsdp_train.loss import IGNORE_INDEX, use_chunked_loss
@@ -86,7 +88,7 @@ def train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
     try:
         return _train(cfg, topo, host)
     except BaseException as e:
-        emit(Failure(rank=topo.rank, message=f"{type(e).__name__}: {e}", reason=getattr(e, "reason", "")))
+        emit(Failure(rank=topo.rank, message=f"{type(e).__name__}: {e}", reason=failure_reason(e)))
         raise
 
 
@@ -110,6 +112,8 @@ def _train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
 def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> dict[str, Any]:
     env = host.env
     started = time.perf_counter()
+    # Before the first collective: a missing data file or an unreachable model fails in seconds, named.
+    preflight.check_rank(cfg)
     fingerprint = run_fingerprint(cfg, topo.world_size) if cfg.checkpoint_path else None
     clock = StartupClock.start()
     compile_cache = configure_compile_cache(cfg.compile_cache_dir, env)
@@ -218,15 +222,21 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         # A rerun of a finished run (same fingerprint) trains nothing; it still leaves the export it promises.
         if topo.rank == 0:
             print(f"fsdp_train: the checkpoint is the end of training (step {resumed_from}); exporting it", flush=True)
+        if validation is not None:  # the figures of this run are this run's own: its evaluation of the model
+            t1 = time.perf_counter()
+            eval_loss = _evaluate(cfg, topo, model, validation, device, resumed_from)
+            eval_seconds += time.perf_counter() - t1
         check = _check_batch(cfg, feed, validation, config.vocab_size)
+        t1 = time.perf_counter()
         _export(cfg, topo, model, config, cfg.output_path, resumed_from, tokenizer_dir, model_dir, check, device)
+        export_seconds += time.perf_counter() - t1
 
-    last_loss = metrics.last.loss if metrics.last else float("nan")
+    # Losses and the rate of the steps this run trained; None (absent) when it trained none.
     summary = Summary(
         rank=topo.rank,
         steps=cfg.steps,
-        final_loss=last_loss,
-        first_loss=metrics.first_loss if metrics.first_loss is not None else float("nan"),
+        final_loss=metrics.last.loss if metrics.last else None,
+        first_loss=metrics.first_loss,
         tokens_per_second=metrics.mean_tokens_per_second,
         mfu=metrics.mean_mfu,
         seconds=time.perf_counter() - started,
@@ -281,8 +291,8 @@ def _prepare_data(
 @torch.no_grad()
 def _evaluate(
     cfg: TrainConfig, topo: Topology, model: nn.Module, validation: Packed, device: torch.device, step: int
-) -> float:
-    """Mean loss over every validation target (all ranks); rank 0 emits it."""
+) -> float | None:
+    """Mean loss over every validation target (all ranks); rank 0 emits it. None when it is not a number."""
     started = time.perf_counter()
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64, device=device)
@@ -302,9 +312,14 @@ def _evaluate(
     dist.all_reduce(totals)
     loss_sum, count = totals.tolist()
     mean = loss_sum / count if count else float("nan")
-    if topo.rank == 0:
+    if topo.rank == 0 and math.isfinite(mean):  # no targets, or a diverged model: no evaluation figure, never NaN
         emit(Evaluation(rank=0, step=step, loss=mean, tokens=int(count), seconds=time.perf_counter() - started))
-    return mean
+    return mean if math.isfinite(mean) else None
+
+
+def _known(value: float | None) -> float | None:
+    """A figure for an event: None (absent) when not finite, never NaN on the wire."""
+    return value if value is not None and math.isfinite(value) else None
 
 
 EXPORT_CHECK_ROWS = 4
@@ -382,8 +397,8 @@ def _export(
                 path=target if verdict.verified else "",
                 seconds=time.perf_counter() - started,
                 verified=verdict.verified,
-                training_loss=verdict.training_loss,
-                export_loss=verdict.export_loss,
+                training_loss=_known(verdict.training_loss),
+                export_loss=_known(verdict.export_loss),
                 check=verdict.reason,
             )
         )

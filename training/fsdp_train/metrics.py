@@ -6,6 +6,7 @@ MFU follows ``docs/performance.md``: tokens/s/device x FLOPs/token / the device'
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -112,16 +113,18 @@ class Metrics:
     _seconds: float = 0.0
 
     def log(self, m: StepMetrics) -> Step:
-        tps = m.tokens / m.step_seconds if m.step_seconds > 0 else 0.0
-        per_device = tps / self.world_size
+        # A step too short for the clock has no rate (None), not a rate of 0.
+        tps = m.tokens / m.step_seconds if m.step_seconds > 0 else None
+        per_device = tps / self.world_size if tps is not None else None
+        loss = m.loss if math.isfinite(m.loss) else None  # a diverged loss is unknown, never NaN on the wire
         event = Step(
             rank=self.rank,
             step=m.step,
             total_steps=self.total_steps,
-            loss=m.loss,
+            loss=loss,
             tokens_per_second=tps,
             tokens_per_second_per_device=per_device,
-            mfu=mfu(per_device, self.flops_per_token, self.peak),
+            mfu=mfu(per_device, self.flops_per_token, self.peak) if per_device is not None else None,
             step_seconds=m.step_seconds,
             peak_memory_bytes=m.peak_memory_bytes,
             epoch=m.epoch,
@@ -129,8 +132,8 @@ class Metrics:
             tokens_seen=m.tokens_seen,
             samples_digest=m.samples_digest,
         )
-        if self.first_loss is None:
-            self.first_loss = m.loss
+        if self._steps == 0:
+            self.first_loss = loss
         self.last = event
         # The first step of a run pays for compilation and allocator warm-up; the mean leaves it out.
         self._steps += 1
@@ -149,9 +152,11 @@ class Metrics:
         return self._seconds
 
     @property
-    def mean_tokens_per_second(self) -> float:
-        return self._tokens / self._seconds if self._seconds > 0 else 0.0
+    def mean_tokens_per_second(self) -> float | None:
+        """None when no step was timed (a rerun of a finished run trains none)."""
+        return self._tokens / self._seconds if self._seconds > 0 else None
 
     @property
     def mean_mfu(self) -> float | None:
-        return mfu(self.mean_tokens_per_second / self.world_size, self.flops_per_token, self.peak)
+        rate = self.mean_tokens_per_second
+        return mfu(rate / self.world_size, self.flops_per_token, self.peak) if rate is not None else None

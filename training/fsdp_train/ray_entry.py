@@ -206,6 +206,13 @@ def run(job: RayJobConfig) -> dict[str, Any]:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    if job.function is None:
+        # Before Ray and before the tokenizer is fetched: a missing data file is said as such, in seconds, not as
+        # a hub error a minute later.
+        from fsdp_train import preflight
+
+        preflight.check(preflight.data_problems(job.train), reason=preflight.DATA_UNAVAILABLE)
+        preflight.check(preflight.tokenizer_problems(job.train))
     if not ray.is_initialized():
         ray.init()
     datasets = driver_datasets(job.train) if job.function is None else {}

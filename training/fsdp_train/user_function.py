@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdp_train import preflight
 from fsdp_train.events import (
     MAX_COUNT,
     MAX_EXTRA,
@@ -32,6 +33,7 @@ from fsdp_train.events import (
     clean_text,
     emit,
 )
+from fsdp_train.failures import failure_reason
 
 REMOTE_CODE_SCHEMES = ("s3://", "gs://")
 """`code` locations Ray's runtime environment fetches itself (a ``.zip``); anything else is a local directory."""
@@ -102,6 +104,10 @@ def load_callable(target: str, code: str = "") -> Callable[[dict[str, Any]], Any
     return found  # type: ignore[no-any-return]
 
 
+def _library(filename: str) -> bool:
+    return filename.startswith("<frozen ") or any(part in filename for part in ("site-packages", "dist-packages"))
+
+
 def failure(rank: int, error: BaseException) -> Failure:
     """This rank's ``Failure`` for a user exception: its type and message, then where it was raised.
 
@@ -109,7 +115,10 @@ def failure(rank: int, error: BaseException) -> Failure:
     the innermost :data:`TRACEBACK_FRAMES` frames, the message cut so that they fit the field's bound.
     """
     # Not the wrapper's own frames: the user's code is where the story is.
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename != __file__][-TRACEBACK_FRAMES:]
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename != __file__]
+    # The user's own frames when there are any (not the import machinery's, not a library's).
+    frames = [f for f in frames if not _library(f.filename)] or frames
+    frames = frames[-TRACEBACK_FRAMES:]
     where = [
         f"at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno} in {frame.name}"
         + (f": {frame.line}" if frame.line else "")
@@ -117,7 +126,7 @@ def failure(rank: int, error: BaseException) -> Failure:
     ]
     tail = clean_text(" | ".join(where), TEXT_LIMITS["message"] // 2)
     head = clean_text(f"{type(error).__name__}: {error}".rstrip(": "), TEXT_LIMITS["message"] - len(tail) - 3)
-    return Failure(rank=rank, message=f"{head} | {tail}" if tail else head, reason=getattr(error, "reason", "") or "")
+    return Failure(rank=rank, message=f"{head} | {tail}" if tail else head, reason=failure_reason(error))
 
 
 def run_user_function(function: FunctionConfig, rank: int, verify: Callable[[], object]) -> Any:
@@ -126,6 +135,8 @@ def run_user_function(function: FunctionConfig, rank: int, verify: Callable[[], 
     Any exception, the link's or the user's, is this rank's ``Failure`` before it propagates.
     """
     try:
+        if function.code:  # a directory on this node (a remote .zip is Ray's working directory by now)
+            preflight.check(preflight.function_problems(function.callable, function.code))
         verify()
         target = load_callable(function.callable, function.code)
         return target(dict(function.config))
@@ -168,7 +179,8 @@ def events_from_report(
     loss = _number(metrics.get("loss"))
     total = _count(metrics.get("total_steps"))
     rate = _number(metrics.get("tokens_per_second"))
-    rate = rate if rate is not None and rate >= 0 else 0.0
+    # Not reported (or not a rate): absent, never 0, which would read as a stall.
+    rate = rate if rate is not None and math.isfinite(rate) and rate >= 0 else None
     extra: dict[str, float] = {}
     for name in sorted(k for k in metrics if isinstance(k, str) and k not in KNOWN_METRICS):
         value = _number(metrics[name])
@@ -180,16 +192,16 @@ def events_from_report(
             rank=0,
             step=step,
             total_steps=total if total is not None and total >= step else 0,
-            loss=loss if loss is not None else math.nan,
+            loss=loss if loss is not None and math.isfinite(loss) else None,
             tokens_per_second=rate,
-            tokens_per_second_per_device=rate / max(world_size, 1),
+            tokens_per_second_per_device=rate / max(world_size, 1) if rate is not None else None,
             epoch=_count(metrics.get("epoch")) or 0,
             tokens_seen=_count(metrics.get("tokens")) or 0,
             extra=extra,
         )
     ]
     eval_loss = _number(metrics.get("eval_loss"))
-    if eval_loss is not None:
+    if eval_loss is not None and math.isfinite(eval_loss):
         events.append(Evaluation(rank=0, step=step, loss=eval_loss))
     if checkpoint_path is not None:
         events.append(Checkpoint(rank=0, step=step, path=checkpoint_path))

@@ -212,7 +212,7 @@ def _write_hf_dir(
     generation_source: str | None,
     dtype: torch.dtype,
 ) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     config = type(config).from_dict(config.to_dict())
     config.use_cache = True  # the training run turned the KV cache off; inference wants it
@@ -235,8 +235,11 @@ def _write_hf_dir(
     hf_model.save_pretrained(directory, max_shard_size="5GB")
     _set_json(directory / "config.json", use_cache=True)  # save_pretrained keeps the training run's False
     if tokenizer_dir:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        from fsdp_train.tokenizer_choice import choose_tokenizer
+
+        tokenizer = choose_tokenizer(tokenizer_dir).tokenizer  # the one training used, not AutoTokenizer's own
         tokenizer.save_pretrained(directory)
+        _stop_at_end_of_turn(directory, tokenizer)
         if type(tokenizer).__name__ in GENERIC_TOKENIZER_CLASSES:
             # Next to a config.json, AutoTokenizer would otherwise pick the model family's own class
             # (Qwen2Tokenizer), which rebuilds the pre-tokenizer and splits digits and spaces differently.
@@ -251,6 +254,26 @@ def _write_hf_dir(
             )
     for item in directory.iterdir():
         item.chmod(0o644)  # safetensors are written 0600; an export is read by other users and services
+
+
+END_OF_TURN = "<|im_end|>"
+"""ChatML's end of a turn (Qwen's chat template): generation stops there as well as at EOS."""
+
+
+def _stop_at_end_of_turn(directory: Path, tokenizer: Any) -> None:
+    """A tokenizer with ChatML's end-of-turn token: `generation_config.json` stops there too (Qwen's instruct
+    models list both ids), so a chat export does not talk on past its reply."""
+    vocab = tokenizer.get_vocab()
+    if END_OF_TURN not in vocab or not (directory / "generation_config.json").exists():
+        return
+    config = json.loads((directory / "generation_config.json").read_text())
+    eos = config.get("eos_token_id")
+    ids = [eos] if isinstance(eos, int) else list(eos) if isinstance(eos, list) else []
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    if vocab[END_OF_TURN] not in ids:
+        ids.append(vocab[END_OF_TURN])
+    _set_json(directory / "generation_config.json", eos_token_id=ids)
 
 
 def _set_json(path: Path, **values: Any) -> None:

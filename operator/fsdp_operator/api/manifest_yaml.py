@@ -80,13 +80,29 @@ def load_all(text: str) -> list[Any]:
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ManifestError(f"not valid YAML: {where}{e.problem or e.context or 'cannot be read'}") from e
+        problem = e.problem or e.context or "cannot be read"
+        if _tab_at(text, mark) or "tab character" in problem:
+            # PyYAML says "found character that cannot start any token" for a tab that indents a line.
+            problem = "a tab indents this line; YAML indents with spaces only"
+        raise ManifestError(f"not valid YAML: {where}{problem}") from e
     except yaml.YAMLError as e:
         raise ManifestError(f"not valid YAML: {_first_line(str(e))}") from e
     except (ValueError, TypeError, OverflowError, RecursionError) as e:
         if isinstance(e, ManifestError):
             raise
         raise ManifestError(f"not valid YAML: {_first_line(str(e))}") from e
+
+
+def _tab_at(text: str, mark: Any) -> bool:
+    """Whether the YAML error `mark` points at a tab in the indentation of its line."""
+    if mark is None or not isinstance(getattr(mark, "line", None), int):
+        return False
+    lines = text.splitlines()
+    if not 0 <= mark.line < len(lines):
+        return False
+    line = lines[mark.line]
+    indent = line[: len(line) - len(line.lstrip(" \t"))]
+    return "\t" in indent and mark.column <= len(indent)
 
 
 def _load_json_stream(text: str) -> list[Any] | None:

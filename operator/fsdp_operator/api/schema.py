@@ -237,6 +237,12 @@ STATUS_SCHEMA: Schema = {
             "startupSeconds, probeSeconds, buildSeconds (model, sharding, weights) and firstStepSeconds (compilation "
             "included); compileCache: cold or warm when spec.training.compileCacheDir is set.",
         ),
+        "failureLog": {
+            "type": "string",
+            "description": "The end of a failed Ray job's output (the detail behind the one-line message); "
+            "fsdpctl status --logs prints it.",
+            "maxLength": 4096,
+        },
         "rankFailures": {
             "type": "array",
             "maxItems": 16,
@@ -260,7 +266,12 @@ PRINTER_COLUMNS: list[Schema] = [
     },
     {"name": "Transport", "type": "string", "jsonPath": ".status.transport.summary"},
     {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepOfTotal"},
-    {"name": "Tokens/s", "type": "integer", "jsonPath": ".status.progress.tokensPerSecond"},
+    {
+        "name": "Tokens/s",
+        "type": "integer",
+        "jsonPath": ".status.progress.tokensPerSecond",
+        "description": "the last step's tokens per second, all ranks (empty: not reported)",
+    },
     {"name": "Eval Loss", "type": "number", "jsonPath": ".status.progress.evalLoss"},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

@@ -43,7 +43,11 @@ from fsdp_operator.api.fields import Problems, Quantity, show, show_key
 from fsdp_operator.api.fields import field as declare
 from fsdp_operator.api.formats import parse_quantity
 from fsdp_operator.api.kube_types import INT32_MAX, EnvVar, ObjectMeta, Toleration
-from fsdp_operator.api.train_function import TrainFunction, check_bundled_fields_unset
+from fsdp_operator.api.train_function import (
+    TrainFunction,
+    bundled_fields_despite_a_malformed_function,
+    check_bundled_fields_unset,
+)
 from fsdp_operator.api.training_spec import Data, Model, Output, SharedVolume, Training
 
 __all__ = [
@@ -510,6 +514,8 @@ def parse_job(manifest: Any) -> Job:
         if values is not None:
             spec = fields.build(Spec, values)
             _check_train_config(spec, problems)
+        elif isinstance(raw_spec, dict) and isinstance(raw_spec.get("trainFunction"), dict):
+            bundled_fields_despite_a_malformed_function(raw_spec, Spec, problems)
     if meta is not None and spec is not None:
         queueing.check_labels(meta["labels"], spec.queue_name, problems)
     if problems or meta is None or spec is None:

@@ -135,6 +135,20 @@ def check_bundled_fields_unset(spec_values: dict[str, Any], spec_cls: type, path
             _name_changed(d.nested, spec_values[d.name], defaults or {}, d.key, path, problems)
 
 
+def bundled_fields_despite_a_malformed_function(raw_spec: dict[str, Any], spec_cls: type, problems: Problems) -> None:
+    """All problems at once: a malformed trainFunction (a bad callable or code) keeps the spec's own rules from
+    running, and with them the check that names the bundled function's fields it would not read. Parsed again
+    with a well-formed stand-in function, the rest of the spec is checked for those; problems already said (the
+    function's own, a malformed field elsewhere) are not repeated."""
+    stand_in = {**raw_spec, "trainFunction": {"callable": "package.module:function"}}
+    values = fields.parse(spec_cls, stand_in, "spec", [])
+    if values is None:
+        return  # another group is malformed too: its problem is said already
+    bundled: Problems = []
+    check_bundled_fields_unset(values, spec_cls, "spec", bundled)
+    problems.extend(p for p in bundled if p not in problems)
+
+
 def _name_changed(
     cls: type, values: dict[str, Any], defaults: dict[str, Any], at: str, path: str, problems: Problems
 ) -> None:

@@ -29,6 +29,9 @@ def add_parser(sub: Any) -> None:
 
 
 def cmd_data_check(args: argparse.Namespace) -> int:
+    from fsdp_operator.cli.quiet import quiet_library_warnings
+
+    quiet_library_warnings()
     from fsdp_train.config import RANDOM_DATA, TrainConfig
 
     from fsdp_operator.api.render import train_config
@@ -50,7 +53,15 @@ def cmd_data_check(args: argparse.Namespace) -> int:
 
 def check(cfg: Any, rows: int) -> bool:
     """Print the report for the first ``rows`` rows of ``cfg.data``; False when the job would fail on them."""
-    from fsdp_train.data import Tokenize, check_rows, eos_is_target, open_source, read_tables, tokenizer_location
+    from fsdp_train.data import (
+        Tokenize,
+        check_rows,
+        eos_is_target,
+        load_tokenizer_choice,
+        open_source,
+        read_tables,
+        tokenizer_location,
+    )
     from fsdp_train.packing import TARGET, DataReport, pack_documents
     from fsdp_train.storage import DataUnavailable
 
@@ -76,15 +87,14 @@ def check(cfg: Any, rows: int) -> bool:
     targets = int(((packed.flags & TARGET) != 0).sum())
     files = len(source.files)
     print(f"data: {cfg.data} ({source.format}, {files} files, field {cfg.data_field!r}, kind {cfg.data_kind})")
-    print(f"tokenizer: {tokenize.tokenizer_location} ({type(tokenizer).__name__})")
+    print(f"tokenizer: {tokenize.tokenizer_location}: {load_tokenizer_choice(tokenize.tokenizer_location).why}")
     print(f"rows read: {report.total_rows} (the first {rows} at most)")
     print(f"bad rows: {report.total_bad}" + (f" ({report.describe(cfg.data_field)})" if report.total_bad else ""))
     print(f"tokens: {tokens:,}, of them targets: {targets:,}")
     print(f"packed: {packed.documents} documents into {len(packed)} rows of {cfg.seq_len} tokens")
-    sample = next(
-        ((ids, mask) for b in batches for ids, mask in zip(b["input_ids"], b["loss_mask"], strict=True) if len(ids)),
-        None,
-    )
+    # The first packed row as training sees it: a document's first token is no target there (nothing in its
+    # document comes before it), and the EOS that joins documents is one only for kind chat.
+    sample = first_document(packed) if len(packed) else None
     if sample is not None:
         print(f"sample (targets between {TARGET_OPEN} and {TARGET_CLOSE}):")
         print(render_sample(tokenizer, list(sample[0]), list(sample[1])))
@@ -98,6 +108,16 @@ def check(cfg: Any, rows: int) -> bool:
         return False
     print("verdict: trainable")
     return True
+
+
+def first_document(packed: Any) -> tuple[list[int], list[int]]:
+    """The first document of the first packed row, through the EOS that ends it: (ids, target marks)."""
+    from fsdp_train.packing import DOC_START, TARGET
+
+    ids = [int(i) for i in packed.input_ids[0]]
+    flags = [int(f) for f in packed.flags[0]]
+    end = next((i for i in range(1, len(flags)) if flags[i] & DOC_START), len(flags))
+    return ids[:end], [f & TARGET for f in flags[:end]]
 
 
 def render_sample(tokenizer: Any, ids: list[int], mask: list[int]) -> str:

@@ -78,7 +78,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
-    from fsdp_operator.local.run import cannot_run_locally, default_timeout, run_local
+    from fsdp_operator.local.run import cannot_run_locally, default_timeout, preflight_problems, run_local
 
     manifest = load_manifest(args.file)  # read once: `-` is stdin
     try:
@@ -90,12 +90,21 @@ def cmd_run_local(args: argparse.Namespace) -> int:
     if reason := cannot_run_locally(job):
         print(f"{args.file}: cannot run on this machine: {reason}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if problems := preflight_problems(job):
+        # Every Ray node of run-local is this machine: what the job needs must be here, checked before a cluster.
+        print(f"{args.file}: cannot run: what the job needs is not there", file=sys.stderr)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     timeout = default_timeout(job) if args.timeout is None else args.timeout
     return run_local(manifest, keep=args.keep, timeout=timeout, status_out=args.status_out)
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
+    from fsdp_operator.cli.quiet import quiet_library_warnings
     from fsdp_operator.local.model import MakeModelError, make_model
+
+    quiet_library_warnings()
 
     try:
         written = make_model(Path(args.directory), [Path(t) for t in args.text or []], vocab_size=args.vocab_size)
@@ -144,6 +153,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print(f"  {str(c.get('type')).ljust(width)}  {c.get('status')!s:7} {c.get('reason', '')}")
     if curve := loss_curve(status):
         print("\n" + curve)
+    if args.logs:
+        log = status.get("failureLog")
+        print("\nlast output lines of the failed Ray job\n" + str(log) if log else "\nno failure log in the status")
+    elif status.get("failureLog"):
+        print("\nthe failed Ray job's last output lines: fsdpctl status --logs " + args.name)
     return EXIT_FINDING if status.get("phase") == "Failed" else EXIT_OK
 
 
@@ -215,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     p.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
     p.add_argument("-o", "--output", choices=["text", "yaml", "json"], default="text")
+    p.add_argument(
+        "--logs", action="store_true", help="also print the end of a failed job's output (status.failureLog)"
+    )
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("run-local", help="run a job end to end on this machine (emulated API server, local Ray)")

@@ -46,10 +46,15 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     return round(float(value), digits) if value is not None and math.isfinite(value) else None
 
 
-def _whole(value: float) -> int | None:
-    """A count for an integer-typed printer column; None when not finite (a diverged or zero-time step) or
-    beyond what a JSON reader holds exactly (the API server refuses integers past int64)."""
-    return round(value) if math.isfinite(value) and abs(value) <= MAX_COUNT else None
+def _whole(value: float | None) -> int | None:
+    """A count for an integer-typed printer column; None when unknown or not finite (a diverged or zero-time
+    step) or beyond what a JSON reader holds exactly (the API server refuses integers past int64)."""
+    return round(value) if value is not None and math.isfinite(value) and abs(value) <= MAX_COUNT else None
+
+
+def _known(figures: dict[str, Any]) -> dict[str, Any]:
+    """`figures` without the unknown ones: an absent figure is left out, never shown as 0 or null."""
+    return {key: value for key, value in figures.items() if value is not None}
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -239,10 +244,15 @@ def fold_events(
                 # A user function that does not report its total: 0, no total shown (docs/byo-function.md).
                 **({"totalSteps": event.total_steps} if event.total_steps else {}),
                 "stepOfTotal": f"{event.step}/{event.total_steps}" if event.total_steps else str(event.step),
-                "loss": _round(event.loss),
-                # An integer: the printer column is typed integer.
-                "tokensPerSecond": _whole(event.tokens_per_second),
-                "tokensPerSecondPerDevice": _whole(event.tokens_per_second_per_device),
+                # Unknown figures (a user function that reports no rate, a diverged loss) are left out.
+                **_known(
+                    {
+                        "loss": _round(event.loss),
+                        # An integer: the printer column is typed integer.
+                        "tokensPerSecond": _whole(event.tokens_per_second),
+                        "tokensPerSecondPerDevice": _whole(event.tokens_per_second_per_device),
+                    }
+                ),
             }
             if event.mfu is not None:
                 progress["mfu"] = _round(event.mfu)
@@ -257,12 +267,12 @@ def fold_events(
             elif event.tokens_seen:  # a user function that reports the tokens it trained on
                 progress["tokensSeen"] = event.tokens_seen
             if event.extra:  # a user function's other metrics (bounded by the event parser)
-                progress["metrics"] = {name: _round(value) for name, value in sorted(event.extra.items())}
+                progress["metrics"] = _known({name: _round(value) for name, value in sorted(event.extra.items())})
             progress.update(evaluation)
             if first_step:
                 progress["firstStepTime"] = first_step
         elif isinstance(event, Evaluation):
-            if event.step >= _int(progress.get("evalStep")):
+            if event.step >= _int(progress.get("evalStep")) and _round(event.loss) is not None:
                 progress.update(evalLoss=_round(event.loss), evalStep=event.step)
         elif isinstance(event, Export):
             output = {"path": event.path, "step": event.step, "seconds": _round(event.seconds, 2)}
@@ -275,6 +285,14 @@ def fold_events(
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
             if event.resumed:  # resumed from, not written: a rerun with the same settings continues the run
                 checkpoint["resumed"] = True
+                if "step" not in progress:
+                    # Where the rerun stands before a step of its own (a finished run's rerun trains none).
+                    total = job.spec.training.steps if job.spec.train_function is None else 0
+                    progress.update(
+                        step=event.step,
+                        stepOfTotal=f"{event.step}/{total}" if total else str(event.step),
+                        **({"totalSteps": total} if total else {}),
+                    )
         elif isinstance(event, Timings):
             timings = {
                 "toFirstStepSeconds": _round(event.to_first_step_seconds, 2),
@@ -290,9 +308,14 @@ def fold_events(
                 continue  # rank 0's summary is the job's result
             result = {
                 "steps": event.steps,
-                "firstLoss": _round(event.first_loss),
-                "finalLoss": _round(event.final_loss),
-                "tokensPerSecond": _whole(event.tokens_per_second),
+                # A rerun of a finished run trains no step: no losses, no rate (absent, not NaN or 0).
+                **_known(
+                    {
+                        "firstLoss": _round(event.first_loss),
+                        "finalLoss": _round(event.final_loss),
+                        "tokensPerSecond": _whole(event.tokens_per_second),
+                    }
+                ),
                 "seconds": _round(event.seconds, 2),
             }
             if event.mfu is not None:
@@ -367,16 +390,17 @@ def fold_events(
     return Folded(new, verdict, rejected, unverified)
 
 
-def _finite(value: float, *, upper: float = math.inf) -> bool:
+def _finite(value: float | None, *, upper: float = math.inf) -> bool:
     """Within [0, upper], or NaN, or (with no finite upper bound) infinite: a zero-time step or a diverged run
     reports those honestly, and the status shows them as null. A negative number, or one past `upper`, no run
-    produces."""
-    return math.isnan(value) or 0 <= value <= upper
+    produces. None: not known."""
+    return value is None or math.isnan(value) or 0 <= value <= upper
 
 
-def _loss(value: float) -> bool:
-    """Not negative (cross-entropy never is); NaN and infinities pass: a diverged run reports them."""
-    return not (math.isfinite(value) and value < 0)
+def _loss(value: float | None) -> bool:
+    """Not negative (cross-entropy never is); NaN and infinities pass: a diverged run reports them. None: not
+    known."""
+    return value is None or not (math.isfinite(value) and value < 0)
 
 
 def _possible(event: Event, total_steps: int) -> bool:

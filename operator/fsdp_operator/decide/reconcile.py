@@ -22,7 +22,7 @@ from fsdp_train.events import clean_text
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.capacity.plan import ZoneChoice
-from fsdp_operator.decide import queue
+from fsdp_operator.decide import failure, queue
 from fsdp_operator.decide.folding import fold_events
 from fsdp_operator.decide.guards import (
     _check_deadline,
@@ -394,10 +394,10 @@ def _attempt_failed(
 
 def _data_unavailable(status: JobStatus) -> str | None:
     """The message of the first rank (or the job's driver) that could not read spec.data, or None."""
-    for failure in status.rank_failures:
-        if failure.get("reason") == Reason.DATA_UNAVAILABLE:
-            message = str(failure.get("message", ""))
-            return message.removeprefix(f"{Reason.DATA_UNAVAILABLE}: ") or "the data source cannot be read"
+    for reported in status.rank_failures:
+        if reported.get("reason") == Reason.DATA_UNAVAILABLE:
+            message = failure.headline(str(reported.get("message", "")).removeprefix(f"{Reason.DATA_UNAVAILABLE}: "))
+            return message or "the data source cannot be read"
     return None
 
 
@@ -484,10 +484,14 @@ def _track_job(
         message = f"training finished after {steps} steps" if steps else "Ray job succeeded"
         return _finish(job, status, obs, Phase.SUCCEEDED, Reason.COMPLETED, message, stop_job=False)
     if info.status == RAY_FAILED:
-        message = f"Ray: {info.message or 'job failed'}"
+        # One line naming the cause (a rank's own report when one came, else the end of Ray's message);
+        # the log tail Ray appends to its message is kept apart, in failureLog (`fsdpctl status --logs`).
         if status.rank_failures:
             first = status.rank_failures[0]
-            message += f"; rank {first.get('rank')}: {first.get('message')}"
+            message = f"rank {first.get('rank')}: {failure.headline(str(first.get('message') or ''))}"
+        else:
+            message = f"Ray: {failure.headline(info.message) or 'job failed'}"
+        status = replace(status, failure_log=failure.log_tail(info.message))
         return _attempt_failed(job, status, obs, Reason.RAY_JOB_FAILED, message, security)
     if info.status == RAY_STOPPED:
         message = f"the Ray job was stopped outside the operator: {info.message or 'no message'}"

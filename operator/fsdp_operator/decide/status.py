@@ -348,6 +348,8 @@ class JobStatus:
     timings: dict[str, Any] = field(default_factory=dict)
     """Where the time to the first step went (rank 0's ``timings`` event)."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
+    failure_log: str = ""
+    """The end of a failed Ray job's output (Ray's "last available logs"): the detail behind a one-line `message`."""
     worker_restarts: int = 0
     """Ray Train restarts of the worker group within this attempt (rank 0 started again)."""
     worker_group_start: datetime | None = None
@@ -394,6 +396,7 @@ class JobStatus:
             "output": self.output,
             "timings": self.timings,
             "rankFailures": self.rank_failures,
+            "failureLog": self.failure_log,
             "workerRestarts": self.worker_restarts,
             "workerGroupStartTime": format_time(self.worker_group_start) if self.worker_group_start else None,
             "queuedSince": format_time(self.queued_since) if self.queued_since else None,
@@ -450,6 +453,7 @@ class JobStatus:
             output=mapping("output"),
             timings=mapping("timings"),
             rank_failures=listing("rankFailures"),
+            failure_log=str(raw.get("failureLog") or ""),
             worker_restarts=integer("workerRestarts"),
             worker_group_start=parse_time(raw.get("workerGroupStartTime")),
             queued_since=parse_time(raw.get("queuedSince")),
@@ -507,6 +511,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
         checkpoint={},
         output={},
         rank_failures=[],
+        failure_log="",
         worker_restarts=0,
         worker_group_start=None,
     )

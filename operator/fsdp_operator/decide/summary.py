@@ -18,12 +18,14 @@ def _number(value: Any, digits: int = 4) -> str:
     return f"{value:,}" if isinstance(value, int) else f"{value:.{digits}g}"
 
 
-def summary_lines(status: Mapping[str, Any], *, saved_to: str = "") -> list[str]:
-    """Phase, ranks, transport, bandwidth, steps, loss, tokens/s, and where the full status is."""
+def summary_lines(status: Mapping[str, Any], *, saved_to: str = "", message: bool = True) -> list[str]:
+    """Phase, ranks, transport, bandwidth, steps, loss, tokens/s, and where the full status is.
+
+    `message` False leaves the status message out of the phase line (a caller that prints it on its own).
+    """
     phase = status.get("phase") or "no status yet"
-    lines = [
-        f"phase      {phase}" + (f" ({status['reason']}: {status.get('message', '')})" if status.get("reason") else "")
-    ]
+    said = f": {status.get('message', '')}" if message and status.get("message") else ""
+    lines = [f"phase      {phase}" + (f" ({status['reason']}{said})" if status.get("reason") else "")]
     ranks = [r for r in status.get("ranks") or [] if isinstance(r, Mapping)]
     if ranks:
         nodes = {r.get("nodeIP") or r.get("nodeRank") for r in ranks}
@@ -54,12 +56,15 @@ def summary_lines(status: Mapping[str, Any], *, saved_to: str = "") -> list[str]
     output = status.get("output") or {}
     if output.get("path"):
         lines.append(f"model      {output['path']} (step {output.get('step', '-')})")
-    tokens = result.get("tokensPerSecond", progress.get("tokensPerSecond"))
-    if tokens is not None:
-        # The summary's figure is the mean over training steps 2..N; evaluation, checkpoints, export are outside it.
-        which = "training steps only" if "tokensPerSecond" in result else "last step"
+    mean, last = result.get("tokensPerSecond"), progress.get("tokensPerSecond")
+    if mean is not None or last is not None:
+        # Two figures, each labelled: the mean over training steps 2..N (evaluation, checkpoints and export are
+        # outside it), and the last step's, which the TOKENS/S column of `kubectl get` shows.
+        figures = [f"{_number(mean)} (mean of training steps 2..N)"] if mean is not None else []
+        if last is not None:
+            figures.append(f"{_number(last)} (last step, the table's column)")
         mfu = f", MFU {_number(result['mfu'])}" if "mfu" in result else ""
-        lines.append(f"tokens/s   {_number(tokens)} ({which}){mfu}")
+        lines.append(f"tokens/s   {'; '.join(figures)}{mfu}")
     if status.get("dashboardURL"):
         lines.append(f"dashboard  {status['dashboardURL']}")
     if saved_to:

@@ -38,6 +38,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import socket
 import sys
@@ -114,6 +115,55 @@ def now_rfc3339() -> str:
 
 
 NODE_MARKER = "FSDP_LOCAL_RAY_NODE"
+
+
+HEAD_WATCH_SECONDS = 0.5
+"""How often the head's process and the end of its log are looked at."""
+FATAL_MARKERS = (
+    "Some Ray subprocesses exited unexpectedly",
+    "[FATAL]",
+    "Check failed:",
+    "Fatal Python error",
+    "*** SIGSEGV",
+    "*** SIGABRT",
+)
+"""Lines of a head's log that mean it is gone (Ray's own words, and its C++ and Python crash reports)."""
+_FATAL_TAIL_BYTES = 64 * 1024
+
+
+def fatal_line(log_path: Path) -> str:
+    """The last line of the end of a Ray node's log that says it died (see FATAL_MARKERS), cut to 200; else ''."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - _FATAL_TAIL_BYTES, 0))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = tail.splitlines()
+    found = [i for i, line in enumerate(lines) if any(marker in line for marker in FATAL_MARKERS)]
+    if not found:
+        return ""
+
+    def clean(line: str) -> str:  # without Ray's colours and its `2026-12-03 08:24:00,462 ERR scripts.py:1304 -- `
+        return " ".join(_RAY_LOG_PREFIX.sub("", _ANSI.sub("", line.strip())).split())
+
+    said = clean(lines[found[-1]])
+    if said.endswith(":") and found[-1] + 1 < len(lines):  # Ray names the subprocess on the next line
+        said += " " + clean(lines[found[-1] + 1])
+    return said[:200]
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAY_LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+\S+\s+\S+ -- ")
+
+
+def head_death(head: RayNode) -> str:
+    """How the head died ('exited with code N', or its fatal log line), or '' while it lives."""
+    if head.process.returncode is not None:
+        return f"exited with code {head.process.returncode}"
+    line = fatal_line(head.log_path)
+    return f"is dying: {line}" if line else ""
 
 
 @dataclass
@@ -468,13 +518,16 @@ class LocalKubeRay:
         nodes: list[Obj] = payload.get("data", {}).get("result", {}).get("result", [])
         return [n for n in nodes if n.get("state") == "ALIVE"]
 
-    async def _wait_for(self, cluster: LocalCluster, ips: set[str], deadline: float) -> set[str]:
-        """Wait until the Ray nodes with these IPs are alive (or their processes died); return the alive IPs."""
+    async def _wait_for(
+        self, cluster: LocalCluster, ips: set[str], deadline: float, head: RayNode | None = None
+    ) -> set[str]:
+        """Wait until the Ray nodes with these IPs are alive (or their processes died, or `head` died); return the
+        alive IPs."""
         alive: set[str] = set()
         while time.monotonic() < deadline:
             alive = {n["node_ip"] for n in await self._alive_nodes(cluster)} & ips
             dead = [n for n in cluster.nodes if n.ip in ips and n.process.returncode is not None]
-            if alive == ips or dead:
+            if alive == ips or dead or (head is not None and head_death(head)):
                 break
             await asyncio.sleep(0.5)
         return alive
@@ -552,7 +605,11 @@ class LocalKubeRay:
             workers.append(worker)
         for worker in workers:
             await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=False, template=group["template"])
-        alive = await self._wait_for(cluster, {w.ip for w in workers}, time.monotonic() + 120)
+        alive = await self._wait_for(cluster, {w.ip for w in workers}, time.monotonic() + 120, head=head)
+        if why := head_death(head):
+            # The head died while the workers joined: said now, not after the workers' wait runs out.
+            await self._report_head_death(cluster, head, why)
+            return
         for worker in workers:
             if worker.ip in alive:
                 await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=True, template=group["template"])
@@ -578,17 +635,27 @@ class LocalKubeRay:
         and the pod not Ready (phase Failed: this stand-in restarts nothing, like restartPolicy: Never), and the
         RayCluster's HeadPodReady condition False with the pod's reason (KubeRay copies the head pod's Ready
         condition into it). Without this the head would stay Ready, and Ray's job API would just stop answering."""
-        code = await head.process.wait()
-        cluster.failure = f"the Ray head of RayCluster {cluster.name} exited with code {code}; see {head.log_path}"
+        while not (why := head_death(head)):
+            # Its process exiting, or its fatal log line: `ray start --block` takes a while to stop the rest of a
+            # head whose GCS died, and a loaded machine longer; the fatal line is the moment it is gone.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(head.process.wait()), HEAD_WATCH_SECONDS)
+        await self._report_head_death(cluster, head, why)
+
+    async def _report_head_death(self, cluster: LocalCluster, head: RayNode, why: str) -> None:
+        """The head pod Failed and not Ready, the RayCluster's HeadPodReady False, `cluster.failure` set."""
+        code = head.process.returncode
+        cluster.failure = f"the Ray head of RayCluster {cluster.name} {why}; see {head.log_path}"
         log.error("%s", cluster.failure)
-        message = f"containers with unready status: [ray-head] (Ray exited with code {code}; see {head.log_path})"
+        message = f"containers with unready status: [ray-head] (Ray {why}; see {head.log_path})"
         now = now_rfc3339()
         pod_status = {
             "phase": "Failed",
             "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady", "message": message,
                             "lastTransitionTime": now}],
             "containerStatuses": [{"name": "ray-head", "ready": False, "restartCount": 0,
-                                   "state": {"terminated": {"exitCode": code, "reason": "Error", "finishedAt": now}}}],
+                                   "state": {"terminated": {"exitCode": code if code is not None else 1,
+                                                            "reason": "Error", "finishedAt": now}}}],
         }  # fmt: skip
         path = f"/api/v1/namespaces/{cluster.namespace}/pods/{head.pod_name}/status"
         with contextlib.suppress(RuntimeError, aiohttp.ClientError):

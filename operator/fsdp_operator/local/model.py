@@ -69,16 +69,44 @@ def sample_documents(count: int = SAMPLE_DOCUMENTS, seed: int = 0) -> list[str]:
     return [" . ".join(rng.choice(PHRASES) for _ in range(rng.randint(2, 5))) + " ." for _ in range(count)]
 
 
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+
+
+def row_texts(row: object) -> list[str]:
+    """The document text of one JSONL row: its strings (``text``, a chat's ``content``s), not its keys or roles.
+
+    A tokenizer trained on the raw line would learn ``{"role": "user", "content": `` as if it were text.
+    """
+    if isinstance(row, str):
+        return [row]
+    if isinstance(row, list):
+        return [text for item in row for text in row_texts(item)]
+    if isinstance(row, dict):
+        if isinstance(row.get("content"), str):  # a chat message: its role is markup, not text
+            return [row["content"]]
+        return [text for value in row.values() for text in row_texts(value)]
+    return []
+
+
 def _lines(paths: list[Path]) -> Iterator[str]:
+    """The documents of the files: a JSONL row's strings (see row_texts), other files line by line."""
     budget = MAX_TEXT_BYTES
     for path in paths:
+        jsonl = path.name.lower().endswith(JSONL_SUFFIXES)
         try:
             with path.open(encoding="utf-8", errors="replace") as f:
                 for line in f:
                     budget -= len(line)
                     if budget < 0:
                         return
-                    yield line
+                    if not jsonl:
+                        yield line
+                        continue
+                    try:
+                        texts = row_texts(json.loads(line))
+                    except ValueError:  # not a JSON row: its text as it is
+                        texts = [line]
+                    yield from (text for text in texts if text.strip())
         except OSError as e:
             raise MakeModelError(f"{path}: cannot read: {e.strerror or e}") from e
 
@@ -128,6 +156,10 @@ def make_model(directory: Path, texts: list[Path], *, vocab_size: int = 512, see
         bos_token_id=tokenizer.eos_token_id,
     )
     model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+    # Generation stops at the end of a document and at the end of a chat turn (ChatML's <|im_end|>), as Qwen's own
+    # generation configs do: a chat model would otherwise talk on past its reply.
+    model.generation_config.eos_token_id = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)]
+    model.generation_config.pad_token_id = tokenizer.eos_token_id
     model.save_pretrained(directory)
     parameters = sum(p.numel() for p in model.parameters())
     written.append(f"{directory}: Qwen2, {config.num_hidden_layers} layers, {parameters:,} parameters, random weights")

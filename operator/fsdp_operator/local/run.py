@@ -30,6 +30,7 @@ from rich.progress import BarColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as RichProgress
 
 from fsdp_operator.api import generate, queueing, schema
+from fsdp_operator.api import spec as spec_mod
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.summary import loss_curve, summary_lines
 from fsdp_operator.local import rbac
@@ -44,6 +45,8 @@ EXIT_SUCCEEDED, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 TERMINAL_PHASES = {"Succeeded", "Failed"}
 RUN_MARKER = "FSDP_RUN_LOCAL"
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+QUIET_SECONDS = 15.0
+"""While a Ray job runs and no rank has reported, a line at least this often says it is still starting."""
 STEP_LINE_SECONDS = 30.0
 """Without a terminal, a step line at least this often while training advances."""
 
@@ -63,6 +66,18 @@ def cannot_run_locally(job: Job) -> str:
             "has no Kueue: the cluster would stay suspended. Leave the queue out to run it here (docs/kueue.md)"
         )
     return ""
+
+
+def preflight_problems(job: Job) -> list[str]:
+    """What `job` needs and this machine does not have (the Ray nodes of run-local are this machine), each
+    naming its field: the user function's code directory, the data source, the tokenizer, the model's config.
+    Seconds, before any cluster starts (fsdp_train.preflight; the same checks run again in the job)."""
+    from fsdp_train import preflight
+
+    function = job.spec.train_function
+    if function is not None:
+        return preflight.function_problems(function.callable, function.code)
+    return preflight.job_problems(spec_mod.train_config(job.spec))
 
 
 DEADLINE_ALLOWANCE_SECONDS = 120.0
@@ -92,7 +107,7 @@ def manifest_to_apply(manifest: Obj, *, keep: bool) -> Obj:
 class Progress:
     """What changed in the job's status, as it happens: a line per status message, a step bar on a terminal."""
 
-    def __init__(self, out: TextIO, started: float) -> None:
+    def __init__(self, out: TextIO, started: float, *, data: bool = False) -> None:
         self.console = Console(file=out, highlight=False, soft_wrap=True)
         self.started = started
         self.seen: set[str] = set()
@@ -100,9 +115,13 @@ class Progress:
         self.bar: RichProgress | None = None
         self.bar_task: TaskID | None = None
         self.step_said, self.step_said_at = 0, started
+        self.said_at = started
+        self.data = data
+        """The job reads a data source (not random tokens): its Ray driver prepares the data before any rank runs."""
 
     def line(self, text: str) -> None:
-        self.console.print(f"[{time.monotonic() - self.started:6.1f}s] {text}", markup=False)
+        self.said_at = time.monotonic()
+        self.console.print(f"[{self.said_at - self.started:6.1f}s] {text}", markup=False)
 
     def once(self, key: str, text: str) -> None:
         if key not in self.seen:
@@ -110,7 +129,10 @@ class Progress:
             self.line(text)
 
     def steps(self, step: int, total: int, loss: Any, tokens: Any) -> None:
-        detail = f"loss {loss}  tokens/s {tokens}"
+        # A figure the run did not report is left out (a user function may report no rate), never shown as 0.
+        detail = "  ".join(
+            f"{name} {value}" for name, value in (("loss", loss), ("tokens/s", tokens)) if value is not None
+        )
         if self.console.is_terminal:
             if self.bar is None:
                 self.bar = RichProgress(
@@ -150,11 +172,14 @@ class Progress:
         phase = status.get("phase", "")
         if not phase:
             return  # the operator has not written a status yet
-        said = (str(phase), str(status.get("reason") or ""), str(status.get("message") or ""))
+        # A failure's message is printed once, at the end (after the summary), not here as well.
+        message = "" if phase == "Failed" else str(status.get("message") or "")
+        said = (str(phase), str(status.get("reason") or ""), message)
         if said != self.said:
             # Every change of the message is shown, not only phase changes: it is where the waiting is explained.
             self.said = said
-            self.line(f"{said[0]}" + (f" ({said[1]}): {said[2]}" if said[1] else ""))
+            self.line(f"{said[0]}" + (f" ({said[1]})" if said[1] else "") + (f": {said[2]}" if said[2] else ""))
+        self._still_waiting(status)
         for rank in status.get("ranks", []) or []:
             self.once(
                 f"rank-{rank.get('rank')}",
@@ -187,6 +212,17 @@ class Progress:
         output = status.get("output") or {}
         if path := output.get("path"):
             self.once(f"output-{path}", f"model exported to {path} (step {output.get('step')})")
+
+    def _still_waiting(self, status: Obj) -> None:
+        """A line every QUIET_SECONDS while the Ray job runs and no rank has reported yet: the Ray driver is
+        starting the workers, and for a data job reading, tokenizing and packing the data first (a minute or
+        more), which would otherwise pass in silence."""
+        if status.get("phase") != "Running" or status.get("ranks") or (status.get("progress") or {}).get("step"):
+            return
+        if time.monotonic() - self.said_at < QUIET_SECONDS:
+            return
+        doing = "reading, tokenizing and packing the data, then " if self.data else ""
+        self.line(f"still starting: {doing}starting the training workers (no rank has reported yet)")
 
     def _resumed(self, status: Obj, progress: Obj) -> None:
         """A rerun that continued from a checkpoint says so: from a `Resumed` condition when the status has one,
@@ -368,13 +404,19 @@ class LocalRun:
         return marked_processes(f"{RUN_MARKER}={self.workdir}")
 
 
+def code_for(status: Obj) -> int:
+    """run-local's exit code for a job's final status."""
+    return EXIT_SUCCEEDED if status.get("phase") == "Succeeded" else EXIT_FAILED
+
+
 async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, status_out: str | None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="fsdp-local-"))
     # Every process started below inherits this marker, so a leftover can be traced to its run.
     os.environ[RUN_MARKER] = str(workdir)
     run = LocalRun(manifest_to_apply(manifest, keep=keep), workdir, out)
     started = time.monotonic()
-    progress = Progress(out, started)
+    data = str(((manifest.get("spec") or {}).get("data") or {}).get("source") or "random") != "random"
+    progress = Progress(out, started, data=data)
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -410,13 +452,21 @@ async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, st
         status = job.get("status", {})
         saved = Path(status_out) if status_out else Path(tempfile.gettempdir()) / f"fsdp-run-local-{run.name}.json"
         saved.write_text(json.dumps(job, indent=2))
-        out.write("\n" + "\n".join(summary_lines(status, saved_to=str(saved))) + "\n")
+        out.write(
+            "\n"
+            + "\n".join(summary_lines(status, saved_to=str(saved), message=code_for(status) == EXIT_SUCCEEDED))
+            + "\n"
+        )
         if curve := loss_curve(status):
             out.write("\n" + curve + "\n")
         out.write("\n" + await run.table() + "\n")
-        code = EXIT_SUCCEEDED if status.get("phase") == "Succeeded" else EXIT_FAILED
+        code = code_for(status)
         if code == EXIT_FAILED:
             out.write(f"\njob failed: {status.get('reason')}: {status.get('message')}\n")
+            if log := status.get("failureLog"):
+                # The end of the job's output, for the detail behind that line: in a file, not on the screen.
+                (workdir / "failure.log").write_text(str(log) + "\n")
+                out.write(f"the job's last output lines: {workdir / 'failure.log'}\n")
         if keep:
             clusters = ", ".join(f"{c.name} (Ray dashboard http://127.0.0.1:{c.dashboard_port})"
                                  for c in run.kuberay.clusters.values()) or "none"  # fmt: skip

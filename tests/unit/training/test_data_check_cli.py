@@ -58,3 +58,23 @@ def test_human_bot_rows_are_named_and_the_verdict_is_a_finding(
     assert f"bad rows: 10 ({data}: 10 of 10 rows, field 'messages': unknown role 'bot'" in out
     assert "verdict: the job would fail DataUnavailable: data source" in out
     assert "Traceback" not in out
+
+
+def test_the_sample_is_the_packed_document_whose_first_token_is_no_target(
+    tmp_path: Path, model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Training never predicts a document's first token (nothing of its document comes before it)."""
+    from transformers import AutoTokenizer
+
+    data = write_jsonl(tmp_path / "text.jsonl", [{"text": "the red fox jumps over the lazy dog"}] * 4)
+    manifest = yaml.safe_load(job(tmp_path, data, model).read_text())
+    manifest["spec"]["data"] = {"source": str(data), "format": "jsonl"}
+    path = tmp_path / "text-job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    assert main(["data", "check", "-f", str(path), "--rows", "4"]) == 0
+    out = capsys.readouterr().out
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    first = tokenizer.decode(tokenizer("the red fox")["input_ids"][:1])
+    sample = out.split("sample (targets between [[ and ]]):\n", 1)[1].splitlines()[0]
+    assert sample.startswith(first + "[[") and sample.endswith("<|endoftext|>]]"), sample
+    assert "tokenizer: " in out and "AutoTokenizer" in out  # which class, and why

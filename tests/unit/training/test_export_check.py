@@ -169,3 +169,25 @@ def test_the_status_folds_both_losses_and_the_verdict() -> None:
         "trainingLoss": 2.5,
         "exportLoss": 2.5012,
     }
+
+
+@pytest.mark.parametrize("broken", ["export", "training"])
+def test_a_nan_loss_never_passes_the_export_check(tmp_path: Path, broken: str) -> None:
+    """NaN compares false with everything: `not drift <= TOL` fails it, `drift > TOL` would let it pass."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    directory = tmp_path / "export"
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**TINY_QWEN2, vocab_size=64))
+    if broken == "export":
+        with torch.no_grad():
+            model.lm_head.weight.fill_(float("nan"))  # every logit NaN, so the export's loss is NaN
+    model.save_pretrained(directory)
+    tokens = torch.randint(0, 64, (2, 16))
+    batch = {"input_ids": tokens, "labels": tokens}
+    training_loss = float("nan") if broken == "training" else 4.0
+    check = verify_export(
+        directory, training_tokenizer=None, texts=[], batch=batch, training_loss=training_loss,
+        device=torch.device("cpu"),
+    )  # fmt: skip
+    assert not check.verified and "differs from training's" in check.reason

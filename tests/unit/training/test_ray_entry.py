@@ -5,6 +5,7 @@ What needs a Ray cluster (`run`, `train_fn_per_worker`) runs in tests/e2e/test_t
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -137,3 +138,24 @@ def test_main_prints_the_summary_and_sets_the_log_environment(
     assert main(["--config-json", '{"name": "x"}']) == 0
     assert seen == [{"RAY_DEDUP_LOGS": "0", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}]
     assert capsys.readouterr().out == 'fsdp_train: training finished: {"final_loss": 1.5, "steps": 2}\n'
+
+
+def test_a_missing_data_file_fails_the_driver_in_seconds_naming_the_field(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Before Ray starts and before the tokenizer is fetched (a hub id here, which would take a minute to fail)."""
+    import json
+    import time
+
+    from fsdp_train.events import Failure, parse_lines
+
+    config = {"train": {"data": str(tmp_path / "gone.jsonl"), "model": "acme/model", "model_init": "pretrained"}}
+    started = time.monotonic()
+    assert main(["--config-json", json.dumps(config)]) == 1
+    assert time.monotonic() - started < 30
+    captured = capsys.readouterr()
+    (failure,) = [e for e in parse_lines(captured.out.splitlines()) if isinstance(e, Failure)]
+    assert failure.reason == "DataUnavailable"
+    assert failure.message == f"PreflightFailed: spec.data.source: {tmp_path / 'gone.jsonl'} not found (no such " \
+        "file or directory on this node)"  # fmt: skip
+    assert "--config-json" not in captured.err and "acme/model" not in captured.err

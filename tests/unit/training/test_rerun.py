@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 from fsdp_train.checkpoint import CheckpointMismatch, DirectoryCheckpoints
 from fsdp_train.config import TrainConfig
-from fsdp_train.events import Checkpoint, Event, Export, Failure, Step, parse_lines
+from fsdp_train.events import Checkpoint, Evaluation, Event, Export, Failure, Step, parse_lines
 from fsdp_train.loop import FAIL_AT_STEP_ENV, Host, train
 from fsdp_train.parallelize import Topology
 from support.tiny_hf import documents, train_tokenizer, write_jsonl
@@ -80,6 +80,7 @@ def test_a_rerun_with_another_learning_rate_is_refused_naming_the_field(
     assert not [e for e in events if isinstance(e, Step)]  # no step trained, no "Succeeded after 4 steps"
     (failure,) = [e for e in events if isinstance(e, Failure)]
     assert "CheckpointMismatch" in failure.message and "checkpoint.storage" in failure.message
+    assert failure.reason == "CheckpointMismatch"  # every failure has a reason
 
 
 def test_a_rerun_of_a_finished_run_says_it_resumed_and_still_exports(
@@ -91,13 +92,36 @@ def test_a_rerun_of_a_finished_run_says_it_resumed_and_still_exports(
     run(cfg, one_rank)
     printed(capsys)
     summary = run(cfg, one_rank)  # the same settings: nothing left to train
-    events = printed(capsys)
+    out = capsys.readouterr().out
+    assert "NaN" not in out and "Infinity" not in out  # no figure on the wire is invented
+    events = list(parse_lines(out.splitlines()))
     resumed = [e for e in events if isinstance(e, Checkpoint) and e.resumed]
     assert [(e.step, e.path) for e in resumed] == [(4, str(tmp_path / "ckpt"))]
     (export,) = [e for e in events if isinstance(e, Export)]
     assert export.verified and export.step == 4 and export.path == str(tmp_path / "export")
     assert summary["resumed_from_step"] == 4 and summary["steps"] == 4
     assert (tmp_path / "export" / "model.safetensors").is_file()
+    # What this run did: no step trained (no losses, no rate: absent), the export it ran, timed.
+    assert summary["first_loss"] is None and summary["final_loss"] is None
+    assert summary["tokens_per_second"] is None and summary["mfu"] is None
+    assert summary["export_seconds"] > 0 and summary["export_seconds"] == pytest.approx(export.seconds, abs=0.5)
+
+
+def test_a_rerun_of_a_finished_data_run_evaluates_what_it_exports(
+    one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = data_config(
+        tmp_path,
+        checkpoint_path=str(tmp_path / "ckpt"),
+        output_path=str(tmp_path / "export"),
+        validation_split=0.2,
+    )
+    first = run(cfg, one_rank)
+    printed(capsys)
+    again = run(cfg, one_rank)
+    events = printed(capsys)
+    assert [e.step for e in events if isinstance(e, Evaluation)] == [4]
+    assert again["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-4)  # the same weights, the same rows
 
 
 def test_resuming_with_gradient_accumulation_continues_the_data_where_it_stopped(
