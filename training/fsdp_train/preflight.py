@@ -83,7 +83,7 @@ def hub_problem(repo: str, wanted: str, timeout: float = HUB_TIMEOUT_SECONDS) ->
 def _builds_without_download(cfg: TrainConfig) -> bool:
     if cfg.model_init != "random":
         return False
-    from fsdp_train.model import KNOWN_CONFIGS
+    from fsdp_train.known_models import KNOWN_CONFIGS
 
     return cfg.model in KNOWN_CONFIGS
 
