@@ -24,7 +24,7 @@ from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import Placement, Probe, Step, Summary, Transport
 from test_operator import EFA_LINE, FAST, NAMESPACE, Script, World, manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 LOG = logging.getLogger(__name__)
 # The submission ids of job "qwen" are derived from its uid, which the API server makes: see `World.sid`.

@@ -30,7 +30,7 @@ from fsdp_train.events import Placement, Step, Summary, Transport
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 NAMESPACE = "default"
 JOBS = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{NAMESPACE}/{schema.PLURAL}"
@@ -176,7 +176,7 @@ class World:
         return [e["reason"] for e in sorted(events, key=lambda e: int(e["metadata"]["resourceVersion"]))]
 
     async def phase(
-        self, phase: str, reason: str | None = None, *, name: str = "qwen", timeout: float = 10
+        self, phase: str, reason: str | None = None, *, name: str = "qwen", timeout: float = 60
     ) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
             status = self.status(name)
@@ -252,7 +252,7 @@ def test_ttl_after_finished_deletes_the_job(apiserver: ThreadedApiServer) -> Non
             w.apply(manifest(runPolicy={"ttlSecondsAfterFinished": 1, "cleanup": "Keep"}))
             await w.phase("Succeeded")
             assert w.clusters(), "cleanup: Keep must leave the RayCluster"
-            await eventually(lambda: w.job() is None, timeout=5, message="the job was not deleted after its TTL")
+            await eventually(lambda: w.job() is None, timeout=60, message="the job was not deleted after its TTL")
             await eventually(lambda: not w.clusters(), message="deleting the job must delete the kept cluster")
 
     scenario(apiserver, body)
@@ -316,7 +316,7 @@ def test_restart_in_every_phase_never_duplicates(apiserver: ThreadedApiServer, p
                     await w.ray.client(address, w.ray.tokens[address]).submit(with_event_key(submission, job_key))
         w.script.hold = w.kuberay.never_ready = False
         async with w.operator():
-            await w.phase("Succeeded", timeout=15)
+            await w.phase("Succeeded", timeout=60)
         w.assert_no_duplicates()
         assert apiserver.count("create", "rayclusters", "ray.io") == 1
 
@@ -479,7 +479,7 @@ def test_delete_in_every_phase_leaves_nothing(apiserver: ThreadedApiServer, phas
             if phase == "RayDown":
                 w.ray.down = True  # Ray does not answer: the delete must still finish, bounded
             w.delete(f"{JOBS}/qwen")
-            await eventually(lambda: w.job() is None, timeout=10, message="the finalizer was never removed")
+            await eventually(lambda: w.job() is None, timeout=60, message="the finalizer was never removed")
             await eventually(lambda: not w.clusters(), message="a RayCluster was left behind")
         if phase == "Running":
             assert w.ray.stopped == [first]

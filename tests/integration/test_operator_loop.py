@@ -24,7 +24,7 @@ from fsdp_operator.runtime.rayjobs import RayJobsClient, RayUnavailable
 from fsdp_operator.runtime.shared import Runtime
 from test_operator import CLUSTERS, FAST, NAMESPACE, Script, World, manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 class RefusesFirstFailedWrite(AioKube):

@@ -17,7 +17,7 @@ from fsdp_operator.api import generate, render, schema
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 def _free_port() -> int:

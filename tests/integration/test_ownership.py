@@ -20,7 +20,7 @@ from fsdp_operator.local import ThreadedApiServer
 from support.kopf_runner import eventually
 from test_operator import CLUSTERS, JOBS, NAMESPACE, World, manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 SECRETS = f"/api/v1/namespaces/{NAMESPACE}/secrets"
 POLICIES = f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies"
@@ -61,13 +61,13 @@ def test_a_job_deleted_and_created_again_ends_with_its_own_objects(
     async def main() -> None:
         async with w.kuberay.running(), w.operator():
             w.apply(manifest(runPolicy={"cleanup": "Keep"}))
-            await w.phase("Succeeded", timeout=30)
+            await w.phase("Succeeded", timeout=60)
             old_uid = w.job()["metadata"]["uid"]  # type: ignore[index]
             old = {collection: _get(w, collection) for collection in NAMES}
             assert all(obj is not None and _owner_uid(obj) == old_uid for obj in old.values()), old
 
             w.delete(f"{JOBS}/qwen")
-            await eventually(lambda: w.job() is None, timeout=30, message="the old job was never deleted")
+            await eventually(lambda: w.job() is None, timeout=60, message="the old job was never deleted")
             for collection, obj in old.items():
                 assert obj is not None
                 if _get(w, collection) is None:  # collected at once here; a real collector takes its time
