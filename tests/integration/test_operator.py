@@ -352,7 +352,8 @@ def test_unschedulable_workers_show_the_schedulers_message(apiserver: ThreadedAp
     async def body(w: World) -> None:
         w.kuberay.unschedulable = message
         async with w.operator():
-            w.apply(manifest(runPolicy={"waitForWorkersTimeoutSeconds": 2}))
+            # Long enough for the waiting state to be seen by polling on a loaded machine (at 2 s it was missed).
+            w.apply(manifest(runPolicy={"waitForWorkersTimeoutSeconds": 20}))
             status = await w.phase("Provisioning", "Unschedulable")
             assert message in status["message"]
             status = await w.phase("Failed", "Unschedulable")
