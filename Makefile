@@ -30,12 +30,18 @@ PYTEST_MARKS ?= not slow and not faults and not load
 COVERAGE := --cov --cov-report=term
 # The slowest cases, printed by every run, so that a suite growing past its time budget says where.
 DURATIONS := --durations=15
+# pytest-xdist: most tests wait (on processes, sockets, an operator's next pass) rather than compute, so more
+# workers than cores pay off; 4 on 2 cores. `--dist loadgroup` spreads tests one by one, except the groups
+# that tests/conftest.py keeps on one worker: every test that starts Ray (one Ray cluster at a time), and the
+# tests of a module sharing a module-scoped fixture (built once). PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= 4
+PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 
 test: setup lint typecheck
-	$(BIN)/python -m pytest -q -ra -m "$(PYTEST_MARKS)" $(COVERAGE) $(DURATIONS)
+	$(BIN)/python -m pytest -q -ra -m "$(PYTEST_MARKS)" $(PARALLEL) $(COVERAGE) $(DURATIONS)
 
 test-all: setup lint typecheck
-	$(BIN)/python -m pytest -q -ra $(COVERAGE) $(DURATIONS)
+	$(BIN)/python -m pytest -q -ra $(PARALLEL) $(COVERAGE) $(DURATIONS)
 
 unit: setup
 	$(BIN)/python -m pytest -q tests/unit

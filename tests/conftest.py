@@ -1,4 +1,12 @@
-"""Shared fixtures: an emulated API server per test, and the `support` helpers on the import path."""
+"""Shared fixtures: an emulated API server per test, and the `support` helpers on the import path.
+
+Under pytest-xdist (`make test` runs `-n`, `--dist loadgroup`; docs/testing.md), tests are spread one by one
+over the workers, except those that must stay together, which are kept on one worker by an `xdist_group`:
+- the tests that start real Ray clusters (`RAY_GROUP`, marked in their modules): one cluster at a time per run
+  (about 3.8 GiB each), never two of this run's clusters on the same 127.0.0.N addresses at once;
+- the tests of a module that share a module- or class-scoped fixture (a Ray cluster, a reference run, an
+  installed chart): grouped here by module, so that the fixture is built once, not once per worker.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +19,29 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # `import support.<module>` from any test
 
 from fsdp_operator.local import ThreadedApiServer
+
+RAY_GROUP = "ray"
+"""The `xdist_group` of every test that starts Ray processes (`pytest.mark.xdist_group(RAY_GROUP)`)."""
+
+_SHARED_SCOPES = {"class", "module", "package"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its own hook has no order)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        definitions = getattr(item, "_fixtureinfo", None)
+        if definitions is None:
+            continue
+        shared = any(
+            fixture.scope in _SHARED_SCOPES
+            for fixtures in definitions.name2fixturedefs.values()
+            for fixture in fixtures
+            if fixture.baseid  # the project's own fixtures; pytest's and plugins' have no base id
+        )
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 @pytest.fixture

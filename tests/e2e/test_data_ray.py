@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 from fsdp_train.events import Event, Failure, Placement, Step, Summary, parse_line
-from support.ray_cluster import free_port, local_cluster, ray_available, ray_env
+from support.ray_cluster import RAY_TESTS, free_port, local_cluster, ray_available, ray_env
 from support.tiny_hf import documents, save_tiny_model, write_jsonl
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, RAY_TESTS]
 
 KILL_RANK, KILL_STEP, CHECKPOINT_EVERY, STEPS = 1, 5, 3, 8
 POLL = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1"}  # what the operator submits with

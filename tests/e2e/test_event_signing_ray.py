@@ -7,15 +7,17 @@ what they print is read back from the driver's output and verified as the operat
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from fsdp_train.events import Verifier, attempt_key, parse_log
-from support.ray_cluster import ray_available, ray_env
+from support.ray_cluster import RAY_TESTS, ray_available, ray_env
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, RAY_TESTS]
 
 TRAINING = Path(__file__).resolve().parents[2] / "training"
 DRIVER = """
@@ -34,7 +36,8 @@ class Seen:
         return getattr(self.stream, name)
 
 sys.stdout, sys.stderr = Seen(sys.stdout), Seen(sys.stderr)
-ray.init(include_dashboard=False, num_cpus=2, runtime_env={"env_vars": {KEY_ENV: KEY, "RAY_DEDUP_LOGS": "0"}})
+ray.init(include_dashboard=False, num_cpus=2, _temp_dir=TEMP,
+         runtime_env={"env_vars": {KEY_ENV: KEY, "RAY_DEDUP_LOGS": "0"}})
 
 @ray.remote
 def rank(r):
@@ -58,11 +61,17 @@ def test_the_real_emitters_lines_verify_through_ray_and_a_print_does_not(tmp_pat
         pytest.skip("the ray command is not installed next to this Python")
     key = attempt_key(b"k" * 32, "job-1a2b3c4d-1")
     script = tmp_path / "driver.py"
-    script.write_text(f"KEY = {key.hex()!r}\n" + DRIVER)
+    # A temp dir of its own, not the machine's /tmp/ray that every other local Ray shares (short: Ray's socket
+    # paths under it are length-limited).
+    temp = tempfile.mkdtemp(prefix="fsdpray-")
+    script.write_text(f"KEY = {key.hex()!r}\nTEMP = {temp!r}\n" + DRIVER)
     # As the operator's submission does (render.submission, ray_entry.RAY_LOG_ENV): Ray's driver merges lines
     # that differ only in numbers and hex (every signed line) unless its own RAY_DEDUP_LOGS is 0.
     env = ray_env(PYTHONPATH=str(TRAINING), RAY_DEDUP_LOGS="0")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     output = done.stdout + done.stderr
     assert "RESULT [(True, False), (True, False)]" in output  # each worker took the key, none kept it

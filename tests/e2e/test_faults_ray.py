@@ -27,11 +27,12 @@ from fsdp_operator.decide.observed import dashboard_url
 from fsdp_operator.local.kuberay import kill_marked
 from fsdp_operator.local.run import RUN_MARKER, TERMINAL_PHASES, LocalRun
 from fsdp_train.events import Placement, Step, Summary, parse_lines
+from support.ray_cluster import RAY_TESTS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = yaml.safe_load((ROOT / "examples" / "tiny-cpu.yaml").read_text())
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, RAY_TESTS, pytest.mark.timeout(900)]
 
 Status = dict[str, Any]
 

@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 from fsdp_operator.local.run import TERMINAL_PHASES, LocalRun
 from fsdp_train.events import Step, Summary, parse_lines
+from support.ray_cluster import RAY_TESTS
 from test_faults_ray import EXAMPLE, Status, ray_address, ray_log, ray_token, run_with, until
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, RAY_TESTS, pytest.mark.slow, pytest.mark.timeout(900)]
 
 CHECKPOINT_INTERVAL = 20
 STEPS = 300

@@ -20,11 +20,12 @@ import pytest
 import yaml
 from fsdp_operator.local.kuberay import marked_processes
 from fsdp_operator.local.run import RUN_MARKER
+from support.ray_cluster import RAY_TESTS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-cpu.yaml"
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, RAY_TESTS]
 
 
 def assert_nothing_left(output: str) -> None:

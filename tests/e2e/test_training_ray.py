@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 from fsdp_train.events import Checkpoint, Event, Failure, Placement, Step, Summary, Transport, parse_line
-from support.ray_cluster import local_cluster, ray_available, ray_env
+from support.ray_cluster import RAY_TESTS, local_cluster, ray_available, ray_env
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, RAY_TESTS]
 
 BIN = Path(sys.executable).parent
 TINY = {
@@ -104,10 +104,12 @@ def test_ray_entry_restarts_and_resumes_from_checkpoint(cluster: str, tmp_path: 
     summaries = [e for e in events if isinstance(e, Summary)]
     assert len(summaries) == 4 and {s.resumed_from_step for s in summaries} == {10}
     assert {s.sharding for s in summaries} == {"hybrid"}
-    saved = [e.path for e in events if isinstance(e, Checkpoint)]
+    saved = [e.path for e in events if isinstance(e, Checkpoint) and not e.resumed]
     assert [Path(p).relative_to(tmp_path).as_posix() for p in saved] == [
         f"storage/resume-test/step_{step:08d}" for step in (5, 10, 14)
     ]
+    # The restarted group says once (rank 0) which step it resumed from: not a checkpoint written.
+    assert [(e.step, e.resumed) for e in events if isinstance(e, Checkpoint) and e.resumed] == [(10, True)]
     steps = [e.step for e in events if isinstance(e, Step)]
     assert steps == list(range(1, 11)) + list(range(11, 15))
     assert sorted(p.name for p in (tmp_path / "storage" / "resume-test").glob("step_*")) == [

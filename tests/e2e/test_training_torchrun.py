@@ -163,7 +163,8 @@ def test_resume_follows_the_uninterrupted_run(fsdp_run: tuple[list[Event], Path]
     assert summary.resumed_from_step == 10
     uninterrupted = {s: v for s, v in losses(events).items() if s > 10}
     assert_same_losses(losses(resumed), uninterrupted, tol=1e-6)
-    assert [e.path for e in resumed if isinstance(e, Checkpoint)] == [f"{uri}/step_00000020"]
+    assert [e.path for e in resumed if isinstance(e, Checkpoint) and not e.resumed] == [f"{uri}/step_00000020"]
+    assert [(e.step, e.path) for e in resumed if isinstance(e, Checkpoint) and e.resumed] == [(10, uri)]
     assert (resume_dir / "step_00000020" / ".metadata").is_file()
 
 

@@ -13,7 +13,7 @@ import requests
 from fsdp_operator.local import ThreadedApiServer
 from support.crds import GROUP, PLURAL, VERSION, widget, widget_crd
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 CM = "/api/v1/namespaces/default/configmaps"
 PODS = "/api/v1/namespaces/default/pods"

@@ -19,7 +19,7 @@ from fsdp_operator.runtime.rayjobs import FakeRay
 from support.crds import GROUP, KIND, PLURAL, VERSION, widget_crd
 from support.fake_kuberay import FakeKubeRay
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 PODS = "/api/v1/namespaces/default/pods"

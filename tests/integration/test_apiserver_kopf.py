@@ -15,7 +15,7 @@ from support.kopf_runner import DEFAULT_FINALIZER, eventually, kopf_operator
 
 MERGE = "application/merge-patch+json"
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 def _registry(calls: list[str]) -> kopf.OperatorRegistry:

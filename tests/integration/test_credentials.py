@@ -29,7 +29,7 @@ from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
 from test_operator import FAST, JOBS, Script, manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 OPERATOR = "fsdp-operator"
 EXEC_PLUGIN = """
@@ -85,12 +85,12 @@ def test_the_operator_follows_a_rotated_token(kind: str, tmp_path: Path, monkeyp
     async def main() -> None:
         async with kuberay.running(), kopf_operator(build_registry(runtime), api.url, login=False):
             assert (await asyncio.to_thread(admin.post, api.url + JOBS, json=manifest("before"))).ok
-            await eventually(lambda: phase("before") == "Succeeded", timeout=20, message="first job")
+            await eventually(lambda: phase("before") == "Succeeded", timeout=60, message="first job")
             # Rotation: the old token is refused from now on; the file (or the plugin) gives the new one.
             access.rotate(OPERATOR, "second")
             token_file.write_text("second")
             assert (await asyncio.to_thread(admin.post, api.url + JOBS, json=manifest("after"))).ok
-            await eventually(lambda: phase("after") == "Succeeded", timeout=20, message="job after the rotation")
+            await eventually(lambda: phase("after") == "Succeeded", timeout=60, message="job after the rotation")
 
     try:
         asyncio.run(main())

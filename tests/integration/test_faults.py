@@ -20,7 +20,7 @@ from fsdp_operator.runtime.rayjobs import RAY_PENDING, FakeJob, FakeRay
 from integration.test_operator import CLUSTERS, FAST, Script, World, manifest, scenario
 from support.kopf_runner import eventually
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 OPERATOR_CLIENTS = ("kopf/", "fsdp-operator/")
 """The operator's two HTTP clients (kopf's watches and patches, the controller's `AioKube`): faults hit only them."""
@@ -92,7 +92,7 @@ def _api_faults_converge(api: ThreadedApiServer, jobs: int = 3, steps: int = 5) 
                 w.apply(manifest(name, steps=steps))
             for name in names:
                 await w.phase("Succeeded", name=name, timeout=60)
-            await eventually(lambda: not w.clusters(), timeout=30, message="a RayCluster was left behind")
+            await eventually(lambda: not w.clusters(), timeout=60, message="a RayCluster was left behind")
 
         for name in names:
             assert summary(w.status(name)) == expected_final(steps), (name, w.status(name))
@@ -170,7 +170,7 @@ def test_head_unreachable_fails_the_job_after_the_timeout(apiserver: ThreadedApi
             await eventually(lambda: w.status().get("progress"))
             w.ray.down = True  # every call to the head's API is refused from now on
             await w.phase("Running", "RayUnreachable")
-            status = await w.phase("Failed", "RayUnreachable", timeout=10)
+            status = await w.phase("Failed", "RayUnreachable", timeout=60)
             assert "did not answer for" in status["message"] and "connection refused" in status["message"]
             await eventually(lambda: not w.clusters(), message="cleanup: Delete must delete the RayCluster")
         w.assert_no_duplicates()

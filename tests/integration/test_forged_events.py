@@ -18,7 +18,7 @@ from fsdp_train.events import PREFIX, Signer, Transport, attempt_key
 from support.kopf_runner import eventually
 from test_operator import SOCKET_LINE, Script, World, manifest, scenario
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 RAY = "(RayTrainWorker pid=4242, ip=10.0.0.7) "
 
@@ -92,7 +92,7 @@ def read_through(w: World, sid: str, forged_lines: int) -> Any:
         ok = status.get("forgedEvents", 0) >= forged_lines and status.get("logOffset") == len(log)
         return status if ok else None
 
-    return eventually(done, timeout=30, message=f"the operator never read the forged lines: {w.status()}")
+    return eventually(done, timeout=60, message=f"the operator never read the forged lines: {w.status()}")
 
 
 @pytest.mark.parametrize("case", list(FORGED_CASES))
@@ -106,7 +106,7 @@ def test_forged_lines_change_no_status_field(apiserver: ThreadedApiServer, case:
         async with w.operator():
             w.apply(manifest(**network))
             sid = w.sid(1)
-            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=30)
+            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=60)
             before = await read_through(w, sid, 0)
             w.ray.job(sid).log += "".join(line + "\n" for line in lines)  # printed by other code of the job
             after = await read_through(w, sid, len(lines))
@@ -116,7 +116,7 @@ def test_forged_lines_change_no_status_field(apiserver: ThreadedApiServer, case:
             assert (authentic["status"], authentic["reason"]) == ("False", "UnsignedLines")
             await eventually(lambda: "UnsignedLines" in w.event_reasons(), message="no Warning event was posted")
             script.hold = False
-            final = await w.phase("Succeeded", "Completed", timeout=30)
+            final = await w.phase("Succeeded", "Completed", timeout=60)
             assert final["result"]["finalLoss"] == round(5.0 / 3, 4) and "mfu" not in final["result"]
             assert "output" not in final and final.get("rankFailures") is None and final.get("workerRestarts") is None
             if socket_ranks:
@@ -133,7 +133,7 @@ def test_replayed_and_other_attempt_lines_are_refused(apiserver: ThreadedApiServ
         async with w.operator():
             w.apply(manifest())
             sid = w.sid(1)
-            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=30)
+            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=60)
             before = await read_through(w, sid, 0)
             job = w.ray.job(sid)
             replayed = next(line for line in job.log.splitlines() if '"kind":"placement","local_rank":0' in line)
@@ -146,7 +146,7 @@ def test_replayed_and_other_attempt_lines_are_refused(apiserver: ThreadedApiServ
             after = await read_through(w, sid, 2)
             assert comparable(after) == comparable(before) and after["forgedEvents"] == 2
             script.hold = False
-            await w.phase("Succeeded", "Completed", timeout=30)
+            await w.phase("Succeeded", "Completed", timeout=60)
 
     scenario(apiserver, body, script)
 
@@ -159,16 +159,16 @@ def test_impossible_numbers_signed_by_the_emitter_are_skipped(apiserver: Threade
         async with w.operator():
             w.apply(manifest())
             sid = w.sid(1)
-            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=30)
+            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=60)
             before = await read_through(w, sid, 0)
             impossible = [step(step=4), step(mfu=37.0), step(loss=-5.0), step(tokens_per_second=-1.0),
                           step(step=9007199254740991, total_steps=9007199254740991)]  # fmt: skip
             w.ray.emit(sid, *(forged(payload) for payload in impossible))  # signed, as the emitter prints
-            await eventually(lambda: w.status().get("skippedEvents") == len(impossible), timeout=30)
+            await eventually(lambda: w.status().get("skippedEvents") == len(impossible), timeout=60)
             after = await read_through(w, sid, 0)
             assert comparable(after) == comparable(before) and "forgedEvents" not in after
             script.hold = False
-            await w.phase("Succeeded", "Completed", timeout=30)
+            await w.phase("Succeeded", "Completed", timeout=60)
 
     scenario(apiserver, body, script)
 
@@ -205,7 +205,7 @@ def test_require_efa_fails_closed(apiserver: ThreadedApiServer, kind: str) -> No
     async def body(w: World) -> None:
         async with w.operator():
             w.apply(manifest(network={"transport": "efa", "requireEFA": True}))
-            status = await w.phase("Failed", timeout=30)
+            status = await w.phase("Failed", timeout=60)
             expected = "TransportFallback" if kind == "socket" else "TransportUnverified"
             assert status["reason"] == expected, status
             if kind != "socket":
@@ -230,7 +230,7 @@ def test_the_attempt_key_reaches_the_submission_only(apiserver: ThreadedApiServe
     async def body(w: World) -> None:
         async with w.operator():
             w.apply(manifest())
-            await w.phase("Succeeded", "Completed", timeout=30)
+            await w.phase("Succeeded", "Completed", timeout=60)
             sid = w.sid(1)
             submission = w.ray.job(sid).submission
             key = submission.runtime_env["env_vars"]["FSDP_EVENT_KEY"]

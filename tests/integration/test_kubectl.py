@@ -14,7 +14,7 @@ from fsdp_operator.local import ThreadedApiServer
 from support.crds import widget, widget_crd
 from support.k8s_tools import REPO, ToolsUnavailable, helm, kubectl, run_kubectl
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module", autouse=True)

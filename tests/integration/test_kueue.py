@@ -21,7 +21,7 @@ from support.kopf_runner import eventually
 from support.kueue import WORKLOAD_CRD, FakeKueue
 from test_operator import World, manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 QUEUE = "team-a"
 PENDING_MESSAGE = (
@@ -135,7 +135,7 @@ def test_a_quota_of_8_gpus_runs_one_of_two_8_gpu_jobs_and_queues_the_other(apise
             assert "startTime" in status and "provisioningSince" not in status
             w.checkpoints.hold_at.clear()
             first = await w.phase("Succeeded", name="first")
-            done = await w.phase("Succeeded", name="second", timeout=20)
+            done = await w.phase("Succeeded", name="second", timeout=60)
         assert w.kueue.admitted == ["first-ray", "second-ray"]
         assert first["queue"]["admissions"] == 1 and first["queue"]["clusterQueue"] == "team-cq"
         assert done["queue"]["admissions"] == 1 and done["queue"]["queuedSeconds"] >= 0
@@ -165,8 +165,8 @@ def test_a_preempted_job_is_queued_again_and_resumes_from_its_checkpoint(apiserv
             w.checkpoints.hold_at.clear()
             queued_again = await w.phase("Queued", name="low")
             assert queued_again["queue"]["preemptions"] == 1
-            await w.phase("Succeeded", name="urgent", timeout=20)
-            done = await w.phase("Succeeded", name="low", timeout=20)
+            await w.phase("Succeeded", name="urgent", timeout=60)
+            done = await w.phase("Succeeded", name="low", timeout=60)
         assert w.kueue.evicted == ["low-ray"] and w.kueue.admitted == ["low-ray", "urgent-ray", "low-ray"]
         # Attempt 2 resumed after the checkpoint of step 3, without using up backoffLimit.
         assert w.checkpoints.started_at["low"] == [1, 4]
@@ -217,7 +217,7 @@ def test_a_user_suspend_of_a_queued_job_deletes_its_cluster_and_resume_queues_it
             w.patch_spec("second", {"runPolicy": {"suspend": False}})
             await w.phase("Queued", name="second")
             w.checkpoints.hold_at.clear()
-            done = await w.phase("Succeeded", name="second", timeout=20)
+            done = await w.phase("Succeeded", name="second", timeout=60)
         assert done["attempts"] == 2 and w.kueue.admitted == ["first-ray", "second-ray"]
 
     run(QueueWorld(apiserver), body)

@@ -8,7 +8,7 @@ from fsdp_operator.local import ThreadedApiServer
 from prometheus_client.parser import text_string_to_metric_families
 from test_operator import Script, World, manifest, scenario
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

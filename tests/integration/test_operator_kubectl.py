@@ -12,7 +12,7 @@ from support import k8s_tools
 from support.kopf_runner import eventually
 from test_operator import Script, World, scenario
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen2.5-1.5b-efa.yaml"
 NAME = "qwen25-1p5b-efa"

@@ -11,6 +11,7 @@ import contextlib
 import importlib
 import logging
 import socket
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -25,7 +26,10 @@ from fsdp_operator.runtime.shared import Runtime
 from support.chart_rbac import OPERATOR_AUTH
 from test_operator import CLUSTERS, FAST, NAMESPACE, Script, World, manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(30)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+PASSES_DEADLINE = 60.0
+"""How long a test steps a loop pass by pass before it gives up (a failure; a passing test stops at its event)."""
 
 
 class RefusesFirstFailedWrite(AioKube):
@@ -50,7 +54,8 @@ def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: Thr
         async with w.kuberay.running():
             # cleanup: Keep, so only the explicit stop ends the Ray job (deleting the cluster would too).
             w.apply(manifest(runPolicy={"cleanup": "Keep"}))
-            for _ in range(300):
+            deadline = time.monotonic() + PASSES_DEADLINE
+            while time.monotonic() < deadline:
                 if w.status().get("phase") == "Failed":
                     break
                 try:
@@ -67,11 +72,11 @@ def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: Thr
     assert "TransportFallback" in w.event_reasons()
 
 
-async def passes_until(
-    loop: JobLoop, done: Callable[[], bool], tries: int, each: Callable[[], None] = lambda: None
-) -> None:
-    """Step `loop` a pass at a time (a failed pass is the point of these tests) until `done()` or `tries` passes."""
-    for _ in range(tries):
+async def passes_until(loop: JobLoop, done: Callable[[], bool], each: Callable[[], None] = lambda: None) -> None:
+    """Step `loop` a pass at a time (a failed pass is the point of these tests) until `done()`, for at most
+    `PASSES_DEADLINE` seconds (the fake KubeRay moves in the background: a count of passes is a length of time)."""
+    deadline = time.monotonic() + PASSES_DEADLINE
+    while time.monotonic() < deadline:
         if done():
             return
         each()
@@ -105,7 +110,7 @@ def test_a_status_refused_in_every_form_still_stops_the_ray_job(apiserver: Threa
                 if w.status().get("phase") == "Running":
                     kube.refusing = True  # from here on, the TransportFallback the ranks report cannot be written
 
-            await passes_until(loop, lambda: bool(w.ray.stopped), 300, refuse_once_running)
+            await passes_until(loop, lambda: bool(w.ray.stopped), refuse_once_running)
             await kube.close()
 
     asyncio.run(main())
@@ -140,7 +145,8 @@ def step_until_final(w: World, loop: JobLoop, kube: FailsSucceededWrite) -> list
 
     async def main() -> None:
         async with w.kuberay.running():
-            for _ in range(300):
+            deadline = time.monotonic() + PASSES_DEADLINE
+            while time.monotonic() < deadline:
                 try:
                     decision = await loop.pass_once()
                 except KubeError:
@@ -226,7 +232,7 @@ def test_a_raycluster_is_created_only_after_what_it_needs(apiserver: ThreadedApi
     async def main() -> None:
         async with w.kuberay.running():
             w.apply(manifest(runPolicy={"cleanup": "Keep"}))
-            await passes_until(loop, lambda: w.status().get("phase") == "Succeeded", 150)
+            await passes_until(loop, lambda: w.status().get("phase") == "Succeeded")
             await kube.close()
 
     asyncio.run(main())

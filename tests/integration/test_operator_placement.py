@@ -12,7 +12,7 @@ from support.aws import FixedZone
 from support.kopf_runner import eventually
 from test_operator import World, manifest, scenario
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 ZONE = "topology.kubernetes.io/zone"
 

@@ -23,7 +23,7 @@ from support.chart_rbac import ACCOUNT
 from support.kopf_runner import eventually
 from test_operator import CLUSTERS, JOBS, NAMESPACE, World, manifest
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 SECRETS = f"/api/v1/namespaces/{NAMESPACE}/secrets"
 POLICIES = f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies"
@@ -59,14 +59,14 @@ def test_a_job_deleted_and_applied_again_at_once_ends_with_its_own_objects(
         async def main() -> None:
             async with w.kuberay.running(), w.operator():
                 w.apply(manifest(runPolicy={"cleanup": "Keep"}))
-                await w.phase("Succeeded", timeout=30)
+                await w.phase("Succeeded", timeout=60)
                 old_uid = w.job()["metadata"]["uid"]  # type: ignore[index]
                 for collection in NAMES:
                     obj = _get(w, collection)
                     assert obj is not None and _owner_uid(obj) == old_uid, (collection, obj)
 
                 w.delete(f"{JOBS}/qwen")  # its finalizer deletes the RayCluster; the rest is the collector's
-                await eventually(lambda: w.job() is None, timeout=30, message="the old job was never deleted")
+                await eventually(lambda: w.job() is None, timeout=60, message="the old job was never deleted")
                 w.apply(manifest(runPolicy={"cleanup": "Keep"}))
                 new_uid = w.job()["metadata"]["uid"]  # type: ignore[index]
                 assert new_uid != old_uid

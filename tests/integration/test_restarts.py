@@ -140,7 +140,7 @@ class Operator:
         finally:
             _INCARNATION.reset(owner)
         # Killed during its own startup (a seeded kill point may fall there): nothing more to wait for.
-        await eventually(lambda: ready.is_set() or self.fenced, timeout=10)
+        await eventually(lambda: ready.is_set() or self.fenced, timeout=60)
         await eventually(
             lambda: (
                 self.fenced or all(w.api.count("watch", p, g) > n for (p, g), n in zip(WATCHED, watches, strict=True))
@@ -313,8 +313,8 @@ async def _run(w: World, plan: KillPlan, test_loop: asyncio.AbstractEventLoop) -
         plan.token, plan.seen = op.token, 0
         await op.start()
     try:
-        await w.phase("Succeeded", timeout=20)
-        await eventually(lambda: not w.clusters(), timeout=10, message="the RayCluster was left behind")
+        await w.phase("Succeeded", timeout=60)
+        await eventually(lambda: not w.clusters(), timeout=60, message="the RayCluster was left behind")
     finally:
         await op.kill()
     return w.status()

@@ -82,7 +82,12 @@ async def _main(conn: Connection, plan: FaultPlan | None) -> None:
     loop = asyncio.get_running_loop()
     while True:
         command = await loop.run_in_executor(None, conn.recv)
-        if command == "stats":
+        if command == "jobs":
+            # The jobs' statuses, read here: a test that polled them over HTTP from the operator's process would
+            # parse every job's status there, every poll, and count that as the operator's memory and CPU.
+            jobs = store.find(schema.PLURAL, schema.GROUP)
+            conn.send({job["metadata"]["name"]: job.get("status") or {} for job in jobs})
+        elif command == "stats":
             conn.send(
                 {
                     "requests": [[*key, n] for key, n in requests.items()],
@@ -116,6 +121,12 @@ class ApiServerProcess:
             raise RuntimeError("the API server process did not start within 60 s")
         self.url = str(self._conn.recv())
         return self
+
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        """Every FSDPTrainingJob's status, by name (read in the API server's process)."""
+        self._conn.send("jobs")
+        result: dict[str, dict[str, Any]] = self._conn.recv()
+        return result
 
     def stats(self) -> dict[str, Any]:
         self._conn.send("stats")

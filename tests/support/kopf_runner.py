@@ -65,7 +65,7 @@ async def kopf_operator(
     settings: kopf.OperatorSettings | None = None,
     configure: Callable[[kopf.OperatorSettings], None] | None = None,
     memo: object | None = None,
-    startup_timeout: float = 10,
+    startup_timeout: float = 60,
     stop_timeout: float = 15,
     token: str | None = None,
     login: bool = True,
@@ -115,7 +115,7 @@ async def kopf_operator(
 
 
 async def eventually(
-    condition: Callable[[], Any], *, timeout: float = 10, interval: float = 0.02, message: str = ""
+    condition: Callable[[], Any], *, timeout: float = 60, interval: float = 0.02, message: str = ""
 ) -> Any:
     """Poll until `condition()` is truthy and return its value (for assertions on asynchronous effects)."""
     loop = asyncio.get_running_loop()

@@ -14,7 +14,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 BIN = Path(sys.executable).parent
+
+RAY_TESTS = pytest.mark.xdist_group("ray")
+"""Mark of every test that starts Ray processes: under `--dist loadgroup` they all run on one xdist worker, one
+after the other, so a run never holds two of its Ray clusters at once (about 3.8 GiB each; and on the same
+127.0.0.N addresses, which the tests' clusters share)."""
 
 
 def ray_available() -> bool:
@@ -57,6 +64,17 @@ def group_exists(pgid: int) -> bool:
     return True
 
 
+def wait_for_port(port: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+        time.sleep(0.2)
+
+
 def wait_for_nodes(address: str, count: int, timeout: float) -> None:
     probe = "import ray; ray.init(); print(sum(n['Alive'] for n in ray.nodes()))"
     deadline = time.monotonic() + timeout
@@ -83,8 +101,11 @@ def local_cluster(**worker_env: str) -> Iterator[str]:
     port = free_port()
     address = f"127.0.0.1:{port}"
     common = ["--block", "--disable-usage-stats", "--object-store-memory=80000000"]
+    # Ray's fixed default ports (the client server's 10001, each dashboard agent's 52365, which every agent also
+    # binds on 127.0.0.1) would collide with another Ray on this machine, or between this cluster's own nodes.
+    head = ["--head", f"--port={port}", "--num-cpus=0", "--node-ip-address=127.0.0.1", "--include-dashboard=false"]
     commands = [
-        ["--head", f"--port={port}", "--num-cpus=0", "--node-ip-address=127.0.0.1", "--include-dashboard=false"],
+        [*head, f"--ray-client-server-port={free_port()}"],
         [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.2"],
         [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.3"],
     ]
@@ -95,7 +116,14 @@ def local_cluster(**worker_env: str) -> Iterator[str]:
             log = (base / f"start{index}.log").open("wb")
             procs.append(
                 subprocess.Popen(
-                    [str(BIN / "ray"), "start", *args, *common, f"--temp-dir={temp}"],
+                    [
+                        str(BIN / "ray"),
+                        "start",
+                        *args,
+                        *common,
+                        f"--temp-dir={temp}",
+                        f"--dashboard-agent-listen-port={free_port()}",
+                    ],
                     env=ray_env(**worker_env),
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -103,7 +131,7 @@ def local_cluster(**worker_env: str) -> Iterator[str]:
                 )
             )
             if index == 0:
-                time.sleep(4)  # the head's GCS must be up before workers register
+                wait_for_port(port, timeout=90)  # the head's GCS must be up before workers register
         wait_for_nodes(address, 3, timeout=90)
         yield address
     finally:

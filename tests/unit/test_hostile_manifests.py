@@ -138,7 +138,7 @@ def test_a_problem_list_is_bounded(capsys: pytest.CaptureFixture[str], tmp_path:
     assert len(err.splitlines()) == 52
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize(
     "document",
     [

@@ -30,6 +30,7 @@ from fsdp_operator.local.kuberay import (
     marked_processes,
     secret_refs,
 )
+from support.ray_cluster import RAY_TESTS
 
 
 def rendered_worker() -> dict[str, object]:
@@ -242,6 +243,7 @@ def test_a_suspended_raycluster_gets_no_pods_and_no_process(apiserver: ThreadedA
 
 @pytest.mark.e2e
 @pytest.mark.slow
+@RAY_TESTS
 @pytest.mark.timeout(900)
 def test_suspending_a_running_raycluster_stops_its_ray_and_deletes_its_pods(apiserver: ThreadedApiServer) -> None:
     """Real Ray processes: unsuspended, the cluster starts; suspended again, its processes stop and its pods go;

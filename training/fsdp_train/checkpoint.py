@@ -195,7 +195,12 @@ class DirectoryCheckpoints:
             # Before the DCP files: a snapshot is complete once .metadata exists, and then has its fingerprint.
             text = json.dumps(dict(fingerprint), sort_keys=True)
             if self.is_uri:
-                with self._fs().open(f"{path}/{FINGERPRINT_FILE}", "w") as f:
+                fs = self._fs()
+                # fsspec's local filesystem (file://) writes no missing parent, and DCP makes the step's folder
+                # only inside dcp_save, on every rank: without this, the write worked only when another rank's
+                # DCP had made the folder first (on S3, where folders do not exist, this is a no-op).
+                fs.makedirs(path, exist_ok=True)
+                with fs.open(f"{path}/{FINGERPRINT_FILE}", "w") as f:
                     f.write(text)
             else:
                 (Path(path) / FINGERPRINT_FILE).write_text(text)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.fs
 import pytest
 import torch
-from fsdp_train.checkpoint import app_state, restore_ray_checkpoint
+import torch.distributed as dist
+from fsdp_train.checkpoint import (
+    FINGERPRINT_FILE,
+    CheckpointMismatch,
+    DirectoryCheckpoints,
+    app_state,
+    restore_ray_checkpoint,
+)
 from ray.train import Checkpoint
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -45,3 +53,35 @@ def test_ray_checkpoint_not_named_by_step_is_refused(tmp_path: Path) -> None:
     (tmp_path / "latest").mkdir()
     with pytest.raises(ValueError, match="is not named step_NNNNNNNN"):
         restore_ray_checkpoint(Checkpoint.from_directory(str(tmp_path / "latest")), *trained(1))
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[None]:
+    """A gloo process group of one rank in this process: DirectoryCheckpoints asks for the rank and a barrier."""
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("as_uri", [False, True], ids=["path", "file-uri"])
+def test_a_snapshot_in_a_new_folder_gets_its_fingerprint_and_resumes(
+    one_rank: None, tmp_path: Path, as_uri: bool
+) -> None:
+    """Rank 0 writes the fingerprint before DCP makes the step's folder; through a URI (fsspec) that folder must be
+    made first too. It was not: the write raised FileNotFoundError unless another rank's DCP had been quicker."""
+    root = tmp_path / "ckpt"
+    store = DirectoryCheckpoints(root.as_uri() if as_uri else str(root))
+    fingerprint = {"seed": 1, "global_batch": 8}
+    saved, saved_optimizer = trained(0)
+    for step in (5, 10, 15):
+        store.save(saved, saved_optimizer, step, {}, fingerprint=fingerprint)
+    # The two latest are kept, each with its fingerprint beside the DCP files.
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000010", "step_00000015"]
+    assert all((root / name / FINGERPRINT_FILE).is_file() for name in ("step_00000010", "step_00000015"))
+    model, optimizer = trained(1)
+    assert store.restore(model, optimizer, fingerprint=fingerprint) == 15
+    assert torch.equal(model.weight, saved.weight)
+    with pytest.raises(CheckpointMismatch, match="global_batch: 8 -> 16"):
+        store.restore(model, optimizer, fingerprint={**fingerprint, "global_batch": 16})
