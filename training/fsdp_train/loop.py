@@ -21,7 +21,8 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdp_train import report
-from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
+from fsdp_train.attention import to_device
+from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
 from fsdp_train.events import Checkpoint, Evaluation, Export, Failure, Summary, as_dict, emit
@@ -203,12 +204,15 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
                 eval_loss = _evaluate(cfg, topo, model, validation, device, step)
                 eval_seconds += time.perf_counter() - t1
             if checkpointed:
+                _report_save(topo, host.checkpointer.wait())  # the previous asynchronous write, if any
                 t1 = time.perf_counter()
                 where = host.checkpointer.save(
                     model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu}, extra, fingerprint
                 )
-                if topo.rank == 0:
+                if topo.rank == 0:  # seconds: how long the loop was held (the write may go on in the background)
                     emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
+                if always_sync:  # an injected failure follows: the snapshot must be complete first
+                    _report_save(topo, host.checkpointer.wait())
             if exported:
                 target = cfg.output_path if step == cfg.steps else f"{cfg.output_path.rstrip('/')}/step_{step:08d}"
                 t1 = time.perf_counter()
@@ -229,6 +233,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
                 raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
             _maybe_kill(env, topo.rank, step, resumed_from)
 
+    _report_save(topo, host.checkpointer.wait())
     if resumed_from >= cfg.steps and cfg.output_path:
         # A rerun of a finished run (same fingerprint) trains nothing; it still leaves the export it promises.
         if topo.rank == 0:
@@ -257,6 +262,15 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     emit(summary)
     finish_bytecode_cache(bytecode_fill)
     return as_dict(summary)
+
+
+def _report_save(topo: Topology, times: SaveTimes | None) -> None:
+    if times is not None and topo.rank == 0:
+        print(
+            f"fsdp_train: checkpoint of step {times.step} written in {times.total_seconds:.1f} s; the loop was "
+            f"blocked {times.blocked_seconds:.2f} s by it and waited {times.waited_seconds:.2f} s for its end",
+            flush=True,
+        )
 
 
 def _fetch_model(cfg: TrainConfig, topo: Topology) -> str | None:
@@ -308,7 +322,7 @@ def _evaluate(
         batch_size=cfg.batch_size_per_rank,
         document_mask=cfg.document_mask,
     ):
-        inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "sample_ids"}
+        inputs = to_device(batch, device)
         loss = model(**inputs).loss
         targets = (inputs["labels"][:, 1:] != IGNORE_INDEX).sum()
         # An all-padding batch has no targets; Hugging Face's own loss is NaN there, not 0.
@@ -526,7 +540,7 @@ def step_loss(
             ).to(device, non_blocking=True)
             inputs = {"input_ids": tokens, "labels": tokens}
         else:
-            inputs = {k: v.to(device, non_blocking=True) for k, v in batches[micro].items() if k != "sample_ids"}
+            inputs = to_device(batches[micro], device)
         loss = model(**inputs).loss / cfg.grad_accum
         loss.backward()
         total += loss.detach()
@@ -545,6 +559,8 @@ def run_from_env(cfg: TrainConfig) -> dict[str, Any]:
     from fsdp_train.checkpoint import DirectoryCheckpoints
 
     topo = Topology.from_torchrun_env(os.environ)
-    checkpointer: Checkpointer = DirectoryCheckpoints(cfg.checkpoint_path) if cfg.checkpoint_path else NoCheckpoints()
+    checkpointer: Checkpointer = (
+        DirectoryCheckpoints(cfg.checkpoint_path, asynchronous=True) if cfg.checkpoint_path else NoCheckpoints()
+    )
     host = Host(node_ip=report.guess_node_ip(os.environ), checkpointer=checkpointer)
     return train(cfg, topo, host)
