@@ -121,7 +121,8 @@ def python_sources(root: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     started = time.perf_counter()
-    files = sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.parts))
     texts = []
     for path in files:
         try:
@@ -143,9 +144,11 @@ def python_sources(root: Path) -> None:
     trainer = trainers.BpeTrainer(vocab_size=8192, special_tokens=["<|endoftext|>"], show_progress=False)
     tok.train_from_iterator(texts[::4], trainer)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(root / "tokenizer")
-    tokens = sum(len(e.ids) for e in tok.encode_batch(texts))
+    sample = texts[::20]  # tokens per character on a sample: encoding everything takes minutes on a few cores
+    per_char = sum(len(e.ids) for e in tok.encode_batch(sample)) / max(1, sum(map(len, sample)))
+    chars = sum(map(len, texts))
     print(
-        f"python sources: {len(texts):,} files, {sum(map(len, texts)) / 2**20:.1f} MiB, {tokens:,} tokens "
+        f"python sources: {len(texts):,} files, {chars / 2**20:.1f} MiB, ~{int(chars * per_char):,} tokens "
         f"({time.perf_counter() - started:.1f} s)",
         flush=True,
     )
