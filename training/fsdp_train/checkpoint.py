@@ -261,7 +261,7 @@ class DirectoryCheckpoints:
         self, model: nn.Module, optimizer: Optimizer, step: int, extra: Extra | None, path: str, started: float
     ) -> None:
         import torch
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from torch.distributed.checkpoint.staging import StagingOptions
         from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
         from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 
@@ -271,7 +271,7 @@ class DirectoryCheckpoints:
             options = StagingOptions(
                 use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=cuda, use_non_blocking_copy=cuda
             )
-            self._stager = DefaultStager(options)
+            self._stager = _KeptStager(options)
             # The background write's collectives need a CPU backend; an NCCL-only group gets a gloo twin.
             default = dist.distributed_c10d._get_default_group()
             if torch.device("cpu") not in default._device_types:
@@ -327,7 +327,7 @@ class DirectoryCheckpoints:
         """Finish any save in flight and free the staging buffers."""
         self.wait()
         if self._stager is not None:
-            self._stager.close()
+            self._stager.close_now()
             self._stager = None
 
     def _prune(self) -> None:
@@ -409,3 +409,27 @@ def _staging() -> Iterator[str]:
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _kept_stager_class() -> type:
+    from torch.distributed.checkpoint.staging import DefaultStager
+
+    class KeptStager(DefaultStager):
+        """DCP's ``DefaultStager`` that outlives a save: its pinned host buffers are reused by the next one.
+
+        torch 2.11's ``async_save`` closes the stager it was given once the write is done (the second save
+        then fails inside the stager, seen on an H200), and allocating the pinned buffers again stalls the
+        GPU's host side for seconds; ``close_now`` is the real close.
+        """
+
+        def close(self) -> None:
+            pass
+
+        def close_now(self) -> None:
+            super().close()
+
+    return KeptStager
+
+
+def _KeptStager(options: Any) -> Any:  # a class made on first use: torch's checkpoint module stays unimported
+    return _kept_stager_class()(options)
