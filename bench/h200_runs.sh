@@ -155,6 +155,11 @@ round5_data() {
     TORCH_LOGS=recompiles fn1 r5-random 150 "{$base,\"steps\":${STEPS:-30},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\"}"
     TORCH_LOGS=recompiles fn1 r5-python 170 "{$base,\"steps\":${STEPS:-30},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\",\"data\":\"$assets/corpus\",\"tokenizer\":\"$assets/tokenizer\",\"shuffle_seed\":1}"
     ratio r5-random r5-python
+    round5_checkpoint
+}
+
+round5_checkpoint() {
+    local base='"seq_len":2048,"batch_size_per_rank":8,"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":2e-5'"${R5_EXTRA:-}"
     rm -rf /tmp/fsdp-r5-ckpt
     fn1 r5-checkpoint 200 "{$base,\"steps\":${CKPT_STEPS:-60},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\",\"checkpoint_path\":\"/tmp/fsdp-r5-ckpt\",\"checkpoint_interval\":${CKPT_EVERY:-30}}"
     du -sh /tmp/fsdp-r5-ckpt/* 2>/dev/null
@@ -252,6 +257,9 @@ round5-speed)  # one GPU: torchtitan beside the bundled function's round-five le
     ;;
 round5-data)  # one GPU: the document mask with compile on a real corpus against random tokens; async checkpoints
     round5_data
+    ;;
+round5-checkpoint)  # one GPU: asynchronous checkpoints of the 1.5B run, blocked and total time
+    round5_checkpoint
     ;;
 round5)  # both halves in one call (about 15 minutes)
     round5_speed
