@@ -143,7 +143,7 @@ PY
 }
 
 round5_speed() {
-    titan titan-native 200 --training.steps 30 --x.warmup 10 ${TITAN_ARGS:-}
+    [ -n "${NO_TITAN:-}" ] || titan titan-native 200 --training.steps 30 --x.warmup 10 ${TITAN_ARGS:-}
     bench r5-speed 1 330 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window \
         --recipes "${RECIPES:-ours-final,ours-r5,ours-r5-nofsdp,ours-lazy-gc}"
 }

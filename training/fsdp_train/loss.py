@@ -28,11 +28,9 @@ def ce_chunk(logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor) -
     """Summed cross-entropy of one chunk (fp32) and its gradient w.r.t. ``logits`` times ``scale``.
 
     ``logits`` [C, V] in the compute dtype; ``targets`` [C] with ``IGNORE_INDEX`` rows contributing
-    neither loss nor gradient. The softmax runs in fp32, as Hugging Face's upcast does. The gradient
-    ``(softmax - one_hot) * scale`` is written as one elementwise expression of the logits and the
-    row's log-sum-exp (the one-hot a comparison with the column index, not a scatter), so that, compiled,
-    it is one pass that reads the logits and writes the compute-dtype gradient: no fp32 probabilities
-    in memory, no separate scale-and-cast pass.
+    neither loss nor gradient. The softmax runs in fp32, as Hugging Face's upcast does. (The gradient as
+    one elementwise expression, the one-hot a comparison with the column index, ran 3.2 % slower per
+    training step than this ``scatter_add`` on an H200: docs/performance.md, round five.)
     """
     x = logits.to(torch.promote_types(logits.dtype, torch.float32))
     valid = targets != IGNORE_INDEX
@@ -40,9 +38,9 @@ def ce_chunk(logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor) -
     lse = torch.logsumexp(x, dim=-1)
     picked = x.gather(1, safe[:, None]).squeeze(1)
     loss = torch.where(valid, lse - picked, 0.0).sum()
-    columns = torch.arange(x.shape[1], device=x.device)
-    one_hot = (columns[None, :] == safe[:, None]).to(x.dtype)
-    grad = (torch.exp(x - lse[:, None]) - one_hot) * (valid.to(x.dtype) * scale)[:, None]
+    probs = torch.exp(x - lse[:, None])
+    probs = probs.scatter_add(1, safe[:, None], torch.full_like(picked[:, None], -1.0))
+    grad = probs * (valid.to(x.dtype) * scale)[:, None]
     return loss, grad.to(logits.dtype)
 
 
