@@ -4,6 +4,9 @@
         DIR/tokenizer   a byte-level BPE (8192 ids) trained with `tokenizers` on the generated text
         DIR/corpus/     JSONL shards of generated documents (Zipf-distributed synthetic words), >= --tokens
         DIR/model       Qwen2.5-1.5B-shaped Qwen2ForCausalLM, random init, save_pretrained (bf16 safetensors)
+    python bench/data_pipeline.py python-sources DIR
+        DIR/corpus/     JSONL, one document per Python source file of this interpreter's standard library
+        DIR/tokenizer   a byte-level BPE (8192 ids) trained on them (real text, documents of very uneven length)
     torchrun --nproc-per-node N bench/data_pipeline.py load DIR/model
         times filling the FSDP-sharded model from the safetensors: torch.distributed.checkpoint's
         HuggingFaceStorageReader into the shards (what training uses), against a full load on rank 0
@@ -110,6 +113,47 @@ def assets(root: Path, tokens: int, tiny: bool = False) -> None:
     del model, np
 
 
+def python_sources(root: Path) -> None:
+    """A real corpus with no download: the standard library's Python files, one JSONL document each."""
+    import sysconfig
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    started = time.perf_counter()
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*.py") if not {"site-packages", "dist-packages"} & set(p.parts))
+    texts = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if text.strip():
+            texts.append(text)
+    corpus = root / "corpus"
+    corpus.mkdir(parents=True, exist_ok=True)
+    shards = 8
+    for i in range(shards):
+        with (corpus / f"part-{i:03d}.jsonl").open("w") as out:
+            for text in texts[i::shards]:
+                out.write(json.dumps({"text": text}) + "\n")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=8192, special_tokens=["<|endoftext|>"], show_progress=False)
+    tok.train_from_iterator(texts[::4], trainer)
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>").save_pretrained(root / "tokenizer")
+    sample = texts[::20]  # tokens per character on a sample: encoding everything takes minutes on a few cores
+    per_char = sum(len(e.ids) for e in tok.encode_batch(sample)) / max(1, sum(map(len, sample)))
+    chars = sum(map(len, texts))
+    print(
+        f"python sources: {len(texts):,} files, {chars / 2**20:.1f} MiB, ~{int(chars * per_char):,} tokens "
+        f"({time.perf_counter() - started:.1f} s)",
+        flush=True,
+    )
+
+
 def load(directory: str) -> None:
     import torch
     import torch.distributed as dist
@@ -174,10 +218,15 @@ def main() -> None:
     a.add_argument("--tiny", action="store_true", help="a small model: a dry run on a CPU")
     b = sub.add_parser("load")
     b.add_argument("directory")
+    c = sub.add_parser("python-sources")
+    c.add_argument("root", type=Path)
     args = parser.parse_args()
     if args.command == "assets":
         args.root.mkdir(parents=True, exist_ok=True)
         assets(args.root, args.tokens, args.tiny)
+    elif args.command == "python-sources":
+        args.root.mkdir(parents=True, exist_ok=True)
+        python_sources(args.root)
     else:
         load(args.directory)
 

@@ -12,6 +12,11 @@
 #   TEXT=FILE bench/h200_runs.sh round3-text OUTDIR  # 1 GPU: fp8's loss on text for Qwen2.5-1.5B, 300 steps
 #   BASE=DIR bench/h200_runs.sh round3-verify OUTDIR  # 1 GPU: starts of BASE's training package against this one's,
 #                                                     # each cold then warm; the bf16 levers that won, twice each
+#   WHEELS=DIR bench/h200_runs.sh round5-speed OUTDIR  # 1 GPU: torchtitan (its wheels from DIR) beside the
+#                                                     # bundled function's recipes, one MFU formula, window timing
+#   bench/h200_runs.sh round5-data OUTDIR   # 1 GPU: the function on Python sources with the document mask and compile,
+#                                           # against random tokens; an asynchronous checkpoint's blocked and total time
+#   WHEELS=DIR bench/h200_runs.sh round5 OUTDIR  # both (longer than one device call allows: run the halves)
 #
 # Needs torch and transformers (no Ray, no install: the package is put on PYTHONPATH). Every run has
 # its own time limit, so one hang costs one row. Logs go to OUTDIR/logs; the tables to stdout.
@@ -91,6 +96,74 @@ startup_profile() {  # the training function as one process under cProfile and -
         grep -h '^import time:' "$out/logs/importtime-$run.txt" | sort -t'|' -k2 -n -r | head -n 22 | cut -c1-120
     done
     rm -rf "$cache"
+}
+
+titan() {  # titan NAME LIMIT_S ARGS...: torchtitan's trainer on the Qwen2.5-1.5B shape (bench/titan_qwen.py), 1 GPU
+    local name=$1 limit=$2 start=$SECONDS site=${TITAN_SITE:-/tmp/titan-site}
+    shift 2
+    if [ ! -d "$site/torchtitan" ]; then
+        "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "${WHEELS:?WHEELS: torchtitan and its wheels}"/*.whl \
+            >"$out/logs/titan-install.log" 2>&1 || { echo "# torchtitan install failed"; tail -n 5 "$out/logs/titan-install.log"; return; }
+    fi
+    echo "\$ torchrun --nproc-per-node 1 bench/titan_qwen.py --job.config_file bench/titan_qwen.toml $*" | tee "$out/logs/$name.log"
+    PYTHONPATH="$site:$PYTHONPATH" timeout "$limit" "$py" -m torch.distributed.run --standalone --nproc-per-node 1 \
+        bench/titan_qwen.py --job.config_file bench/titan_qwen.toml --job.dump_folder "/tmp/titan-$name" \
+        --x.json "$out/logs/$name.json" "$@" >>"$out/logs/$name.log" 2>&1
+    echo "(exit $?, $((SECONDS - start)) s)" >>"$out/logs/$name.log"
+    grep -hE '^(\||# done|\(exit)' "$out/logs/$name.log"
+    grep -h 'step: *[0-9]' "$out/logs/$name.log" | tail -n 2 | cut -c1-200
+}
+
+fn1() {  # fn1 NAME LIMIT_S CONFIG_JSON: the training function itself on 1 GPU; its Summary and checkpoint lines
+    local name=$1 limit=$2 cfg start=$SECONDS
+    cfg=$(with_overrides "$3")
+    echo "\$ torchrun --nproc-per-node 1 -m fsdp_train --config-json '$3'" | tee "$out/logs/$name.log"
+    timeout "$limit" "$py" -m torch.distributed.run --standalone --nproc-per-node 1 -m fsdp_train --config-json "$cfg" \
+        >>"$out/logs/$name.log" 2>&1
+    echo "(exit $?, $((SECONDS - start)) s)" >>"$out/logs/$name.log"
+    echo "# $name: $(grep -c 'Recompiling\|recompil' "$out/logs/$name.log") recompilation lines, $(grep -c 'lru_cache' "$out/logs/$name.log") lru_cache warnings"
+    grep -hE '^fsdp_train: (checkpoint|data)' "$out/logs/$name.log"
+    grep -h '"kind":"checkpoint"' "$out/logs/$name.log" | sed 's/^.*FSDP_EVENT //' | cut -c1-300
+    grep -h '"kind":"summary"' "$out/logs/$name.log" | sed 's/^.*FSDP_EVENT //' | cut -c1-400
+    grep -h '"kind":"step"' "$out/logs/$name.log" | sed 's/^.*FSDP_EVENT //' | "$py" -c 'import json, sys; print("# step seconds:", " ".join(f"{json.loads(l)["step_seconds"]:.3f}" for l in sys.stdin))'
+    "$py" bench/summarize_events.py "$out/logs/$name.log" | tail -n 1
+    tail -n 1 "$out/logs/$name.log"
+}
+
+ratio() {  # ratio A B: B's Summary tokens/s over A's
+    "$py" - "$out/logs/$1.log" "$out/logs/$2.log" <<'PY'
+import json, sys
+def tps(path):
+    for line in open(path):
+        if '"kind":"summary"' in line:
+            return json.loads(line.split("FSDP_EVENT ", 1)[1])["tokens_per_second"]
+a, b = (tps(p) for p in sys.argv[1:3])
+print(f"# Summary tokens/s: {sys.argv[2].rsplit('/', 1)[-1]} {b} / {sys.argv[1].rsplit('/', 1)[-1]} {a} = {b / a:.3f}x" if a and b else "# ratio: a run has no Summary")
+PY
+}
+
+round5_speed() {
+    [ -n "${NO_TITAN:-}" ] || titan titan-native 200 --training.steps 30 --x.warmup 10 ${TITAN_ARGS:-}
+    bench r5-speed 1 330 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window \
+        --recipes "${RECIPES:-ours-final,ours-r5,ours-r5-nofsdp,ours-lazy-gc}"
+}
+
+round5_data() {
+    local assets=${ASSETS:-/tmp/fsdp-python-sources} base
+    TORCH_LOGS=recompiles "$py" bench/data_pipeline.py python-sources "$assets" 2>&1 | tee "$out/logs/assets.log"
+    base='"seq_len":2048,"batch_size_per_rank":8,"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":2e-5'"${R5_EXTRA:-}"
+    TORCH_LOGS=recompiles fn1 r5-random 150 "{$base,\"steps\":${STEPS:-30},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\"}"
+    TORCH_LOGS=recompiles fn1 r5-python 170 "{$base,\"steps\":${STEPS:-30},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\",\"data\":\"$assets/corpus\",\"tokenizer\":\"$assets/tokenizer\",\"shuffle_seed\":1}"
+    ratio r5-random r5-python
+    round5_checkpoint
+}
+
+round5_checkpoint() {
+    local base='"seq_len":2048,"batch_size_per_rank":8,"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":2e-5'"${R5_EXTRA:-}"
+    rm -rf /tmp/fsdp-r5-ckpt
+    fn1 r5-checkpoint 200 "{$base,\"steps\":${CKPT_STEPS:-60},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\",\"checkpoint_path\":\"/tmp/fsdp-r5-ckpt\",\"checkpoint_interval\":${CKPT_EVERY:-30}}"
+    du -sh /tmp/fsdp-r5-ckpt/* 2>/dev/null
+    rm -rf /tmp/fsdp-r5-ckpt
 }
 
 # Qwen2.5-7B's shape (hidden 3584, MLP 18944, 28 query / 4 KV heads, untied head) with 8 of its 28 layers.
@@ -178,6 +251,19 @@ round2-verify)  # one GPU: fp8's loss on text for Qwen2.5-1.5B; the training fun
         grep -h '"kind":"summary"' "$out/logs/fn-$precision.log" | sed 's/^.*FSDP_EVENT //'
         tail -n 1 "$out/logs/fn-$precision.log"
     done
+    ;;
+round5-speed)  # one GPU: torchtitan beside the bundled function's round-five levers, window timing, one MFU formula
+    round5_speed
+    ;;
+round5-data)  # one GPU: the document mask with compile on a real corpus against random tokens; async checkpoints
+    round5_data
+    ;;
+round5-checkpoint)  # one GPU: asynchronous checkpoints of the 1.5B run, blocked and total time
+    round5_checkpoint
+    ;;
+round5)  # both halves in one call (about 15 minutes)
+    round5_speed
+    round5_data
     ;;
 *)
     echo "unknown mode $mode" >&2

@@ -45,12 +45,14 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from fsdp_train import loop
+from fsdp_train import loss as loss_module
 from fsdp_train.config import TrainConfig
-from fsdp_train.loop import build, train_step
+from fsdp_train.loop import build, step_loss, train_step
 from fsdp_train.metrics import flops_per_token, mfu, peak_flops
 from fsdp_train.model import build_meta_model, hf_config, init_weights
-from fsdp_train.parallelize import Topology
+from fsdp_train.parallelize import Topology, parallelize
 from fsdp_train.precision import DEFAULT_FLOAT8, Float8Choice
+from fsdp_train.steps import GC_EVERY_STEPS, collected_every
 
 FINAL: dict[str, Any] = {"compile": True, "loss_chunk_tokens": 4096, "reshard_after_forward": False}
 FP8: dict[str, Any] = {**FINAL, "precision": "fp8"}
@@ -90,6 +92,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "x_gate_up": True,
         "x_coordinate_descent": True,
     },
+    # round five (time these with --timing window: the host may run ahead of the device): the loss read a step
+    # late (``x_lazy``, the training loop's way since), the garbage collector every 50 steps (``x_gc``, the
+    # loop's too), one loss chunk for the whole batch, the chunk's gradient as one elementwise expression
+    # (``x_ce: elementwise``, slower: not kept), and, on one GPU, no FSDP: fp32 weights under bf16 autocast
+    # (``x_no_fsdp``, torchtitan's native one-GPU path)
+    "ours-elementwise": {**FINAL, "x_ce": "elementwise"},
+    "ours-lazy": {**FINAL, "x_lazy": True},
+    "ours-lazy-gc": {**FINAL, "x_lazy": True, "x_gc": True},
+    "ours-r5": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True},
+    "ours-r5-nofsdp": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True, "x_no_fsdp": True},
 }
 MODEL_LEVERS = ("kernels", "attention", "gate_up")
 """``x_`` keys that ``meta_model_with`` takes; the others are patched in by ``levers`` for one recipe."""
@@ -264,6 +276,41 @@ def cudnn_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def ce_chunk_elementwise(
+    logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunk loss with its gradient as one elementwise expression (the one-hot a comparison with the column
+    index, no ``scatter_add``): tried in round five, 3.2 % slower per step than ``fsdp_train.loss.ce_chunk``."""
+    x = logits.float()
+    valid = targets != -100
+    safe = torch.where(valid, targets, 0)
+    lse = torch.logsumexp(x, dim=-1)
+    picked = x.gather(1, safe[:, None]).squeeze(1)
+    loss = torch.where(valid, lse - picked, 0.0).sum()
+    one_hot = (torch.arange(x.shape[1], device=x.device)[None, :] == safe[:, None]).to(x.dtype)
+    grad = (torch.exp(x - lse[:, None]) - one_hot) * (valid.to(x.dtype) * scale)[:, None]
+    return loss, grad.to(logits.dtype)
+
+
+def parallelize_plain(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh: Any, **kwargs: Any) -> torch.nn.Module:
+    """``parallelize`` without FSDP (one GPU): each block compiled, the weights left as plain fp32 tensors."""
+    if kwargs.get("compile_blocks"):
+        for block in blocks:
+            block.compile()
+    return model
+
+
+def autocast_forward(model: torch.nn.Module, device: torch.device) -> None:
+    """Run ``model``'s forward under bf16 autocast (fp32 weights, bf16 matmuls), as torchtitan does without FSDP."""
+    inner = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return inner(*args, **kwargs)
+
+    model.forward = forward  # type: ignore[method-assign]
+
+
 def _tokens(
     args: argparse.Namespace, batch: int, rank: int, step: int, vocab: int, device: torch.device
 ) -> torch.Tensor:
@@ -348,19 +395,31 @@ def run_ours(
     extra = {k[2:]: v for k, v in VARIANTS[recipe.name].items() if k.startswith("x_")}
     loop.DEFAULT_FLOAT8 = extra.pop("float8", DEFAULT_FLOAT8)  # what build() converts with for precision fp8
     model_levers = {k: extra.pop(k) for k in MODEL_LEVERS if k in extra}
+    hot_path = {k: bool(extra.pop(k, False)) for k in ("lazy", "gc")}
+    no_fsdp = bool(extra.pop("no_fsdp", False))
+    if no_fsdp and topo.world_size != 1:
+        raise ValueError("x_no_fsdp is a one-GPU lever")
+    if extra.pop("ce", "") == "elementwise":
+        loss_module._compiled_ce_chunk = torch.compile(ce_chunk_elementwise, dynamic=False)
     loop.build_meta_model = partial(meta_model_with, **model_levers)  # type: ignore[assignment]
+    if no_fsdp:
+        loop.parallelize = parallelize_plain  # type: ignore[assignment]
     with levers(**extra):
         try:
             model, optimizer, config = build(cfg, topo, "full", device)
         finally:
             loop.build_meta_model, loop.DEFAULT_FLOAT8 = build_meta_model, DEFAULT_FLOAT8
+            loop.parallelize = parallelize
+            loss_module._compiled_ce_chunk = None
+        if no_fsdp:
+            autocast_forward(model, device)
         if cfg.precision == "fp8":
             fp8_layers = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
             if topo.rank == 0:
                 print(f"# {recipe.label}: {fp8_layers} Float8Linear layers", flush=True)
             if not fp8_layers:
                 raise RuntimeError("precision fp8 converted no layer")
-        times, losses = _timed_steps(args, cfg, topo, model, optimizer, config, device)
+        times, losses = _timed_steps(args, cfg, topo, model, optimizer, config, device, **hot_path)
     del model, optimizer
     return times, losses
 
@@ -373,15 +432,43 @@ def _timed_steps(
     optimizer: torch.optim.Optimizer,
     config: Any,
     device: torch.device,
+    *,
+    lazy: bool = False,
+    gc: bool = False,
 ) -> tuple[list[float], list[float]]:
-    times, losses = [], []
-    for step in range(1, cfg.steps + 1):
-        _sync(device)
-        t0 = time.perf_counter()
-        losses.append(train_step(cfg, topo, model, optimizer, step, "full", device, config.vocab_size))
-        _sync(device)
-        if step > args.warmup:
-            times.append(time.perf_counter() - t0)
+    """Each step's seconds (``--timing step``: a device sync around every step) or, with ``--timing window``,
+    the mean over the timed steps between one sync before them and one after (the host may run ahead).
+    ``lazy``: read each loss a step late (no wait at a step's start); ``gc``: the collector every 50 steps."""
+    times: list[float] = []
+    losses: list[float] = []
+    queued: list[torch.Tensor] = []
+    window = args.timing == "window"
+    start = 0.0
+    with collected_every(GC_EVERY_STEPS if gc else 0) as collect:
+        if not gc:
+            import gc as gc_module
+
+            gc_module.enable()  # the round-three behaviour: Python's automatic collector on
+        for step in range(1, cfg.steps + 1):
+            collect(step)
+            if not window or step == args.warmup + 1:
+                _sync(device)
+                start = time.perf_counter()
+            if lazy:
+                queued.append(step_loss(cfg, topo, model, optimizer, step, "full", device, config.vocab_size))
+                if len(queued) > 1:
+                    losses.append(float(queued.pop(0).item()))
+            else:
+                losses.append(train_step(cfg, topo, model, optimizer, step, "full", device, config.vocab_size))
+            if not window:
+                _sync(device)
+                if step > args.warmup:
+                    times.append(time.perf_counter() - start)
+        losses.extend(float(q.item()) for q in queued)
+        if window:
+            _sync(device)
+            timed = cfg.steps - args.warmup
+            times = [(time.perf_counter() - start) / timed] * timed
     return times, losses
 
 
@@ -404,6 +491,12 @@ def main() -> int:
     parser.add_argument("--lr-warmup", type=int, default=0, help="linear warm-up steps (ours recipes)")
     parser.add_argument(
         "--text", default="", help="train on this text file's bytes (token ids 0..255) instead of random tokens"
+    )
+    parser.add_argument(
+        "--timing",
+        choices=("step", "window"),
+        default="step",
+        help="step: median of device-synced steps; window: one sync before and after the timed steps",
     )
     args = parser.parse_args()
     if args.text:

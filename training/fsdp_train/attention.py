@@ -17,9 +17,8 @@ same result, the old speed).
 
 from __future__ import annotations
 
-import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -40,8 +39,7 @@ def dense_mask(bounds: torch.Tensor, rows: int, seq_len: int) -> torch.Tensor:
     return (same & causal)[:, None]
 
 
-@functools.cache
-def _varlen() -> tuple[Callable[..., Any], set[str]] | None:
+def _find_varlen() -> tuple[Callable[..., Any], set[str]] | None:
     """torch's ``varlen_attn`` and its keyword names, or None where this torch has none."""
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -50,8 +48,31 @@ def _varlen() -> tuple[Callable[..., Any], set[str]] | None:
     return varlen_attn, set(inspect.signature(varlen_attn).parameters)
 
 
+# Looked up once at import, not through a cached function: the attention runs inside compiled blocks, and
+# Dynamo does not trace through ``functools`` caches (it warns on every run and calls the function anyway).
+_VARLEN = _find_varlen()
+
+
+def _varlen() -> tuple[Callable[..., Any], set[str]] | None:
+    return _VARLEN
+
+
 def varlen_available(device: torch.device) -> bool:
-    return device.type == "cuda" and _varlen() is not None and torch.cuda.get_device_capability(device) >= (8, 0)
+    return device.type == "cuda" and _VARLEN is not None and torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def to_device(batch: Mapping[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """A micro-batch on ``device`` for the model (``sample_ids`` left out), the document bounds marked dynamic.
+
+    The number of documents in a batch changes from batch to batch, and with it the length of the bounds.
+    Marked dynamic before the first compiled call, that length is a symbol in the compiled blocks: one
+    graph for every batch, no recompilation as the documents change (the other shapes stay static).
+    """
+    moved = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "sample_ids"}
+    bounds = moved.get(BOUNDS_KEY)
+    if bounds is not None:
+        torch._dynamo.maybe_mark_dynamic(bounds, 0)
+    return moved
 
 
 def _causal_varlen(

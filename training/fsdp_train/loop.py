@@ -22,7 +22,8 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdp_train import preflight, report
-from fsdp_train.checkpoint import Checkpointer, NoCheckpoints
+from fsdp_train.attention import to_device
+from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
 from fsdp_train.events import Checkpoint, Evaluation, Export, Failure, Summary, as_dict, emit
@@ -30,7 +31,7 @@ from fsdp_train.failures import failure_reason
 from fsdp_train.feed import Collate, TrainFeed, eval_batches
 from fsdp_train.fingerprint import run_fingerprint
 from fsdp_train.loss import IGNORE_INDEX, use_chunked_loss
-from fsdp_train.metrics import Backend, EventsBackend, Metrics, StepMetrics, flops_per_token, peak_flops
+from fsdp_train.metrics import Backend, EventsBackend, Metrics, flops_per_token, peak_flops
 from fsdp_train.model import build_meta_model, decoder_blocks, hf_config, init_weights
 from fsdp_train.packing import Packed, samples_digest
 from fsdp_train.parallelize import Topology, build_mesh, parallelize, resolve_sharding
@@ -41,6 +42,7 @@ from fsdp_train.startup import (
     fill_bytecode_cache,
     finish_bytecode_cache,
 )
+from fsdp_train.steps import GC_EVERY_STEPS, LaggedSteps, collected_every
 from fsdp_train.weights import load_pretrained_weights
 
 FAIL_AT_STEP_ENV = "FSDP_TRAIN_FAIL_AT_STEP"
@@ -153,71 +155,89 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         backends=[EventsBackend(), *host.backends],
     )
     fail_at = int(env.get(FAIL_AT_STEP_ENV, "0") or 0)
+    # Fault injection reads every step's result at once (the injected failure must follow its checkpoint).
+    always_sync = bool(fail_at or env.get(KILL_AT_STEP_ENV))
     tokens_per_step = topo.world_size * cfg.tokens_per_rank_per_step
     eval_loss: float | None = None
     eval_seconds = export_seconds = 0.0
-    for step in range(resumed_from + 1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        progress: dict[str, Any] = {}
-        if feed is None:
-            loss = train_step(cfg, topo, model, optimizer, step, sharding, device, config.vocab_size)
-        else:
-            epoch = feed.position.epoch
-            batches, sample_ids = feed.next_step()
-            loss = train_step(cfg, topo, model, optimizer, step, sharding, device, config.vocab_size, batches)
-            feed.finish_step()
-            progress = {
-                "epoch": epoch,
-                "samples_seen": feed.position.samples_seen,
-                "tokens_seen": feed.position.samples_seen * feed.seq_len,
-                "samples_digest": samples_digest(sample_ids),
-            }
-        step_seconds = time.perf_counter() - t0
-        if step == resumed_from + 1:
-            clock.mark("first_step")
-        peak_mem = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-        event = metrics.log(StepMetrics(step, loss, step_seconds, tokens_per_step, peak_mem, **progress))
-        if step == resumed_from + 1 and topo.rank == 0:
-            emit(clock.timings(0, compile_cache))
-        if step == resumed_from + 1 and topo.local_rank == 0 and not bytecode_cached:
-            # Everything a start imports is imported by now: one rank per node keeps its bytecode.
-            bytecode_fill = fill_bytecode_cache(cfg.compile_cache_dir, list(sys.modules.values()))
-        if validation is not None and (
-            step == cfg.steps or (cfg.eval_every_steps and step % cfg.eval_every_steps == 0)
-        ):
-            t1 = time.perf_counter()
-            eval_loss = _evaluate(cfg, topo, model, validation, device, step)
-            eval_seconds += time.perf_counter() - t1
-        checkpointed = cfg.checkpoint_path and (
-            step == cfg.steps or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
-        )
-        if checkpointed:
-            t1 = time.perf_counter()
-            where = host.checkpointer.save(
-                model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu}, extra, fingerprint
+    steps = LaggedSteps(metrics, device, tokens_per_step)
+    with collected_every(GC_EVERY_STEPS) as collect:
+        for step in range(resumed_from + 1, cfg.steps + 1):
+            collect(step)
+            t0 = time.perf_counter()
+            progress: dict[str, Any] = {}
+            if feed is None:
+                loss_on_device = step_loss(cfg, topo, model, optimizer, step, sharding, device, config.vocab_size)
+            else:
+                epoch = feed.position.epoch
+                batches, sample_ids = feed.next_step()
+                loss_on_device = step_loss(
+                    cfg, topo, model, optimizer, step, sharding, device, config.vocab_size, batches
+                )
+                feed.finish_step()
+                progress = {
+                    "epoch": epoch,
+                    "samples_seen": feed.position.samples_seen,
+                    "tokens_seen": feed.position.samples_seen * feed.seq_len,
+                    "samples_digest": samples_digest(sample_ids),
+                }
+            first = step == resumed_from + 1
+            evaluated = validation is not None and (
+                step == cfg.steps or (cfg.eval_every_steps and step % cfg.eval_every_steps == 0)
             )
-            if topo.rank == 0:
-                emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
-        if cfg.output_path and (step == cfg.steps or (checkpointed and cfg.export_every_checkpoint)):
-            target = cfg.output_path if step == cfg.steps else f"{cfg.output_path.rstrip('/')}/step_{step:08d}"
-            t1 = time.perf_counter()
-            _export(
-                cfg,
-                topo,
-                model,
-                config,
-                target,
-                step,
-                tokenizer_dir,
-                model_dir,
-                _check_batch(cfg, feed, validation, config.vocab_size),
-                device,
+            checkpointed = bool(cfg.checkpoint_path) and (
+                step == cfg.steps or (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0)
             )
-            export_seconds += time.perf_counter() - t1
-        if fail_at and step == fail_at and resumed_from < fail_at:
-            raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
-        _maybe_kill(env, topo.rank, step, resumed_from)
+            exported = bool(cfg.output_path) and (step == cfg.steps or (checkpointed and cfg.export_every_checkpoint))
+            # The previous step's loss is read now, while this step runs: no host sync at a step's start.
+            steps.launched(step, loss_on_device, t0, progress)
+            if not (first or evaluated or checkpointed or exported or always_sync or step == cfg.steps):
+                continue
+            event = steps.finish()
+            loss = event.loss
+            if first:
+                clock.mark("first_step")
+                if topo.rank == 0:
+                    emit(clock.timings(0, compile_cache))
+                if topo.local_rank == 0 and not bytecode_cached:
+                    # Everything a start imports is imported by now: one rank per node keeps its bytecode.
+                    bytecode_fill = fill_bytecode_cache(cfg.compile_cache_dir, list(sys.modules.values()))
+            if evaluated:
+                assert validation is not None
+                t1 = time.perf_counter()
+                eval_loss = _evaluate(cfg, topo, model, validation, device, step)
+                eval_seconds += time.perf_counter() - t1
+            if checkpointed:
+                _report_save(topo, host.checkpointer.wait())  # the previous asynchronous write, if any
+                t1 = time.perf_counter()
+                where = host.checkpointer.save(
+                    model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu}, extra, fingerprint
+                )
+                if topo.rank == 0:  # seconds: how long the loop was held (the write may go on in the background)
+                    emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
+                if always_sync:  # an injected failure follows: the snapshot must be complete first
+                    _report_save(topo, host.checkpointer.wait())
+            if exported:
+                target = cfg.output_path if step == cfg.steps else f"{cfg.output_path.rstrip('/')}/step_{step:08d}"
+                t1 = time.perf_counter()
+                _export(
+                    cfg,
+                    topo,
+                    model,
+                    config,
+                    target,
+                    step,
+                    tokenizer_dir,
+                    model_dir,
+                    _check_batch(cfg, feed, validation, config.vocab_size),
+                    device,
+                )
+                export_seconds += time.perf_counter() - t1
+            if fail_at and step == fail_at and resumed_from < fail_at:
+                raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
+            _maybe_kill(env, topo.rank, step, resumed_from)
 
+    _report_save(topo, host.checkpointer.wait())
     if resumed_from >= cfg.steps and cfg.output_path:
         # A rerun of a finished run (same fingerprint) trains nothing; it still leaves the export it promises.
         if topo.rank == 0:
@@ -252,6 +272,15 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     emit(summary)
     finish_bytecode_cache(bytecode_fill)
     return as_dict(summary)
+
+
+def _report_save(topo: Topology, times: SaveTimes | None) -> None:
+    if times is not None and topo.rank == 0:
+        print(
+            f"fsdp_train: checkpoint of step {times.step} written in {times.total_seconds:.1f} s; the loop was "
+            f"blocked {times.blocked_seconds:.2f} s by it and waited {times.waited_seconds:.2f} s for its end",
+            flush=True,
+        )
 
 
 def _fetch_model(cfg: TrainConfig, topo: Topology) -> str | None:
@@ -303,7 +332,7 @@ def _evaluate(
         batch_size=cfg.batch_size_per_rank,
         document_mask=cfg.document_mask,
     ):
-        inputs = {k: v.to(device, non_blocking=True) for k, v in batch.items() if k != "sample_ids"}
+        inputs = to_device(batch, device)
         loss = model(**inputs).loss
         targets = (inputs["labels"][:, 1:] != IGNORE_INDEX).sum()
         # An all-padding batch has no targets; Hugging Face's own loss is NaN there, not 0.
@@ -484,7 +513,26 @@ def train_step(
 ) -> float:
     """One optimizer step over ``grad_accum`` micro-batches; returns the loss averaged over all ranks.
 
-    ``batches``: this rank's micro-batches from the data pipeline; None draws random tokens.
+    ``batches``: this rank's micro-batches from the data pipeline; None draws random tokens. Waits for
+    the step to finish (the loss is read back); the loop uses ``step_loss`` and reads it a step later.
+    """
+    return float(step_loss(cfg, topo, model, optimizer, step, sharding, device, vocab, batches).item())
+
+
+def step_loss(
+    cfg: TrainConfig,
+    topo: Topology,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    sharding: str,
+    device: torch.device,
+    vocab: int,
+    batches: Sequence[Mapping[str, torch.Tensor]] | None = None,
+) -> torch.Tensor:
+    """``train_step`` without the wait: the rank-averaged loss stays on the device (a 0-dim tensor).
+
+    Nothing here reads a device value back, so the host queues the next step while this one runs.
     """
     lr = cfg.learning_rate_at(step)
     for group in optimizer.param_groups:
@@ -507,7 +555,7 @@ def train_step(
             ).to(device, non_blocking=True)
             inputs = {"input_ids": tokens, "labels": tokens}
         else:
-            inputs = {k: v.to(device, non_blocking=True) for k, v in batches[micro].items() if k != "sample_ids"}
+            inputs = to_device(batches[micro], device)
         loss = model(**inputs).loss / cfg.grad_accum
         loss.backward()
         total += loss.detach()
@@ -518,7 +566,7 @@ def train_step(
     dist.all_reduce(total, op=dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
     if device.type != "cuda":
         total /= topo.world_size  # gloo has no AVG
-    return float(total.item())
+    return total
 
 
 def run_from_env(cfg: TrainConfig) -> dict[str, Any]:
@@ -526,6 +574,8 @@ def run_from_env(cfg: TrainConfig) -> dict[str, Any]:
     from fsdp_train.checkpoint import DirectoryCheckpoints
 
     topo = Topology.from_torchrun_env(os.environ)
-    checkpointer: Checkpointer = DirectoryCheckpoints(cfg.checkpoint_path) if cfg.checkpoint_path else NoCheckpoints()
+    checkpointer: Checkpointer = (
+        DirectoryCheckpoints(cfg.checkpoint_path, asynchronous=True) if cfg.checkpoint_path else NoCheckpoints()
+    )
     host = Host(node_ip=report.guess_node_ip(os.environ), checkpointer=checkpointer)
     return train(cfg, topo, host)

@@ -176,3 +176,55 @@ def test_two_nodes_probe_the_link_and_pick_hybrid(tmp_path: Path) -> None:
     for step in of(Step, rank0):
         assert step.tokens_per_second * step.step_seconds == pytest.approx(2 * 2 * 2 * 16)
         assert step.tokens_per_second_per_device == pytest.approx(step.tokens_per_second / 2)
+
+
+def test_losses_read_a_step_late_are_each_steps_own(one_rank: Topology, capsys: pytest.CaptureFixture[str]) -> None:
+    """The loop reads each step's loss only after queueing the next step: the logged numbers must still be
+    each step's own, as ``train_step`` (which waits for every step) gives them."""
+    import torch
+    from fsdp_train.loop import build, train_step
+
+    cfg = TrainConfig.from_dict({**TRAIN, "steps": 5})
+    train(cfg, one_rank, Host(node_ip="10.1.2.3", env={}))
+    logged = [(s.step, s.loss) for s in of(Step, printed(capsys))]
+    model, optimizer, config = build(cfg, one_rank, "full", torch.device("cpu"))
+    waited = [
+        (step, train_step(cfg, one_rank, model, optimizer, step, "full", torch.device("cpu"), config.vocab_size))
+        for step in range(1, 6)
+    ]
+    assert [s for s, _ in logged] == [1, 2, 3, 4, 5]
+    assert [loss for _, loss in logged] == pytest.approx([loss for _, loss in waited], abs=1e-6)
+    assert len({loss for _, loss in logged}) == 5  # the steps really differ: a shifted read would show
+
+
+def test_an_asynchronous_checkpoint_resumes_exactly(
+    one_rank: Topology, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Snapshots written in the background (DCP's async_save) hold the state after their step: a run resumed
+    from one takes the steps an uninterrupted run takes."""
+    import shutil
+
+    cfg = TrainConfig.from_dict(
+        {**TRAIN, "steps": 4, "checkpoint_path": str(tmp_path / "ckpt"), "checkpoint_interval": 2}
+    )
+    checkpointer = DirectoryCheckpoints(cfg.checkpoint_path, asynchronous=True)
+    train(cfg, one_rank, Host(node_ip="10.1.2.3", checkpointer=checkpointer, env={}))
+    first = capsys.readouterr().out
+    assert [(c.step, c.resumed) for c in of(Checkpoint, list(parse_lines(first.splitlines())))] == [
+        (2, False),
+        (4, False),
+    ]
+    # Each snapshot's write is reported once it is complete (the first at the second save, the last at the end).
+    assert first.count("fsdp_train: checkpoint of step 2 written in") == 1
+    assert first.count("fsdp_train: checkpoint of step 4 written in") == 1
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_00000002", "step_00000004"]
+    uninterrupted = {e.step: e.loss for e in of(Step, list(parse_lines(first.splitlines())))}
+
+    shutil.rmtree(tmp_path / "ckpt" / "step_00000004")  # as if the run had stopped after step 3
+    summary = train(cfg, one_rank, Host(node_ip="10.1.2.3", checkpointer=checkpointer, env={}))
+    again = printed(capsys)
+    assert summary["resumed_from_step"] == 2
+    resumed = of(Step, again)
+    assert [s.step for s in resumed] == [3, 4]
+    for step in resumed:
+        assert step.loss == pytest.approx(uninterrupted[step.step], abs=1e-6), step.step
