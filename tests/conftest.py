@@ -15,10 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import support.<module>` from any test
 
 from fsdp_operator.local import ThreadedApiServer
+
+# No per-example deadline: on a loaded 2-core machine (CI, parallel workers) one example can take seconds, and
+# hypothesis would report that as a failure of the property. Each test's own timeout still bounds a hang.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 RAY_GROUP = "ray"
 """The `xdist_group` of every test that starts Ray processes (`pytest.mark.xdist_group(RAY_GROUP)`)."""

@@ -123,6 +123,9 @@ def local_cluster(**worker_env: str) -> Iterator[str]:
                         *common,
                         f"--temp-dir={temp}",
                         f"--dashboard-agent-listen-port={free_port()}",
+                        # Chosen here: with an agent-chosen port the head's client server waits for the node's
+                        # record to learn it and, after 30 s on a loaded machine, takes the head down.
+                        f"--runtime-env-agent-port={free_port()}",
                     ],
                     env=ray_env(**worker_env),
                     stdout=log,

@@ -479,6 +479,10 @@ class LocalKubeRay:
             "--disable-usage-stats",
             # Fixed default ports (52365 for the job agent) would collide between nodes on one machine.
             f"--dashboard-agent-listen-port={free_port()}",
+            # A port chosen here, not by the agent itself: with a self-chosen one the head's Ray client server
+            # waits for the node's record in the GCS to learn it, gives up after 30 s on a loaded machine, and
+            # `ray start --block` then takes the whole head down (ray/util/client/server/proxier.py).
+            f"--runtime-env-agent-port={free_port()}",
             *args,
         ]
         with log_path.open("wb") as out:
