@@ -191,7 +191,9 @@ def reported_metrics_callback(storage: str | None) -> Any:
 
 def one_line(error: BaseException) -> str:
     """The root cause in one line: the last ``SomeError: message`` line of the text, else its first line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    from fsdp_train.events import safe_str
+
+    lines = [line.strip() for line in safe_str(error).splitlines() if line.strip()]
     for line in reversed(lines):
         head = line.split(":", 1)[0]
         if head.endswith(("Error", "Exception", "Interrupt")) and " " not in head:
@@ -262,9 +264,11 @@ def driver_datasets(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fsdp_train.events import take_key
+    from fsdp_train.events import DRIVER, take_key
 
-    take_key()  # the driver's own events (a data failure) are signed too; the key leaves its environment
+    # The driver's own events (a data failure) are signed too, in a sequence of their own (they say rank 0, as rank
+    # 0's process does); the key leaves its environment.
+    take_key(emitter=DRIVER)
     # Before Ray is imported: it reads RAY_DEDUP_LOGS once, at import.
     os.environ.update(RAY_LOG_ENV)
     parser = argparse.ArgumentParser(prog="python -m fsdp_train.ray_entry", description=__doc__)
@@ -278,12 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(job)
     except Exception as e:
-        reason = getattr(e, "reason", "")
-        if reason:  # the driver's own failure (the data pipeline runs here): tell the operator why
-            from fsdp_train.events import Failure, emit
+        from fsdp_train.events import emit, failure_of, failure_reason, safe_str
 
-            emit(Failure(rank=0, message=f"{type(e).__name__}: {e}", reason=reason))
-        print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if failure_reason(e):  # the driver's own failure (the data pipeline runs here): tell the operator why
+            emit(failure_of(0, e))
+        print(f"{type(e).__name__}: {safe_str(e)}", file=sys.stderr, flush=True)
         print(f"fsdp_train: training failed: {one_line(e)}", file=sys.stderr, flush=True)
         return 1
     print(f"fsdp_train: training finished: {json.dumps(summary, sort_keys=True)}", flush=True)

@@ -31,6 +31,8 @@ from fsdp_train.events import (
     Step,
     clean_text,
     emit,
+    failure_message,
+    failure_reason,
 )
 
 REMOTE_CODE_SCHEMES = ("s3://", "gs://")
@@ -116,8 +118,10 @@ def failure(rank: int, error: BaseException) -> Failure:
         for frame in frames
     ]
     tail = clean_text(" | ".join(where), TEXT_LIMITS["message"] // 2)
-    head = clean_text(f"{type(error).__name__}: {error}".rstrip(": "), TEXT_LIMITS["message"] - len(tail) - 3)
-    return Failure(rank=rank, message=f"{head} | {tail}" if tail else head, reason=getattr(error, "reason", "") or "")
+    head = clean_text(failure_message(error), TEXT_LIMITS["message"] - len(tail) - 3)
+    # A reason only for the project's own errors: a user's exception with a `reason` attribute (any value, an
+    # exception object in URLError's) must not fail the job as DataUnavailable, nor keep its Failure from printing.
+    return Failure(rank=rank, message=f"{head} | {tail}" if tail else head, reason=failure_reason(error))
 
 
 def run_user_function(function: FunctionConfig, rank: int, verify: Callable[[], object]) -> Any:
