@@ -338,15 +338,47 @@ def test_the_controller_callback_signs_as_the_controller(monkeypatch: pytest.Mon
     pytest.importorskip("ray.train")
     from fsdp_train.ray_entry import reported_metrics_callback
 
-    monkeypatch.setenv(events.KEY_ENV, KEY.hex())
+    monkeypatch.delenv(events.KEY_ENV, raising=False)
     out = io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(events, "_signer", None)
-    callback = reported_metrics_callback(None)
+    callback = reported_metrics_callback(None, KEY.hex())  # the key comes with the callback, not the environment
     callback.after_report(None, [{"step": 1, "loss": 1.5}], None)
     lines = [line for line in out.getvalue().splitlines() if line]
     assert lines and all('"emitter":"controller"' in line for line in lines)
     assert all(isinstance(parse_event(line, Verifier(KEY)), Step) for line in lines)
+
+
+def test_take_key_leaves_no_copy_in_the_job_config_ray_hands_every_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    job_config = {"runtime_env": {"env_vars": {events.KEY_ENV: KEY.hex(), "OTHER": "1"}, "pip": ["x"]}, "metadata": {}}
+    env = {events.KEY_ENV: KEY.hex(), events.RAY_JOB_CONFIG_ENV: json.dumps(job_config)}
+    monkeypatch.setattr(events, "_signer", None)
+    assert events.take_key(env, emitter=DRIVER)
+    assert events.KEY_ENV not in env and KEY.hex() not in json.dumps(env)
+    rest = json.loads(env[events.RAY_JOB_CONFIG_ENV])
+    assert rest == {"runtime_env": {"env_vars": {"OTHER": "1"}, "pip": ["x"]}, "metadata": {}}
+    assert events.signing_key() == KEY.hex()
+    for odd in ("not json", "[]", '{"runtime_env": 3}', '{"runtime_env": {"env_vars": []}}'):
+        same = {events.RAY_JOB_CONFIG_ENV: odd}
+        events.take_key(same)
+        assert same == {events.RAY_JOB_CONFIG_ENV: odd}
+
+
+def test_with_key_signs_in_the_worker_with_the_key_it_carries(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fsdp_train.ray_entry import with_key
+
+    monkeypatch.setattr(events, "_signer", None)
+    monkeypatch.setenv(events.KEY_ENV, "leftover")
+
+    def rank(config: dict[str, Any]) -> str:
+        return Step(rank=config["rank"], step=1, total_steps=2, loss=1.0, tokens_per_second=1.0,
+                    tokens_per_second_per_device=1.0).to_line(events._signer)  # fmt: skip
+
+    line = with_key(rank, KEY.hex())({"rank": 1})
+    assert isinstance(parse_event(line, Verifier(KEY)), Step)
+    import os
+
+    assert events.KEY_ENV not in os.environ
 
 
 # --- status only moves forward ----------------------------------------------------------------------------------

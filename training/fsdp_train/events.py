@@ -497,22 +497,59 @@ EMITTERS = ("", CONTROLLER, DRIVER)
 verifier keeps one sequence per (emitter, rank)."""
 
 
+RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Where Ray's job supervisor hands its driver the job's runtime environment (JSON); ``ray.init`` makes it the
+runtime environment of every worker of the job, and Ray Train's run state (its dashboard) records it."""
+
+
 def take_key(environ: MutableMapping[str, str] | None = None, emitter: str = "") -> bool:
     """Read the attempt's key from :data:`KEY_ENV` once, remove it from the environment, sign from now on.
 
-    Called first thing in every process that emits (the Ray driver and each training worker), before any
-    user-influenced code (data, a dependency, a model's config) runs. False when no (valid) key was given.
+    Called first thing in the Ray driver (and in a torchrun rank), before any user-influenced code (data, a
+    dependency, a model's config) runs. The key is also removed from the copy of the job's runtime environment Ray
+    keeps in :data:`RAY_JOB_CONFIG_ENV`, so that the driver's ``ray.init`` does not hand it to every worker of the
+    job (Ray Data's tasks, the tasks a rank starts) nor record it in Ray Train's run state; the driver hands it to
+    the ranks and the controller itself (:func:`signing_key`, :func:`use_key`). False when no (valid) key was given.
     """
-    global _signer
     env = os.environ if environ is None else environ
     raw = env.pop(KEY_ENV, "")
+    _drop_from_job_config(env)
+    return use_key(raw, emitter)
+
+
+def use_key(key_hex: str, emitter: str = "") -> bool:
+    """Sign from now on with the key `key_hex` (as :func:`signing_key` gave it), as `emitter`; False when it is no
+    valid key (then nothing is signed, and the operator refuses every line)."""
+    global _signer
     try:
-        key = bytes.fromhex(raw)
-    except ValueError:
+        key = bytes.fromhex(key_hex)
+    except (ValueError, TypeError):
         key = b""
     if len(key) >= 16:
         _signer = Signer(key, emitter=emitter)
     return _signer is not None
+
+
+def signing_key() -> str:
+    """The key this process signs with (hex), to hand to the processes it starts; empty when it has none."""
+    return _signer._key.hex() if _signer is not None else ""
+
+
+def _drop_from_job_config(env: MutableMapping[str, str]) -> None:
+    """:data:`KEY_ENV` out of the runtime environment in :data:`RAY_JOB_CONFIG_ENV` (left as it is when it does not
+    parse: Ray would refuse it too)."""
+    text = env.get(RAY_JOB_CONFIG_ENV)
+    if not text:
+        return
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return
+    runtime_env = config.get("runtime_env") if isinstance(config, dict) else None
+    env_vars = runtime_env.get("env_vars") if isinstance(runtime_env, dict) else None
+    if isinstance(env_vars, dict) and KEY_ENV in env_vars:
+        del env_vars[KEY_ENV]
+        env[RAY_JOB_CONFIG_ENV] = json.dumps(config)
 
 
 MAX_CANDIDATES = 16
