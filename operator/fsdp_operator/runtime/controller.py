@@ -9,8 +9,9 @@ two repeats an idempotent action instead of losing the intent.
 Containment: a pass that raises (a bug, or input no check foresaw) is recorded on the job as the
 `ReconcileError` condition and a Warning event, and the log offset still moves past what was read, so one
 poisoned line cannot freeze a job; a pass whose observation raises reads the job's RayCluster alone and still
-enforces a finished job's cleanup and TTL, `suspend` and `activeDeadlineSeconds` (`reconcile.pass_failed`); a status the API server refuses (too large, invalid) is written again without
-the per-rank detail before the pass acts, and when no form of it can be written the actions that stop work (stop
+enforces a finished job's cleanup and TTL, `suspend` and `activeDeadlineSeconds` (`reconcile.pass_failed`); a
+status the API server refuses (too large, invalid) is written again without the per-rank detail before the pass
+acts, and when no form of it can be written the actions that stop work (stop
 the Ray job, delete the cluster) still run. A write that fails on the way (no answer, 5xx, 409, 429) acts on
 nothing: the next pass decides again. Each pass reads at most `LOG_CHUNK` characters of log, so
 one job's flood of output costs others at most one bounded slice of the event loop per pass.
