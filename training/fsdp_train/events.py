@@ -5,9 +5,11 @@ Each event is one line on stdout: the fixed prefix, a space, then one JSON objec
 in the line. This module is pure Python (no torch, no Kubernetes): the operator imports it too.
 
 Under the operator every line is signed: ``FSDP_EVENT <hmac> {json}``, the HMAC-SHA256 (hex) of the JSON
-text under the attempt's key, the JSON carrying a per-rank sequence number ``seq``. The key reaches the job
-in :data:`KEY_ENV`; :func:`take_key` reads it once and removes it from the environment. A :class:`Verifier`
-refuses lines without a valid MAC under its key, and replays (a ``seq`` not above the rank's last one).
+text under the attempt's key, the JSON carrying a sequence number ``seq`` of its signer (a rank, the driver, the
+controller). The key reaches the job's driver in :data:`KEY_ENV`; :func:`take_key` reads it once and removes it
+from the environment and from Ray's copy of the job's runtime environment; the driver hands it on
+(:func:`signing_key`, :func:`use_key`). A :class:`Verifier` refuses lines without a valid MAC under its key, and
+replays (a ``seq`` not above its signer's last one). Parsing never raises, for any input.
 docs/reliability.md, "Threat model", says what this protects against and what it cannot.
 """
 
