@@ -107,7 +107,7 @@ def test_a_mac_must_be_64_lowercase_hex_before_any_comparison() -> None:
     assert len(events.line_mac(KEY, "\ud800")) == 64  # the MAC itself is total too
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(ANY_TEXT, st.binary(max_size=300)))
 def test_any_text_or_bytes_is_read_without_raising(line: str | bytes) -> None:
     assert parse_event(line, Verifier(KEY)) in OUTCOMES  # nothing unsigned ever verifies
@@ -115,7 +115,7 @@ def test_any_text_or_bytes_is_read_without_raising(line: str | bytes) -> None:
     assert loose in OUTCOMES or isinstance(loose, Event)
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     mac=st.one_of(st.text(ANY_CHAR, min_size=64, max_size=64), st.text("0123456789abcdefABCDEF", min_size=64,
                                                                         max_size=64)),
@@ -134,7 +134,7 @@ def test_any_event_shaped_line_is_read_without_raising(mac: str, body: str, befo
 SIGNED = [e.to_line(Signer(KEY, emitter=who)) for e in event_mutations.genuine_events() for who in ("", DRIVER)]
 
 
-@settings(max_examples=600, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(line=st.sampled_from(SIGNED), seed=st.integers(0, 2**32), char=ANY_CHAR, at=st.integers(0, 10_000))
 def test_a_mutated_signed_line_never_verifies(line: str, seed: int, char: str, at: int) -> None:
     import random
