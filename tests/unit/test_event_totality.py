@@ -231,6 +231,9 @@ def test_only_the_projects_own_exceptions_carry_a_reason() -> None:
     assert failure_of(0, DataUnavailable("gone")).reason == "DataUnavailable"
     assert failure_of(0, Borrowed("not ours")).reason == ""
     assert failure_of(0, type("DataUnavailable", (RuntimeError,), {"reason": "DataUnavailable"})()).reason == ""
+    # Ray re-raises a task's error as a class derived from both (RayTaskError(DataUnavailable)): still the project's.
+    dual = type("RayTaskError(DataUnavailable)", (DataUnavailable, RuntimeError), {"__module__": "ray.exceptions"})
+    assert failure_of(0, dual("gone")).reason == "DataUnavailable"
 
 
 @pytest.mark.parametrize(

@@ -314,9 +314,14 @@ define one of any value) is never signed into a ``Failure``."""
 
 
 def failure_reason(error: BaseException) -> str:
-    """The reason a :class:`Failure` for `error` carries: only the exact classes of :data:`OWN_REASONS` have one."""
-    cls = type(error)
-    return OWN_REASONS.get(f"{cls.__module__}.{cls.__qualname__}", "")
+    """The reason a :class:`Failure` for `error` carries: the one :data:`OWN_REASONS` gives a class of the project's
+    own that `error` is an instance of (Ray re-raises a task's error as a class derived from it:
+    ``RayTaskError(DataUnavailable)``); never what an attribute of `error` says."""
+    for cls in type(error).__mro__:
+        reason = OWN_REASONS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if reason:
+            return reason
+    return ""
 
 
 def failure_message(error: BaseException) -> str:
