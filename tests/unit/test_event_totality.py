@@ -105,6 +105,7 @@ def test_a_mac_must_be_64_lowercase_hex_before_any_comparison() -> None:
         assert not verifier.authentic(mac, text), mac
     assert not verifier.authentic(good, text + "\ud800") and not verifier.authentic(good, "é")
     assert len(events.line_mac(KEY, "\ud800")) == 64  # the MAC itself is total too
+    assert not verifier.authentic(None, text) and not verifier.authentic(good, b"{}")  # not even text
 
 
 @settings(max_examples=400, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

@@ -431,8 +431,8 @@ _MAC_SHAPE = re.compile(r"[0-9a-f]{64}")
 comparison: ``hmac.compare_digest`` raises ``TypeError`` for a non-ASCII ``str``."""
 
 
-def mac_shaped(mac: str) -> bool:
-    return len(mac) == _MAC_HEX and _MAC_SHAPE.fullmatch(mac) is not None
+def mac_shaped(mac: object) -> bool:
+    return isinstance(mac, str) and len(mac) == _MAC_HEX and _MAC_SHAPE.fullmatch(mac) is not None
 
 
 class Signer:
@@ -471,10 +471,12 @@ class Verifier:
         twin.last_seq = dict(self.last_seq)
         return twin
 
-    def authentic(self, mac: str, text: str) -> bool:
+    def authentic(self, mac: object, text: object) -> bool:
         """Whether `mac` is the MAC of `text` under the key. Total: a MAC not of the shape ``hexdigest`` writes, or a
         text that is not ASCII (the emitter's JSON always is), is refused before any comparison."""
-        return mac_shaped(mac) and text.isascii() and hmac.compare_digest(mac, line_mac(self.key, text))
+        if not (mac_shaped(mac) and isinstance(mac, str) and isinstance(text, str) and text.isascii()):
+            return False
+        return hmac.compare_digest(mac, line_mac(self.key, text))
 
     def fresh(self, rank: int, seq: Any, emitter: Any = "") -> bool:
         """Whether `seq` is a new number for `rank` from `emitter` (and remember it)."""
