@@ -7,6 +7,7 @@ what they print is read back from the driver's output and verified as the operat
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -77,3 +78,71 @@ def test_the_real_emitters_lines_verify_through_ray_and_a_print_does_not(tmp_pat
     assert "RESULT [(True, False), (True, False)]" in output  # each worker took the key, none kept it
     parsed = parse_log(output.splitlines(), Verifier(key))
     assert sorted(e.rank for e in parsed.events) == [0, 1] and parsed.forged == 2, output[-3000:]
+
+
+AS_A_JOB = """
+import json, os, sys, time, ray
+from fsdp_train import events
+from fsdp_train.ray_entry import with_key
+
+class Seen:
+    def __init__(self, stream):
+        self.stream, self.events = stream, 0
+    def write(self, text):
+        self.events += text.count("FSDP_EVENT ")
+        return self.stream.write(text)
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+sys.stdout, sys.stderr = Seen(sys.stdout), Seen(sys.stderr)
+assert events.take_key(emitter=events.DRIVER)  # what ray_entry.main does first
+ray.init(include_dashboard=False, num_cpus=2)
+
+@ray.remote
+def child():
+    return events.KEY_ENV in os.environ, events.KEY_ENV in json.dumps(ray.get_runtime_context().runtime_env)
+
+def rank(config):
+    r = config["rank"]
+    seen = {
+        "environ": events.KEY_ENV in os.environ,
+        "runtime_env": events.KEY_ENV in json.dumps(ray.get_runtime_context().runtime_env),
+        "child": ray.get(child.remote()),
+    }
+    # User code prints without a newline just before the emitter's line: the genuine line must still verify.
+    print("FSDP_EVENT " + "x" * config["unfinished"], end="", flush=True)
+    events.emit(events.Step(rank=r, step=1, total_steps=2, loss=1.0, tokens_per_second=1.0,
+                            tokens_per_second_per_device=1.0))
+    return seen
+
+remote_rank = ray.remote(with_key(rank, events.signing_key()))
+results = ray.get([remote_rank.remote({"rank": r, "unfinished": u}) for r, u in ((0, 10), (1, 70000))])
+print("RESULT", json.dumps(results), flush=True)
+deadline = time.monotonic() + 120
+while sys.stdout.events + sys.stderr.events < 4 and time.monotonic() < deadline:
+    time.sleep(0.05)
+ray.shutdown()
+"""
+
+
+def test_the_key_leaves_no_copy_in_rays_runtime_environment_and_follows_an_unfinished_line(tmp_path: Path) -> None:
+    """Submitted as the operator submits (the key in the job's runtime environment, which Ray's job supervisor hands
+    the driver in RAY_JOB_CONFIG_JSON_ENV_VAR): after the driver's take_key, no worker has the key in its environment
+    or its runtime context, nor does a task a rank starts; the ranks sign with the key `with_key` hands them, and a
+    line of theirs after an unfinished line of other code (10 and 70,000 characters) verifies."""
+    if not ray_available():
+        pytest.skip("the ray command is not installed next to this Python")
+    key = attempt_key(b"k" * 32, "job-1a2b3c4d-1")
+    script = tmp_path / "driver.py"
+    script.write_text(AS_A_JOB)
+    job_env = {"FSDP_EVENT_KEY": key.hex(), "RAY_DEDUP_LOGS": "0"}
+    job_config = json.dumps({"runtime_env": {"env_vars": job_env}, "metadata": {}})
+    env = ray_env(PYTHONPATH=str(TRAINING), RAY_JOB_CONFIG_JSON_ENV_VAR=job_config, **job_env)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    (result,) = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    seen = json.loads(result.removeprefix("RESULT "))
+    assert seen == [{"environ": False, "runtime_env": False, "child": [False, False]}] * 2, seen
+    parsed = parse_log(output.splitlines(), Verifier(key))
+    assert sorted(e.rank for e in parsed.events) == [0, 1], output[-3000:]

@@ -16,7 +16,7 @@ from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
 from fsdp_train.events import PREFIX, Signer, Transport, attempt_key
 from support.kopf_runner import eventually
-from test_operator import SOCKET_LINE, Script, World, manifest, scenario
+from test_operator import JOBS, SOCKET_LINE, Script, World, manifest, scenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -239,3 +239,118 @@ def test_the_attempt_key_reaches_the_submission_only(apiserver: ThreadedApiServe
             assert submission.runtime_env["env_vars"]["PYTHONIOENCODING"] == "utf-8"
 
     scenario(apiserver, body)
+
+
+# --- a line that neither freezes nor fakes a job (the parser is total) ------------------------------------------
+
+KEYLESS = "FSDP_EVENT " + "é" * 64 + ' {"kind":"step"}'
+"""Any code of the job can print this; its MAC made the verifier raise, and every pass of the job with it."""
+
+
+@pytest.mark.parametrize(
+    ("outcome", "copies"), [("success", 1), ("success", 70), ("deadline", 1), ("suspend", 1)]
+)  # 70: more than OFF_PROCESS_EVENTS, parsed in the log worker
+def test_a_key_less_non_ascii_line_is_counted_and_the_job_still_ends(
+    apiserver: ThreadedApiServer, outcome: str, copies: int
+) -> None:
+    script = Script(hold=True)
+    run_policy = {"activeDeadlineSeconds": 20} if outcome == "deadline" else {}
+
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest(runPolicy=run_policy))
+            sid = w.sid(1)
+            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=30)
+            w.ray.print(sid, *[RAY + KEYLESS] * copies)
+            # In the same read: a genuine line after them must still be folded.
+            w.ray.emit(sid, forged(step(step=2, loss=2.5, mfu=0.5)))
+            after = await read_through(w, sid, copies)
+            assert after["forgedEvents"] == copies and after["progress"]["step"] == 2
+            assert not any(c["type"] == "ReconcileError" and c["status"] == "True" for c in after["conditions"])
+            if outcome == "success":
+                script.hold = False
+                final = await w.phase("Succeeded", "Completed", timeout=30)
+                assert final["forgedEvents"] == copies and final["transport"]["summary"] == "efa"
+            elif outcome == "deadline":
+                await w.phase("Failed", "DeadlineExceeded", timeout=40)
+                await eventually(lambda: not w.clusters(), timeout=30, message="the RayCluster was kept")
+                assert sid in w.ray.stopped
+            else:
+                w.patch_spec("qwen", {"runPolicy": {"suspend": True}})
+                await w.phase("Suspended", "Suspended", timeout=30)
+                await eventually(lambda: not w.clusters(), timeout=30, message="the RayCluster was kept")
+                assert sid in w.ray.stopped
+
+    scenario(apiserver, body, script)
+
+
+# --- defence in depth: a pass whose observation raises still enforces what needs nothing from Ray ----------------
+
+
+def without_reconcile_error(status: dict[str, Any]) -> dict[str, Any]:
+    kept = {k: v for k, v in status.items() if k != "conditions"}
+    kept["conditions"] = [c for c in status.get("conditions", []) if c["type"] != "ReconcileError"]
+    return kept
+
+
+@pytest.mark.parametrize("guard", ["deadline", "suspend", "ttl", "delete"])
+def test_a_job_whose_observation_raises_still_meets_its_guards(
+    apiserver: ThreadedApiServer, monkeypatch: pytest.MonkeyPatch, guard: str
+) -> None:
+    from fsdp_operator.runtime.controller import JobLoop
+
+    script = Script(hold=guard != "ttl")
+    broken = {"on": False}
+    observe = JobLoop.observe
+
+    async def observe_or_raise(self: JobLoop, obj: Any, status: Any) -> Any:
+        if broken["on"]:
+            raise RuntimeError("observation broke (a bug, or input no check foresaw)")
+        return await observe(self, obj, status)
+
+    monkeypatch.setattr(JobLoop, "observe", observe_or_raise)
+    run_policy: dict[str, Any] = {
+        "deadline": {"activeDeadlineSeconds": 20},
+        "ttl": {"ttlSecondsAfterFinished": 3},
+    }.get(guard, {})
+
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest(runPolicy=run_policy))
+            sid = w.sid(1)
+            if guard == "ttl":
+                await w.phase("Succeeded", "Completed", timeout=30)
+            else:
+                await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=30)
+                await read_through(w, sid, 0)
+            before = w.status()
+            broken["on"] = True
+
+            def failed_pass() -> dict[str, Any] | None:
+                status = w.status()
+                error = [c for c in status.get("conditions", []) if c["type"] == "ReconcileError"]
+                return status if error and error[0]["status"] == "True" else None
+
+            if guard != "ttl":
+                during = await eventually(failed_pass, timeout=30, message="the failed pass was not recorded")
+                error = next(c for c in during["conditions"] if c["type"] == "ReconcileError")
+                assert "observation broke" in error["message"]
+                # The job's other fields untouched: nothing was folded, nothing decided from an empty observation.
+                assert without_reconcile_error(during) == without_reconcile_error(before)
+                assert w.clusters() and sid not in w.ray.stopped
+            if guard == "deadline":
+                status = await w.phase("Failed", "DeadlineExceeded", timeout=40)
+                assert "activeDeadlineSeconds (20s) exceeded" in status["message"]
+            elif guard == "suspend":
+                w.patch_spec("qwen", {"runPolicy": {"suspend": True}})
+                await w.phase("Suspended", "Suspended", timeout=30)
+            elif guard == "ttl":
+                await eventually(lambda: w.job() is None, timeout=30, message="the TTL did not delete the job")
+            else:
+                w.delete(f"{JOBS}/qwen")
+                await eventually(lambda: w.job() is None, timeout=30, message="the job was not deleted")
+            await eventually(lambda: not w.clusters(), timeout=30, message="the RayCluster was kept")
+            if guard != "ttl":
+                assert sid in w.ray.stopped
+
+    scenario(apiserver, body, script)

@@ -16,10 +16,11 @@ def test_a_line_is_the_prefix_and_compact_sorted_json() -> None:
     assert event.to_line() == LINE
 
 
-def test_emit_writes_one_line_at_once(capsys: pytest.CaptureFixture[str]) -> None:
+def test_emit_writes_one_line_at_once_on_a_line_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    """A leading newline ends whatever other code printed without one, so the event's line is the emitter's own."""
     emit(Failure(rank=2, time=1.0, message="boom"))
     assert capsys.readouterr().out == (
-        'FSDP_EVENT {"kind":"failure","message":"boom","rank":2,"reason":"","time":1.0,"v":1}\n'
+        '\nFSDP_EVENT {"kind":"failure","message":"boom","rank":2,"reason":"","time":1.0,"v":1}\n'
     )
 
 

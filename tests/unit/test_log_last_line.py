@@ -11,7 +11,7 @@ SUMMARY = Summary(rank=0, steps=4, final_loss=1.5, first_loss=5.0, tokens_per_se
 
 
 def complete_lines(chunk: str, *, full: bool = False, final: bool) -> tuple[str, int, int]:
-    return JobLoop._complete_lines(SimpleNamespace(discarding_line=False), chunk, full=full, final=final)  # type: ignore[arg-type]
+    return JobLoop._complete_lines(SimpleNamespace(long_lines={}), chunk, full=full, final=final)  # type: ignore[arg-type]
 
 
 def test_a_finished_jobs_last_line_without_newline_is_parsed() -> None:

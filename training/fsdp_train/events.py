@@ -5,9 +5,11 @@ Each event is one line on stdout: the fixed prefix, a space, then one JSON objec
 in the line. This module is pure Python (no torch, no Kubernetes): the operator imports it too.
 
 Under the operator every line is signed: ``FSDP_EVENT <hmac> {json}``, the HMAC-SHA256 (hex) of the JSON
-text under the attempt's key, the JSON carrying a per-rank sequence number ``seq``. The key reaches the job
-in :data:`KEY_ENV`; :func:`take_key` reads it once and removes it from the environment. A :class:`Verifier`
-refuses lines without a valid MAC under its key, and replays (a ``seq`` not above the rank's last one).
+text under the attempt's key, the JSON carrying a sequence number ``seq`` of its signer (a rank, the driver, the
+controller). The key reaches the job's driver in :data:`KEY_ENV`; :func:`take_key` reads it once and removes it
+from the environment and from Ray's copy of the job's runtime environment; the driver hands it on
+(:func:`signing_key`, :func:`use_key`). A :class:`Verifier` refuses lines without a valid MAC under its key, and
+replays (a ``seq`` not above its signer's last one). Parsing never raises, for any input.
 docs/reliability.md, "Threat model", says what this protects against and what it cannot.
 """
 
@@ -19,6 +21,7 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, field, fields
@@ -47,8 +50,14 @@ class Event:
     """Unix time when the event was emitted."""
 
     def to_line(self, signer: Signer | None = None) -> str:
-        """The event's log line; signed (with the next sequence number of this rank) when `signer` is given."""
-        payload = {"v": SCHEMA_VERSION, "kind": self.kind, **asdict(self)}
+        """The event's log line; signed (with the next sequence number of this rank) when `signer` is given.
+
+        Never raises: a field holding something JSON cannot carry (an exception object in a ``reason``) goes out as
+        its ``str()``, and strings are cut to the bound the parser keeps, so the line stays within
+        :data:`MAX_LINE_CHARS` and is read back rather than skipped.
+        """
+        payload = {"v": SCHEMA_VERSION, "kind": self.kind}
+        payload.update((f.name, _wire(f.name, getattr(self, f.name))) for f in fields(self))
         if signer is None:
             return f"{PREFIX} {json.dumps(payload, separators=(',', ':'), sort_keys=True)}"
         return signer.line(payload)
@@ -276,6 +285,76 @@ def clean_text(value: str, limit: int = MAX_TEXT) -> str:
     return text if len(text) <= limit else text[: limit - len(TRUNCATED)] + TRUNCATED
 
 
+def safe_str(value: object) -> str:
+    """``str(value)``, never raising: an object whose ``__str__`` raises is named by its ``repr``, then its type."""
+    for show in (str, repr):
+        try:
+            text = show(value)
+        except Exception:  # any object's own __str__ may raise anything: the line must still go out
+            continue
+        if isinstance(text, str):
+            return text
+    return f"<{type(value).__name__}>"
+
+
+def _wire(name: str, value: Any) -> Any:
+    """`value` as a JSON value the parser keeps: strings cleaned and cut to field `name`'s bound, numbers as they
+    are, a mapping's keys as strings, anything else (an exception object, a path) as its ``str()``."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    if isinstance(value, str):
+        return clean_text(value, TEXT_LIMITS.get(name, MAX_TEXT))
+    if isinstance(value, dict):
+        return {clean_text(safe_str(k), MAX_EXTRA_KEY): _wire(name, v) for k, v in list(value.items())[:MAX_EXTRA]}
+    return clean_text(safe_str(value), TEXT_LIMITS.get(name, MAX_TEXT))
+
+
+OWN_REASONS: dict[str, str] = {
+    "fsdp_train.storage.DataUnavailable": "DataUnavailable",
+    "fsdp_train.checkpoint.CheckpointMismatch": "CheckpointMismatch",
+    "fsdp_train.preflight.PreflightFailed": "PreflightFailed",
+}
+"""The project's own exceptions (``module.QualifiedName``) that carry a reason to the operator, and that reason.
+Any other exception's ``reason`` attribute (``URLError``'s is an exception object; a model repository's code can
+define one of any value) is never signed into a ``Failure``."""
+
+_KNOWN_REASONS = frozenset(OWN_REASONS.values())
+
+OTHER_ERROR = "Error"
+"""The reason of an error of a class named like one of the project's reasons but not derived from it."""
+
+
+def own_reason(error: BaseException) -> str:
+    """The reason of an error of the project's own, else ``""``: the one :data:`OWN_REASONS` gives a class of the
+    project's that `error` is an instance of (Ray re-raises a task's error as a class derived from it:
+    ``RayTaskError(DataUnavailable)``), or the one of the project's reasons its code gave that instance (a preflight
+    of the data says ``DataUnavailable``); never what an attribute of another error says."""
+    for cls in type(error).__mro__:
+        reason = OWN_REASONS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if reason:
+            given = getattr(error, "reason", None)
+            return given if isinstance(given, str) and given in _KNOWN_REASONS else reason
+    return ""
+
+
+def failure_reason(error: BaseException) -> str:
+    """The reason a :class:`Failure` for `error` carries, never empty: :func:`own_reason`, else the error's type
+    name, so that every failure names one, unless that name is one of the project's reasons (a class in a user's
+    or a model repository's code named ``DataUnavailable`` never decides what the operator does)."""
+    name = type(error).__name__
+    return own_reason(error) or (OTHER_ERROR if name in _KNOWN_REASONS else name[:64])
+
+
+def failure_message(error: BaseException) -> str:
+    """``Type: message`` of any exception, never raising, cut to the ``message`` field's bound."""
+    return clean_text(f"{type(error).__name__}: {safe_str(error)}".rstrip(": "), TEXT_LIMITS["message"])
+
+
+def failure_of(rank: int, error: BaseException) -> Failure:
+    """The :class:`Failure` line of any exception: its type and message, and a reason only for the project's own."""
+    return Failure(rank=rank, message=failure_message(error), reason=failure_reason(error))
+
+
 _DECODER = json.JSONDecoder()
 
 
@@ -363,14 +442,25 @@ def attempt_key(job_key: bytes, submission_id: str) -> bytes:
 
 
 def line_mac(key: bytes, text: str) -> str:
-    return hmac.new(key, _MAC_CONTEXT + text.encode(), hashlib.sha256).hexdigest()
+    """The MAC of an event's JSON text. Total: a lone surrogate (no genuine line has one: the JSON is ASCII) is
+    encoded as it stands rather than raising."""
+    return hmac.new(key, _MAC_CONTEXT + text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
+
+
+_MAC_SHAPE = re.compile(r"[0-9a-f]{64}")
+"""What a MAC is: exactly 64 lowercase hex characters (``hexdigest``). Anything else is refused before any
+comparison: ``hmac.compare_digest`` raises ``TypeError`` for a non-ASCII ``str``."""
+
+
+def mac_shaped(mac: object) -> bool:
+    return isinstance(mac, str) and len(mac) == _MAC_HEX and _MAC_SHAPE.fullmatch(mac) is not None
 
 
 class Signer:
     """Signs one process's event lines; sequence numbers are microseconds of the wall clock, never repeating.
 
     A clock-based number lets a restarted process (Ray Train's new worker group) continue above its
-    predecessor's numbers without knowing them, so the verifier keeps one number per rank.
+    predecessor's numbers without knowing them, so the verifier keeps one number per (emitter, rank).
     """
 
     def __init__(self, key: bytes, clock_ns: Any = time.time_ns, emitter: str = "") -> None:
@@ -382,7 +472,8 @@ class Signer:
     def line(self, payload: dict[str, Any]) -> str:
         self._last = max(self._last + 1, int(self._clock_ns()) // 1000)
         signed = {**payload, "seq": self._last, **({"emitter": self._emitter} if self._emitter else {})}
-        text = json.dumps(signed, separators=(",", ":"), sort_keys=True)
+        # ASCII (ensure_ascii): a genuine line never holds anything else, which the verifier relies on.
+        text = json.dumps(signed, separators=(",", ":"), sort_keys=True, default=safe_str)
         return f"{PREFIX} {line_mac(self._key, text)} {text}"
 
 
@@ -401,18 +492,24 @@ class Verifier:
         twin.last_seq = dict(self.last_seq)
         return twin
 
-    def authentic(self, mac: str, text: str) -> bool:
-        return len(mac) == _MAC_HEX and hmac.compare_digest(mac, line_mac(self.key, text))
+    def authentic(self, mac: object, text: object) -> bool:
+        """Whether `mac` is the MAC of `text` under the key. Total: a MAC not of the shape ``hexdigest`` writes, or a
+        text that is not ASCII (the emitter's JSON always is), is refused before any comparison."""
+        if not (mac_shaped(mac) and isinstance(mac, str) and isinstance(text, str) and text.isascii()):
+            return False
+        return hmac.compare_digest(mac, line_mac(self.key, text))
 
     def fresh(self, rank: int, seq: Any, emitter: Any = "") -> bool:
         """Whether `seq` is a new number for `rank` from `emitter` (and remember it)."""
         if isinstance(seq, bool) or not isinstance(seq, int) or not 0 < seq <= MAX_COUNT:
             return False
-        if emitter not in EMITTERS:
+        if not isinstance(emitter, str) or emitter not in EMITTERS:
             return False
-        # The controller's numbers are its own clock's, and its lines reach the job log by another path than the
-        # ranks' (its own process's output): each emitter rises on its own, under a key no rank has.
-        channel = rank if not emitter else MAX_RANK + rank
+        # Each signer rises on its own: each rank's process, the Ray driver (it signs as rank 0 too, a data failure)
+        # and Ray Train's controller are processes of their own whose lines reach the job log by different paths
+        # (their own output), so the order between two of them is not their clocks'. The emitter is signed, so no
+        # line moves from one sequence to another.
+        channel = EMITTERS.index(emitter) * MAX_RANK + rank
         if seq <= self.last_seq.get(channel, 0):
             return False
         self.last_seq[channel] = seq
@@ -423,48 +520,119 @@ _signer: Signer | None = None
 
 CONTROLLER = "controller"
 """The emitter name of Ray Train's controller process, which reports a user function's metrics."""
-EMITTERS = ("", CONTROLLER)
-"""Who signs: a training process (the driver or a rank: no name), or the controller."""
+DRIVER = "driver"
+"""The emitter name of the Ray job's driver (``fsdp_train.ray_entry.main``), which reports its own failures."""
+EMITTERS = ("", CONTROLLER, DRIVER)
+"""Who signs: a training rank (no name: torchrun's and Ray Train's ranks), the controller, or the driver. The
+verifier keeps one sequence per (emitter, rank)."""
+
+
+RAY_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+"""Where Ray's job supervisor hands its driver the job's runtime environment (JSON); ``ray.init`` makes it the
+runtime environment of every worker of the job, and Ray Train's run state (its dashboard) records it."""
 
 
 def take_key(environ: MutableMapping[str, str] | None = None, emitter: str = "") -> bool:
     """Read the attempt's key from :data:`KEY_ENV` once, remove it from the environment, sign from now on.
 
-    Called first thing in every process that emits (the Ray driver and each training worker), before any
-    user-influenced code (data, a dependency, a model's config) runs. False when no (valid) key was given.
+    Called first thing in the Ray driver (and in a torchrun rank), before any user-influenced code (data, a
+    dependency, a model's config) runs. The key is also removed from the copy of the job's runtime environment Ray
+    keeps in :data:`RAY_JOB_CONFIG_ENV`, so that the driver's ``ray.init`` does not hand it to every worker of the
+    job (Ray Data's tasks, the tasks a rank starts) nor record it in Ray Train's run state; the driver hands it to
+    the ranks and the controller itself (:func:`signing_key`, :func:`use_key`). False when no (valid) key was given.
     """
-    global _signer
     env = os.environ if environ is None else environ
     raw = env.pop(KEY_ENV, "")
+    _drop_from_job_config(env)
+    return use_key(raw, emitter)
+
+
+def use_key(key_hex: str, emitter: str = "") -> bool:
+    """Sign from now on with the key `key_hex` (as :func:`signing_key` gave it), as `emitter`; False when it is no
+    valid key (then nothing is signed, and the operator refuses every line)."""
+    global _signer
     try:
-        key = bytes.fromhex(raw)
-    except ValueError:
+        key = bytes.fromhex(key_hex)
+    except (ValueError, TypeError):
         key = b""
     if len(key) >= 16:
         _signer = Signer(key, emitter=emitter)
     return _signer is not None
 
 
-def parse_event(line: str, verifier: Verifier | None = None) -> Event | Malformed | Forged | None:
+def signing_key() -> str:
+    """The key this process signs with (hex), to hand to the processes it starts; empty when it has none."""
+    return _signer._key.hex() if _signer is not None else ""
+
+
+def _drop_from_job_config(env: MutableMapping[str, str]) -> None:
+    """:data:`KEY_ENV` out of the runtime environment in :data:`RAY_JOB_CONFIG_ENV` (left as it is when it does not
+    parse: Ray would refuse it too)."""
+    text = env.get(RAY_JOB_CONFIG_ENV)
+    if not text:
+        return
+    try:
+        config = json.loads(text)
+    except ValueError:
+        return
+    runtime_env = config.get("runtime_env") if isinstance(config, dict) else None
+    env_vars = runtime_env.get("env_vars") if isinstance(runtime_env, dict) else None
+    if isinstance(env_vars, dict) and KEY_ENV in env_vars:
+        del env_vars[KEY_ENV]
+        env[RAY_JOB_CONFIG_ENV] = json.dumps(config)
+
+
+MAX_CANDIDATES = 16
+"""Most places on one line the parser tries an event from (each a ``FSDP_EVENT `` in it): text a process printed
+without a newline before the emitter's line leaves prefixes of its own before the genuine one."""
+
+
+def parse_event(line: str | bytes, verifier: Verifier | None = None) -> Event | Malformed | Forged | None:
     """The event on this log line; :data:`MALFORMED` for an event line that does not parse; None for other lines.
 
     With a `verifier`, an event line it does not accept is :data:`FORGED`. Without one (local tools reading
     their own logs) signed and unsigned lines are both read, unchecked.
 
-    Never raises, for any input: every field is type-checked and bounded, strings are cleaned, and
-    unknown fields are ignored (a newer emitter may add some).
+    The emitter owns its line: text before an event on the same line (a ``print(..., end="")`` of other code, an
+    unfinished line of any length) is not part of it. The parser tries each ``FSDP_EVENT `` of the line in turn
+    (at most :data:`MAX_CANDIDATES`) and returns the first event it accepts, else what the first one was; a line
+    longer than :data:`MAX_LINE_CHARS` is read from its last :data:`MAX_LINE_CHARS` characters, where the event of a
+    line ends (an event is always shorter).
+
+    Never raises, for any input (any ``str``, surrogates and NUL included, any ``bytes``): every field is
+    type-checked and bounded, strings are cleaned, and unknown fields are ignored (a newer emitter may add some).
     """
-    if len(line) > MAX_LINE_CHARS:
-        return MALFORMED if PREFIX in line[:MAX_LINE_CHARS] else None
-    start = line.find(PREFIX + " ")
-    if start < 0:
+    if isinstance(line, bytes | bytearray):
+        line = bytes(line).decode("utf-8", "replace")
+    if not isinstance(line, str):
         return None
+    over_long = len(line) > MAX_LINE_CHARS
+    text = line[-MAX_LINE_CHARS:] if over_long else line
+    first: Event | Malformed | Forged | None = None
+    at = text.find(PREFIX + " ")
+    tried = 0
+    while at >= 0 and tried < MAX_CANDIDATES:
+        found = _event_at(text, at, verifier)
+        if isinstance(found, Event):
+            return found
+        first = first or found
+        tried += 1
+        at = text.find(PREFIX + " ", at + 1)
+    if first is None and over_long and PREFIX in line:
+        return MALFORMED  # a prefix in the part of an over-long line that is not read
+    return first
+
+
+def _event_at(line: str, start: int, verifier: Verifier | None) -> Event | Malformed | Forged:
+    """The event that begins at `start` (a ``FSDP_EVENT `` of `line`), or why there is none there."""
     begin = start + len(PREFIX) + 1
     mac = ""
     if not line.startswith("{", begin):
         mac, begin = line[begin : begin + _MAC_HEX], begin + _MAC_HEX + 1
         if not line.startswith(" {", begin - 1):
             return FORGED if verifier is not None else MALFORMED
+        if verifier is not None and not mac_shaped(mac):
+            return FORGED  # not a MAC at all: refused before the JSON is even read
     elif verifier is not None:
         return FORGED  # unsigned: anything can print such a line
     try:
@@ -490,13 +658,13 @@ def parse_event(line: str, verifier: Verifier | None = None) -> Event | Malforme
     return event
 
 
-def parse_line(line: str) -> Event | None:
+def parse_line(line: str | bytes) -> Event | None:
     """The event on this log line, or None when the line carries none or a malformed one."""
     event = parse_event(line)
     return event if isinstance(event, Event) else None
 
 
-def parse_lines(lines: Iterable[str]) -> Iterator[Event]:
+def parse_lines(lines: Iterable[str | bytes]) -> Iterator[Event]:
     """Every well-formed event in a stream of log lines, in order."""
     for line in lines:
         event = parse_line(line)
@@ -514,7 +682,7 @@ class ParsedLog:
     """Event lines the verifier refused (unsigned, a MAC that does not verify, a replay)."""
 
 
-def parse_log(lines: Iterable[str], verifier: Verifier | None = None) -> ParsedLog:
+def parse_log(lines: Iterable[str | bytes], verifier: Verifier | None = None) -> ParsedLog:
     """Every well-formed (and, with a `verifier`, verified) event in the lines, and counts of those refused."""
     events: list[Event] = []
     malformed = forged = 0
@@ -529,22 +697,30 @@ def parse_log(lines: Iterable[str], verifier: Verifier | None = None) -> ParsedL
     return ParsedLog(tuple(events), malformed, forged)
 
 
-def emit(event: Event) -> None:
-    """Print one event as a single line (signed once :func:`take_key` found a key), flushed at once.
+_emitting = threading.Lock()
+"""Signing and writing are one step: two threads of a process cannot write their lines against their ``seq``
+order (the later number first), which the verifier would refuse as a replay."""
 
-    Line and newline go out in one write: ranks share one stdout pipe (torchrun, Ray), and with
-    ``PYTHONUNBUFFERED=1`` ``print`` writes them separately, so lines of two ranks could interleave.
-    The line is ASCII written as bytes past the text layer, so a ``PYTHONIOENCODING`` cannot garble it.
+
+def emit(event: Event) -> None:
+    """Print one event on a line of its own (signed once :func:`take_key` found a key), flushed at once.
+
+    The emitter owns its line: the write starts with a newline, so text other code printed without one just before
+    (``print(..., end="")``, a progress bar) ends there and does not share the event's line. Newline, line and
+    newline go out in one write: ranks share one stdout pipe (torchrun, Ray), and with ``PYTHONUNBUFFERED=1``
+    ``print`` writes them separately, so lines of two ranks could interleave. The line is ASCII written as bytes
+    past the text layer, so a ``PYTHONIOENCODING`` cannot garble it.
     """
-    line = event.to_line(_signer) + "\n"
-    buffer = getattr(sys.stdout, "buffer", None)
-    if buffer is None:  # a replaced stdout (a test's capture): text is all it takes
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        return
-    sys.stdout.flush()  # what was printed before goes out before this line
-    buffer.write(line.encode("ascii", "backslashreplace"))
-    buffer.flush()
+    with _emitting:
+        line = "\n" + event.to_line(_signer) + "\n"
+        buffer = getattr(sys.stdout, "buffer", None)
+        if buffer is None:  # a replaced stdout (a test's capture): text is all it takes
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            return
+        sys.stdout.flush()  # what was printed before goes out before this line
+        buffer.write(line.encode("ascii", "backslashreplace"))
+        buffer.flush()
 
 
 def as_dict(event: Event) -> dict[str, Any]:

@@ -26,8 +26,7 @@ from fsdp_train.attention import to_device
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
-from fsdp_train.events import Checkpoint, Evaluation, Export, Failure, Summary, as_dict, emit
-from fsdp_train.failures import failure_reason
+from fsdp_train.events import Checkpoint, Evaluation, Export, Summary, as_dict, emit, failure_of
 from fsdp_train.feed import Collate, TrainFeed, eval_batches
 from fsdp_train.fingerprint import run_fingerprint
 from fsdp_train.loss import IGNORE_INDEX, use_chunked_loss
@@ -90,7 +89,7 @@ def train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
     try:
         return _train(cfg, topo, host)
     except BaseException as e:
-        emit(Failure(rank=topo.rank, message=f"{type(e).__name__}: {e}", reason=failure_reason(e)))
+        emit(failure_of(topo.rank, e))  # a reason only for the project's own errors; any message serialises
         raise
 
 

@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -95,11 +96,29 @@ class RayJobConfig:
         return self.storage_path or self.train.checkpoint_path or None
 
 
-def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
-    """What each Ray Train worker runs: the torchrun loop with Ray's topology and checkpoints."""
-    from fsdp_train.events import take_key
+def with_key(fn: Callable[[dict[str, Any]], Any], key_hex: str) -> Callable[[dict[str, Any]], Any]:
+    """`fn` as each Ray Train worker runs it, signing with the attempt's key from its first statement.
 
-    take_key()  # first: no data, dependency or model config has run in this process yet
+    The key travels inside the function (pickled to Ray Train's controller, then to each worker), not in the job's
+    runtime environment: Ray gives that to every worker of the job (Ray Data's tasks, every task a rank starts), keeps
+    it readable in ``ray.get_runtime_context().runtime_env`` and records the workers' copy in Ray Train's run state.
+    Not in ``train_loop_config`` either: Ray Train records that in its run state too (its dashboard shows it).
+    """
+
+    def per_worker(loop_config: dict[str, Any]) -> Any:
+        from fsdp_train.events import take_key, use_key
+
+        # First: no data, dependency, model config or user code has run in this process yet. A key still in its
+        # environment (a runtime environment that set it) leaves the environment too.
+        take_key()
+        use_key(key_hex)
+        return fn(loop_config)
+
+    return per_worker
+
+
+def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
+    """What each Ray Train worker runs: the torchrun loop with Ray's topology and checkpoints (under `with_key`)."""
     from fsdp_train.startup import use_bytecode_cache
 
     use_bytecode_cache(str(loop_config["train"].get("compile_cache_dir", "")))  # before the heavy imports
@@ -142,10 +161,8 @@ def ray_worker(use_gpu: bool) -> tuple[Topology, str]:
 
 
 def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
-    """What each Ray Train worker runs for a user function: the bundled reports, then the function."""
-    from fsdp_train.events import take_key
-
-    take_key()  # first: before the user's code is imported, so it never sees the key in the environment
+    """What each Ray Train worker runs for a user function (under `with_key`, which takes the key before the user's
+    code is imported): the bundled reports, then the function."""
     from fsdp_train import report
     from fsdp_train.user_function import run_user_function
 
@@ -163,9 +180,10 @@ def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
     return run_user_function(function, topo.rank, verify)
 
 
-def reported_metrics_callback(storage: str | None) -> Any:
+def reported_metrics_callback(storage: str | None, key_hex: str = "") -> Any:
     """A ``ray.train.UserCallback``: in Ray Train's controller, each ``ray.train.report`` of a user function
-    becomes signed events (``user_function.events_from_report``), under the controller's own emitter name."""
+    becomes signed events (``user_function.events_from_report``), under the controller's own emitter name, with the
+    attempt's key `key_hex` the callback carries there (pickled with it; not in the job's runtime environment)."""
     import ray.train
 
     from fsdp_train import events
@@ -177,8 +195,9 @@ def reported_metrics_callback(storage: str | None) -> Any:
 
         def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
             if self.reports == 0:
-                # The controller is a process of its own; the job's runtime environment gave it the key too.
-                events.take_key(emitter=events.CONTROLLER)
+                # The controller is a process of its own: the key came with this callback.
+                events.take_key()
+                events.use_key(key_hex, emitter=events.CONTROLLER)
             self.reports += 1
             path = checkpoint_uri(storage, str(checkpoint.path)) if checkpoint is not None else None
             for event in events_from_report(
@@ -191,7 +210,9 @@ def reported_metrics_callback(storage: str | None) -> Any:
 
 def one_line(error: BaseException) -> str:
     """The root cause in one line: the last ``SomeError: message`` line of the text, else its first line."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    from fsdp_train.events import safe_str
+
+    lines = [line.strip() for line in safe_str(error).splitlines() if line.strip()]
     for line in reversed(lines):
         head = line.split(":", 1)[0]
         if head.endswith(("Error", "Exception", "Interrupt")) and " " not in head:
@@ -216,10 +237,13 @@ def run(job: RayJobConfig) -> dict[str, Any]:
     if not ray.is_initialized():
         ray.init()
     datasets = driver_datasets(job.train) if job.function is None else {}
-    callbacks = [reported_metrics_callback(job.run_storage)] if job.function is not None else []
+    from fsdp_train.events import signing_key
+
+    key = signing_key()  # taken by `main` from the environment, before `ray.init` could hand it to every worker
+    callbacks = [reported_metrics_callback(job.run_storage, key)] if job.function is not None else []
     trainer = TorchTrainer(
         # Train V2 hands rank 0's return value back
-        (train_fn_per_worker if job.function is None else user_fn_per_worker),  # type: ignore[arg-type]
+        with_key(train_fn_per_worker if job.function is None else user_fn_per_worker, key),
         train_loop_config={
             "train": job.train.to_dict(),
             "use_gpu": job.use_gpu,
@@ -269,9 +293,11 @@ def driver_datasets(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fsdp_train.events import take_key
+    from fsdp_train.events import DRIVER, take_key
 
-    take_key()  # the driver's own events (a data failure) are signed too; the key leaves its environment
+    # The driver's own events (a data failure) are signed too, in a sequence of their own (they say rank 0, as rank
+    # 0's process does); the key leaves its environment.
+    take_key(emitter=DRIVER)
     # Before Ray is imported: it reads RAY_DEDUP_LOGS once, at import.
     os.environ.update(RAY_LOG_ENV)
     parser = argparse.ArgumentParser(prog="python -m fsdp_train.ray_entry", description=__doc__)
@@ -285,12 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(job)
     except Exception as e:
-        reason = getattr(e, "reason", "")
-        if reason:  # the driver's own failure (the data pipeline runs here): tell the operator why
-            from fsdp_train.events import Failure, emit
+        from fsdp_train.events import emit, failure_of, own_reason, safe_str
 
-            emit(Failure(rank=0, message=f"{type(e).__name__}: {e}", reason=reason))
-        print(f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if own_reason(e):  # the driver's own failure (the data pipeline runs here): tell the operator why
+            emit(failure_of(0, e))
+        print(f"{type(e).__name__}: {safe_str(e)}", file=sys.stderr, flush=True)
         print(f"fsdp_train: training failed: {one_line(e)}", file=sys.stderr, flush=True)
         return 1
     print(f"fsdp_train: training finished: {json.dumps(summary, sort_keys=True)}", flush=True)

@@ -32,8 +32,9 @@ from fsdp_train.events import (
     Step,
     clean_text,
     emit,
+    failure_message,
+    failure_reason,
 )
-from fsdp_train.failures import failure_reason
 
 REMOTE_CODE_SCHEMES = ("s3://", "gs://")
 """`code` locations Ray's runtime environment fetches itself (a ``.zip``); anything else is a local directory."""
@@ -125,7 +126,9 @@ def failure(rank: int, error: BaseException) -> Failure:
         for frame in frames
     ]
     tail = clean_text(" | ".join(where), TEXT_LIMITS["message"] // 2)
-    head = clean_text(f"{type(error).__name__}: {error}".rstrip(": "), TEXT_LIMITS["message"] - len(tail) - 3)
+    head = clean_text(failure_message(error), TEXT_LIMITS["message"] - len(tail) - 3)
+    # A reason only for the project's own errors: a user's exception with a `reason` attribute (any value, an
+    # exception object in URLError's) must not fail the job as DataUnavailable, nor keep its Failure from printing.
     return Failure(rank=rank, message=f"{head} | {tail}" if tail else head, reason=failure_reason(error))
 
 

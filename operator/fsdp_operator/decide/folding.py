@@ -275,6 +275,8 @@ def fold_events(
             if event.step >= _int(progress.get("evalStep")) and _round(event.loss) is not None:
                 progress.update(evalLoss=_round(event.loss), evalStep=event.step)
         elif isinstance(event, Export):
+            if output and event.step < _int(output.get("step")):
+                continue  # status only moves forward: an older export (a replayed line, after a restart too)
             output = {"path": event.path, "step": event.step, "seconds": _round(event.seconds, 2)}
             if event.verified or event.check or event.training_loss is not None:  # the export self-check ran
                 output.update(verified=event.verified, trainingLoss=_round(event.training_loss))
@@ -282,6 +284,8 @@ def fold_events(
                 if event.check:
                     output["check"] = event.check
         elif isinstance(event, Checkpoint):
+            if checkpoint and event.step < _int(checkpoint.get("step")):
+                continue  # status only moves forward: an older checkpoint's record (a replayed line) changes nothing
             checkpoint = {"step": event.step, "path": event.path, "seconds": _round(event.seconds, 2)}
             if event.resumed:  # resumed from, not written: a rerun with the same settings continues the run
                 checkpoint["resumed"] = True

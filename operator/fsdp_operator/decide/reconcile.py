@@ -105,12 +105,19 @@ def reconcile(
     return _with_transition_events(status, _error_cleared(decision, observed.now))
 
 
-def pass_failed(status: JobStatus, observed: Observed, error: str) -> Decision:
+def pass_failed(
+    status: JobStatus, observed: Observed, error: str, manifest: Mapping[str, Any] | None = None
+) -> Decision:
     """A pass that raised: the `ReconcileError` condition and a Warning event, and the log offset moved past
-    what was read, so the same line cannot fail every pass for ever. Nothing else changes."""
+    what was read, so the same line cannot fail every pass for ever.
+
+    Defence in depth: with the job's `manifest`, the guards that need nothing from Ray still run on what was
+    observed (at least the RayCluster): a terminal job's cleanup and TTL, suspend, `activeDeadlineSeconds`. A job
+    whose observation fails every pass still ends on time and gives back its cluster. Nothing else changes."""
     message = clean_text(error, 1024)
     previous = get_condition(status.conditions, ConditionType.RECONCILE_ERROR)
-    new = status
+    decision = _guards_alone(manifest, status, observed) if manifest is not None else None
+    new = decision.status if decision is not None else status
     if observed.log_offset is not None:
         new = replace(new, log_offset=observed.log_offset, skipped_events=new.skipped_events + observed.skipped_lines)
     new = replace(
@@ -122,7 +129,32 @@ def pass_failed(status: JobStatus, observed: Observed, error: str) -> Decision:
     )  # fmt: skip
     repeated = previous is not None and previous.get("status") == "True" and previous.get("message") == message
     actions: tuple[Action, ...] = () if repeated else (PostEvent("Warning", "ReconcileError", message),)
-    return Decision(new, actions)
+    if decision is None:
+        return Decision(new, actions)
+    return replace(decision, status=new, actions=(*decision.actions, *actions))
+
+
+def _guards_alone(manifest: Mapping[str, Any], status: JobStatus, obs: Observed) -> Decision | None:
+    """The guards of a pass that need nothing but the job, its status and its RayCluster: the end of a finished job
+    (stop, cleanup, TTL), suspend, `activeDeadlineSeconds`. None when none of them acts (or they cannot be run)."""
+    try:
+        job = parse_job(dict(manifest))
+    except (SpecError, NotAJobError):
+        return None
+    if status.phase is None or not status.submission_id:
+        return None
+    decision: Decision | None
+    try:
+        if status.terminal:
+            decision = _finished(job, status, obs)
+        else:
+            decision = _check_suspend(job, status, obs, "") or _check_deadline(job, status, obs, "")
+    except Exception:  # the guards failing too: the pass records its error and nothing else
+        return None
+    if decision is None:
+        return None
+    new = with_lifecycle_conditions(status, decision.status, now=obs.now, generation=job.generation)
+    return _with_transition_events(status, replace(decision, status=new))
 
 
 def _error_cleared(decision: Decision, now: datetime) -> Decision:

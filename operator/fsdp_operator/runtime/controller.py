@@ -8,8 +8,10 @@ two repeats an idempotent action instead of losing the intent.
 
 Containment: a pass that raises (a bug, or input no check foresaw) is recorded on the job as the
 `ReconcileError` condition and a Warning event, and the log offset still moves past what was read, so one
-poisoned line cannot freeze a job; a status the API server refuses (too large, invalid) is written again without
-the per-rank detail before the pass acts, and when no form of it can be written the actions that stop work (stop
+poisoned line cannot freeze a job; a pass whose observation raises reads the job's RayCluster alone and still
+enforces a finished job's cleanup and TTL, `suspend` and `activeDeadlineSeconds` (`reconcile.pass_failed`); a
+status the API server refuses (too large, invalid) is written again without the per-rank detail before the pass
+acts, and when no form of it can be written the actions that stop work (stop
 the Ray job, delete the cluster) still run. A write that fails on the way (no answer, 5xx, 409, 429) acts on
 nothing: the next pass decides again. Each pass reads at most `LOG_CHUNK` characters of log, so
 one job's flood of output costs others at most one bounded slice of the event loop per pass.
@@ -29,7 +31,7 @@ from concurrent.futures import BrokenExecutor
 from dataclasses import replace
 from typing import Any
 
-from fsdp_train.events import PREFIX, Verifier, attempt_key, parse_log
+from fsdp_train.events import MAX_LINE_CHARS, PREFIX, Verifier, attempt_key, parse_log
 
 from fsdp_operator.api import render
 from fsdp_operator.decide.budget import merge_patch, progress_only, within_budget
@@ -127,8 +129,10 @@ class JobLoop:
         404, 409 and 429): shown in status by the next pass, cleared once the creates of a pass go through."""
         self.conflicts: set[str] = set()
         """Kinds (Secret, NetworkPolicy) whose create answered 409 with an object not the job's own: observed next."""
-        self.discarding_line = False
-        """The log chunk last read ended inside a line longer than a whole chunk: skip to its end."""
+        self.long_lines: dict[int, str] = {}
+        """Log offset -> the last `MAX_LINE_CHARS` characters read of a line longer than a whole chunk that goes on
+        from that offset (skipped to its end, but its end is read: an event a process printed after text without a
+        newline is there). Keyed by offset, so a pass repeated from the same offset (a failed write) reads alike."""
         self.first_pass_due = False
         """`run` has not finished its first pass yet (counted in `Runtime.after_first_passes`)."""
 
@@ -227,7 +231,8 @@ class JobLoop:
             raise
         except Exception as e:  # contained: becomes the ReconcileError condition
             self.log.exception("observing the job failed")
-            observed, failure = Observed(now=self.rt.clock()), _describe(e)
+            # The job's cluster alone, so that the guards that need nothing from Ray still run (`pass_failed`).
+            observed, failure = await self._cluster_alone(status), _describe(e)
         if self.refused and not observed.create_refused:
             observed = replace(observed, create_refused=self.refused)
         if not failure:
@@ -249,7 +254,7 @@ class JobLoop:
                 self.log.exception("reconcile failed")
                 failure = _describe(e)
         if failure:
-            decision = pass_failed(status, observed, failure)
+            decision = pass_failed(status, observed, failure, obj)
         self.rt.metrics.record_pass((self.namespace, self.name), obj, status, decision.status, observed.now)
         try:
             await self.write(stored, decision.status)
@@ -293,6 +298,15 @@ class JobLoop:
         return JobStatus.from_dict(stored)
 
     # --- observing ---
+    async def _cluster_alone(self, status: JobStatus) -> Observed:
+        """What a pass whose observation failed still observes: the job's RayCluster (a failed read raises, and the
+        pass is repeated), so the deadline, suspend and a finished job's cleanup never touch another's cluster."""
+        now = self.rt.clock()
+        if not status.ray_cluster_name:
+            return Observed(now=now)
+        cluster_obj = await self.rt.kube.get_raycluster(self.namespace, status.ray_cluster_name)
+        return Observed(now=now, cluster=ClusterView.from_object(cluster_obj) if cluster_obj else None)
+
     async def observe(self, obj: Obj, status: JobStatus) -> Observed:
         now = self.rt.clock()
         submit_error, self.submit_error = self.submit_error, ""
@@ -362,7 +376,9 @@ class JobLoop:
         except RayUnavailable as e:
             self.rt.metrics.ray_api_errors.labels("job").inc()
             return Observed(now=now, cluster=cluster, ray_error=str(e))
-        text, consumed, over_long = self._complete_lines(chunk, full=len(chunk) >= LOG_CHUNK, final=final)
+        text, consumed, over_long = self._complete_lines(
+            chunk, full=len(chunk) >= LOG_CHUNK, final=final, offset=status.log_offset
+        )
         verifier = await self._verifier(status.submission_id)
         if text.count(PREFIX) > OFF_PROCESS_EVENTS:
             # Parsed with the decision, in the log worker: a flood of event lines must not hold this event loop.
@@ -431,27 +447,32 @@ class JobLoop:
                 found.append(ChildView.from_object(kind, obj))
         return tuple(found)
 
-    def _complete_lines(self, chunk: str, *, full: bool, final: bool) -> tuple[str, int, int]:
-        """(whole lines to parse, characters consumed, over-long lines skipped) of one log chunk.
+    def _complete_lines(self, chunk: str, *, full: bool, final: bool, offset: int = 0) -> tuple[str, int, int]:
+        """(whole lines to parse, characters consumed, over-long lines skipped) of one log chunk read at `offset`.
 
         A half-written last line waits for the next pass, unless the job has ended (then it is all there is).
-        A line longer than a whole chunk is never parsed: it is skipped to its end, over as many passes as it
-        takes, and counted once.
+        A line longer than a whole chunk is never parsed whole: it is skipped to its end, over as many passes as it
+        takes, and counted once; its last `MAX_LINE_CHARS` characters are parsed as its line (an event printed after
+        a long unfinished line of other code ends that line: it is never dropped unseen).
         """
-        start = 0
-        if self.discarding_line:
+        for stale in [o for o in self.long_lines if o < offset]:
+            del self.long_lines[stale]
+        start, head = 0, ""
+        tail = self.long_lines.get(offset)
+        if tail is not None:
             cut = chunk.find("\n")
-            if cut < 0:
-                self.discarding_line = full
+            if cut < 0 and not (final and not full):
+                self.long_lines[offset + len(chunk)] = (tail + chunk)[-MAX_LINE_CHARS:]
                 return "", len(chunk), 0
-            self.discarding_line, start = False, cut + 1
+            cut = len(chunk) if cut < 0 else cut
+            head, start = (tail + chunk[:cut])[-MAX_LINE_CHARS:] + "\n", min(cut + 1, len(chunk))
         end = len(chunk) if final and not full else chunk.rfind("\n") + 1
         if end <= start:
             if full and start == 0:
-                self.discarding_line = True
+                self.long_lines[offset + len(chunk)] = chunk[-MAX_LINE_CHARS:]
                 return "", len(chunk), 1
-            return "", start, 0
-        return chunk[start:end], end, 0
+            return head, start, 0
+        return head + chunk[start:end], end, 0
 
     def _ray(self) -> RayJobs:
         return self.rt.ray(self.address, self.token)
