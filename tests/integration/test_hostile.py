@@ -375,7 +375,7 @@ def test_a_job_whose_raycluster_etcd_would_refuse_fails_before_anything_is_creat
     """128 variables of 10 KB: the job (1.3 MB) is stored, but its RayCluster, which sets them in the head and in
     the workers, is 2.6 MB, over etcd's 1.5 MiB. Without the check the operator retried its creation forever."""
     w = World(apiserver, Script())
-    runtime = Runtime(FAST, kube=AioKube(apiserver.url, timeout=FAST.kube_timeout), ray=w.ray.client)
+    runtime = Runtime(FAST, kube=w.kube(), ray=w.ray.client)
     loop = JobLoop(runtime, NAMESPACE, "qwen", logging.getLogger(__name__))
     w.apply(manifest(env=[{"name": f"V{i}", "value": "x" * 10240} for i in range(128)]))  # type: ignore[arg-type]
     run_loop(w, loop, lambda: w.status().get("phase") == "Failed")
