@@ -283,10 +283,11 @@ class DirectoryCheckpoints:
         )
         stager = DefaultStager(options)
         if self._cpu_group is None:
-            # The background write's collectives need a CPU backend; an NCCL-only group gets a gloo twin.
-            default = dist.distributed_c10d._get_default_group()
-            if torch.device("cpu") not in default._device_types:
-                self._cpu_group = dist.new_group(backend="gloo")
+            # A gloo group of the checkpoint's own: the background write's collectives need a CPU backend, and on
+            # the training group they would interleave with the step's own collectives from the main thread (on
+            # gloo that aborted with "Received data size doesn't match expected size", or hung). Made by every rank
+            # at the same save, as new_group requires.
+            self._cpu_group = dist.new_group(backend="gloo")
         if id(optimizer) not in self._hooked:
             # The staging copy reads the weights and moments: the next optimizer step must not change them first.
             optimizer.register_step_pre_hook(lambda *_: self._wait_staged())
