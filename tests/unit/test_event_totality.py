@@ -16,8 +16,8 @@ import pytest
 from fsdp_operator.decide.folding import fold_events
 from fsdp_operator.decide.observed import RayJobInfo
 from fsdp_operator.decide.status import TRANSPORT_DEADLINE_SECONDS, ConditionType, JobStatus, Phase, Reason
-from fsdp_operator.runtime.controller import JobLoop
-from fsdp_train import events
+from fsdp_operator.runtime.log_lines import complete_lines
+from fsdp_train import events, failures
 from fsdp_train.events import (
     CONTROLLER,
     DRIVER,
@@ -33,10 +33,10 @@ from fsdp_train.events import (
     Transport,
     Verifier,
     attempt_key,
-    failure_of,
     parse_event,
     parse_log,
 )
+from fsdp_train.failures import failure_of
 from fsdp_train.storage import DataUnavailable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -192,7 +192,7 @@ def test_a_long_unfinished_line_never_hides_the_next_event(length: int) -> None:
     verifier, offset, found, skipped, chunk_size = Verifier(KEY), 0, [], 0, 256 * 1024
     while offset < len(log):
         chunk = log[offset : offset + chunk_size]
-        text, consumed, over = JobLoop._complete_lines(loop, chunk, full=len(chunk) >= chunk_size, final=True,  # type: ignore[arg-type]
+        text, consumed, over = complete_lines(loop.long_lines, chunk, full=len(chunk) >= chunk_size, final=True,  # type: ignore[arg-type]
                                                        offset=offset)  # fmt: skip
         parsed = parse_log(text.splitlines(), verifier)
         found += parsed.events
@@ -207,10 +207,10 @@ def test_a_repeated_read_of_a_long_line_reads_alike() -> None:
     """A pass whose status write failed reads the same offset again: the long line's end is found the same way."""
     loop = SimpleNamespace(long_lines={})
     chunk = "y" * 1000
-    assert JobLoop._complete_lines(loop, chunk, full=True, final=False, offset=0) == ("", 1000, 1)  # type: ignore[arg-type]
+    assert complete_lines(loop.long_lines, chunk, full=True, final=False, offset=0) == ("", 1000, 1)
     end = "tail FSDP_EVENT x\nnext\n"
-    first = JobLoop._complete_lines(loop, end, full=False, final=False, offset=1000)  # type: ignore[arg-type]
-    again = JobLoop._complete_lines(loop, end, full=False, final=False, offset=1000)  # type: ignore[arg-type]
+    first = complete_lines(loop.long_lines, end, full=False, final=False, offset=1000)
+    again = complete_lines(loop.long_lines, end, full=False, final=False, offset=1000)
     assert first == again and first[0].endswith("yyyytail FSDP_EVENT x\nnext\n")
 
 
@@ -232,7 +232,7 @@ def test_only_the_projects_own_exceptions_carry_a_reason_of_the_projects() -> No
     assert failure_of(0, DataUnavailable("gone")).reason == "DataUnavailable"
     assert failure_of(0, Borrowed("not ours")).reason == "Borrowed"  # its type, never its attribute
     look_alike = type("DataUnavailable", (RuntimeError,), {"reason": "DataUnavailable"})
-    assert failure_of(0, look_alike()).reason == events.OTHER_ERROR  # nor a class named like a reason
+    assert failure_of(0, look_alike()).reason == failures.OTHER_ERROR  # nor a class named like a reason
     assert failure_of(0, ValueError("x")).reason == "ValueError"  # every failure has a reason
     # Ray re-raises a task's error as a class derived from both (RayTaskError(DataUnavailable)): still the project's.
     dual = type("RayTaskError(DataUnavailable)", (DataUnavailable, RuntimeError), {"__module__": "ray.exceptions"})

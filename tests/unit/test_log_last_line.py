@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from fsdp_operator.runtime.controller import JobLoop
+from fsdp_operator.runtime import log_lines
 from fsdp_train.events import Summary, parse_log
 
 SUMMARY = Summary(rank=0, steps=4, final_loss=1.5, first_loss=5.0, tokens_per_second=100.0).to_line()
 
 
 def complete_lines(chunk: str, *, full: bool = False, final: bool) -> tuple[str, int, int]:
-    return JobLoop._complete_lines(SimpleNamespace(long_lines={}), chunk, full=full, final=final)  # type: ignore[arg-type]
+    return log_lines.complete_lines({}, chunk, full=full, final=final)
 
 
 def test_a_finished_jobs_last_line_without_newline_is_parsed() -> None:

@@ -25,8 +25,19 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, field, fields
-from types import UnionType
-from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, get_type_hints
+
+from fsdp_train.wire import MAX_COUNT as MAX_COUNT
+from fsdp_train.wire import MAX_EXTRA as MAX_EXTRA
+from fsdp_train.wire import MAX_EXTRA_KEY as MAX_EXTRA_KEY
+from fsdp_train.wire import MAX_LINE_CHARS as MAX_LINE_CHARS
+from fsdp_train.wire import MAX_RANK as MAX_RANK
+from fsdp_train.wire import MAX_TEXT as MAX_TEXT
+from fsdp_train.wire import TEXT_LIMITS as TEXT_LIMITS
+from fsdp_train.wire import TRUNCATED as TRUNCATED
+from fsdp_train.wire import Refused, check_value, wire_value
+from fsdp_train.wire import clean_text as clean_text
+from fsdp_train.wire import safe_str as safe_str
 
 PREFIX = "FSDP_EVENT"
 SCHEMA_VERSION = 1
@@ -57,7 +68,7 @@ class Event:
         :data:`MAX_LINE_CHARS` and is read back rather than skipped.
         """
         payload = {"v": SCHEMA_VERSION, "kind": self.kind}
-        payload.update((f.name, _wire(f.name, getattr(self, f.name))) for f in fields(self))
+        payload.update((f.name, wire_value(f.name, getattr(self, f.name))) for f in fields(self))
         if signer is None:
             return f"{PREFIX} {json.dumps(payload, separators=(',', ':'), sort_keys=True)}"
         return signer.line(payload)
@@ -253,157 +264,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 
-# --- the parse side: every field read back from a log is untrusted ------------------------------------------
-
-MAX_LINE_CHARS = 64 * 1024
-"""A log line longer than this is skipped unread (an event line is a few hundred characters)."""
-MAX_RANK = 1 << 20
-"""Ranks at or above this are refused at parse time; the operator also drops ranks beyond the job's world size."""
-MAX_COUNT = (1 << 53) - 1
-"""Bound on any other integer field: JSON numbers above 2^53 lose precision in most readers."""
-MAX_TEXT = 256
-"""Default bound on a string field, in characters (after control characters are removed)."""
-TEXT_LIMITS: dict[str, int] = {"evidence": 512, "source": 512, "path": 1024, "message": 1024}
-"""Fields allowed more than :data:`MAX_TEXT`: an NCCL line, a checkpoint URI, a failure message."""
-MAX_EXTRA = 16
-"""Most entries of a ``dict[str, float]`` field (``Step.extra``); a longer mapping is refused."""
-MAX_EXTRA_KEY = 64
-"""Longest key of such a mapping, in characters."""
-TRUNCATED = "…"
-"""Appended to a string cut to its bound, so a reader sees that it was cut."""
-
-# ANSI escape sequences (CSI and OSC), then any C0/C1 control character and DEL: a status string must not
-# move a terminal's cursor when `kubectl get -o yaml` prints it. Both patterns are linear (no nesting).
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
-# Lone surrogates too (JSON's `\ud800`): no UTF-8 encoder takes them, so a status holding one could not be written.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def clean_text(value: str, limit: int = MAX_TEXT) -> str:
-    """`value` without escape sequences and control characters, cut to `limit` characters (cut marked)."""
-    text = _CONTROL.sub("", _ANSI_ESCAPE.sub("", value[: limit * 4]))
-    return text if len(text) <= limit else text[: limit - len(TRUNCATED)] + TRUNCATED
-
-
-def safe_str(value: object) -> str:
-    """``str(value)``, never raising: an object whose ``__str__`` raises is named by its ``repr``, then its type."""
-    for show in (str, repr):
-        try:
-            text = show(value)
-        except Exception:  # any object's own __str__ may raise anything: the line must still go out
-            continue
-        if isinstance(text, str):
-            return text
-    return f"<{type(value).__name__}>"
-
-
-def _wire(name: str, value: Any) -> Any:
-    """`value` as a JSON value the parser keeps: strings cleaned and cut to field `name`'s bound, numbers as they
-    are, a mapping's keys as strings, anything else (an exception object, a path) as its ``str()``."""
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    if isinstance(value, str):
-        return clean_text(value, TEXT_LIMITS.get(name, MAX_TEXT))
-    if isinstance(value, dict):
-        return {clean_text(safe_str(k), MAX_EXTRA_KEY): _wire(name, v) for k, v in list(value.items())[:MAX_EXTRA]}
-    return clean_text(safe_str(value), TEXT_LIMITS.get(name, MAX_TEXT))
-
-
-OWN_REASONS: dict[str, str] = {
-    "fsdp_train.storage.DataUnavailable": "DataUnavailable",
-    "fsdp_train.checkpoint.CheckpointMismatch": "CheckpointMismatch",
-    "fsdp_train.preflight.PreflightFailed": "PreflightFailed",
-}
-"""The project's own exceptions (``module.QualifiedName``) that carry a reason to the operator, and that reason.
-Any other exception's ``reason`` attribute (``URLError``'s is an exception object; a model repository's code can
-define one of any value) is never signed into a ``Failure``."""
-
-_KNOWN_REASONS = frozenset(OWN_REASONS.values())
-
-OTHER_ERROR = "Error"
-"""The reason of an error of a class named like one of the project's reasons but not derived from it."""
-
-
-def own_reason(error: BaseException) -> str:
-    """The reason of an error of the project's own, else ``""``: the one :data:`OWN_REASONS` gives a class of the
-    project's that `error` is an instance of (Ray re-raises a task's error as a class derived from it:
-    ``RayTaskError(DataUnavailable)``), or the one of the project's reasons its code gave that instance (a preflight
-    of the data says ``DataUnavailable``); never what an attribute of another error says."""
-    for cls in type(error).__mro__:
-        reason = OWN_REASONS.get(f"{cls.__module__}.{cls.__qualname__}")
-        if reason:
-            given = getattr(error, "reason", None)
-            return given if isinstance(given, str) and given in _KNOWN_REASONS else reason
-    return ""
-
-
-def failure_reason(error: BaseException) -> str:
-    """The reason a :class:`Failure` for `error` carries, never empty: :func:`own_reason`, else the error's type
-    name, so that every failure names one, unless that name is one of the project's reasons (a class in a user's
-    or a model repository's code named ``DataUnavailable`` never decides what the operator does)."""
-    name = type(error).__name__
-    return own_reason(error) or (OTHER_ERROR if name in _KNOWN_REASONS else name[:64])
-
-
-def failure_message(error: BaseException) -> str:
-    """``Type: message`` of any exception, never raising, cut to the ``message`` field's bound."""
-    return clean_text(f"{type(error).__name__}: {safe_str(error)}".rstrip(": "), TEXT_LIMITS["message"])
-
-
-def failure_of(rank: int, error: BaseException) -> Failure:
-    """The :class:`Failure` line of any exception: its type and message, and a reason only for the project's own."""
-    return Failure(rank=rank, message=failure_message(error), reason=failure_reason(error))
-
-
 _DECODER = json.JSONDecoder()
-
-
-class _Refused(ValueError):
-    """A field whose type or range does not fit the schema."""
-
-
-def _check(name: str, hint: Any, value: Any) -> Any:
-    """`value` as the schema declares field `name` (`hint`), or _Refused."""
-    origin = get_origin(hint)
-    if origin is Literal:
-        if isinstance(value, str) and value in get_args(hint):
-            return value
-        raise _Refused(name)
-    if origin in (Union, UnionType):
-        if value is None and type(None) in get_args(hint):
-            return None
-        (inner,) = (arg for arg in get_args(hint) if arg is not type(None))
-        return _check(name, inner, value)
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-        raise _Refused(name)
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _Refused(name)
-        upper = MAX_RANK - 1 if name == "rank" else MAX_COUNT
-        if not 0 <= value <= upper:
-            raise _Refused(name)
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _Refused(name)
-        try:
-            return float(value)  # NaN and infinities pass: the status writer turns them into null
-        except OverflowError as e:
-            raise _Refused(name) from e
-    if hint is str:
-        if not isinstance(value, str):
-            raise _Refused(name)
-        return clean_text(value, TEXT_LIMITS.get(name, MAX_TEXT))
-    if origin is dict:  # dict[str, float]: names cleaned and bounded, values numbers
-        if not isinstance(value, dict) or len(value) > MAX_EXTRA:
-            raise _Refused(name)
-        out = {clean_text(str(k), MAX_EXTRA_KEY): _check(name, float, v) for k, v in value.items()}
-        if len(out) != len(value) or "" in out:  # two names the same once cleaned, or a name of nothing
-            raise _Refused(name)
-        return out
-    raise _Refused(name)
 
 
 def _hints(cls: type[Event]) -> dict[str, Any]:
@@ -649,9 +510,10 @@ def _event_at(line: str, start: int, verifier: Verifier | None) -> Event | Malfo
         return MALFORMED
     cls = EVENT_TYPES[kind]
     try:
-        values = {name: _check(name, hint, payload[name]) for name, hint in _HINTS[kind].items() if name in payload}
+        hints = _HINTS[kind]
+        values = {name: check_value(name, hint, payload[name]) for name, hint in hints.items() if name in payload}
         event = cls(**values)
-    except (_Refused, TypeError):  # TypeError: a required field is missing
+    except (Refused, TypeError):  # TypeError: a required field is missing
         return MALFORMED
     if verifier is not None and not verifier.fresh(event.rank, payload.get("seq"), payload.get("emitter", "")):
         return FORGED  # a replay of a line this attempt's emitter printed before

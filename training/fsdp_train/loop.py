@@ -26,7 +26,8 @@ from fsdp_train.attention import to_device
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
-from fsdp_train.events import Checkpoint, Evaluation, Export, Summary, as_dict, emit, failure_of
+from fsdp_train.events import Checkpoint, Evaluation, Export, Summary, as_dict, emit
+from fsdp_train.failures import failure_of
 from fsdp_train.feed import Collate, TrainFeed, eval_batches
 from fsdp_train.fingerprint import run_fingerprint
 from fsdp_train.loss import IGNORE_INDEX, use_chunked_loss

@@ -311,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(job)
     except Exception as e:
-        from fsdp_train.events import emit, failure_of, own_reason, safe_str
+        from fsdp_train.events import emit, safe_str
+        from fsdp_train.failures import failure_of, own_reason
 
         if own_reason(e):  # the driver's own failure (the data pipeline runs here): tell the operator why
             emit(failure_of(0, e))

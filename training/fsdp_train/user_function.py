@@ -32,9 +32,8 @@ from fsdp_train.events import (
     Step,
     clean_text,
     emit,
-    failure_message,
-    failure_reason,
 )
+from fsdp_train.failures import failure_message, failure_reason
 
 REMOTE_CODE_SCHEMES = ("s3://", "gs://")
 """`code` locations Ray's runtime environment fetches itself (a ``.zip``); anything else is a local directory."""

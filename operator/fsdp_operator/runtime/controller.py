@@ -31,7 +31,7 @@ from concurrent.futures import BrokenExecutor
 from dataclasses import replace
 from typing import Any
 
-from fsdp_train.events import MAX_LINE_CHARS, PREFIX, Verifier, attempt_key, parse_log
+from fsdp_train.events import PREFIX, Verifier, attempt_key, parse_log
 
 from fsdp_operator.api import render
 from fsdp_operator.decide.budget import merge_patch, progress_only, within_budget
@@ -58,6 +58,7 @@ from fsdp_operator.decide.status import JobStatus, Phase
 from fsdp_operator.runtime.job_secret import _owned_by, cluster_token, job_events_key, with_event_key
 from fsdp_operator.runtime.kube import KubeError
 from fsdp_operator.runtime.kueue import read_workload
+from fsdp_operator.runtime.log_lines import complete_lines
 from fsdp_operator.runtime.log_worker import LogChunk, Obj, parse_and_reconcile
 from fsdp_operator.runtime.provisioning import auto_zone_job, choose_zone, pods_refused, unschedulable
 from fsdp_operator.runtime.rayjobs import (
@@ -376,8 +377,8 @@ class JobLoop:
         except RayUnavailable as e:
             self.rt.metrics.ray_api_errors.labels("job").inc()
             return Observed(now=now, cluster=cluster, ray_error=str(e))
-        text, consumed, over_long = self._complete_lines(
-            chunk, full=len(chunk) >= LOG_CHUNK, final=final, offset=status.log_offset
+        text, consumed, over_long = complete_lines(
+            self.long_lines, chunk, full=len(chunk) >= LOG_CHUNK, final=final, offset=status.log_offset
         )
         verifier = await self._verifier(status.submission_id)
         if text.count(PREFIX) > OFF_PROCESS_EVENTS:
@@ -446,33 +447,6 @@ class JobLoop:
             else:
                 found.append(ChildView.from_object(kind, obj))
         return tuple(found)
-
-    def _complete_lines(self, chunk: str, *, full: bool, final: bool, offset: int = 0) -> tuple[str, int, int]:
-        """(whole lines to parse, characters consumed, over-long lines skipped) of one log chunk read at `offset`.
-
-        A half-written last line waits for the next pass, unless the job has ended (then it is all there is).
-        A line longer than a whole chunk is never parsed whole: it is skipped to its end, over as many passes as it
-        takes, and counted once; its last `MAX_LINE_CHARS` characters are parsed as its line (an event printed after
-        a long unfinished line of other code ends that line: it is never dropped unseen).
-        """
-        for stale in [o for o in self.long_lines if o < offset]:
-            del self.long_lines[stale]
-        start, head = 0, ""
-        tail = self.long_lines.get(offset)
-        if tail is not None:
-            cut = chunk.find("\n")
-            if cut < 0 and not (final and not full):
-                self.long_lines[offset + len(chunk)] = (tail + chunk)[-MAX_LINE_CHARS:]
-                return "", len(chunk), 0
-            cut = len(chunk) if cut < 0 else cut
-            head, start = (tail + chunk[:cut])[-MAX_LINE_CHARS:] + "\n", min(cut + 1, len(chunk))
-        end = len(chunk) if final and not full else chunk.rfind("\n") + 1
-        if end <= start:
-            if full and start == 0:
-                self.long_lines[offset + len(chunk)] = chunk[-MAX_LINE_CHARS:]
-                return "", len(chunk), 1
-            return head, start, 0
-        return head + chunk[start:end], end, 0
 
     def _ray(self) -> RayJobs:
         return self.rt.ray(self.address, self.token)
