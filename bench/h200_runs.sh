@@ -17,6 +17,8 @@
 #   bench/h200_runs.sh round5-data OUTDIR   # 1 GPU: the function on Python sources with the document mask and compile,
 #                                           # against random tokens; an asynchronous checkpoint's blocked and total time
 #   WHEELS=DIR bench/h200_runs.sh round5 OUTDIR  # both (longer than one device call allows: run the halves)
+#   bench/h200_runs.sh round6 OUTDIR   # 1 GPU: varlen attention with grouped key/value heads, flight-recorder dumps
+#                                      # (OUTDIR/fr), checkpoints with lasting pinned buffers, the mask's ratio
 #
 # Needs torch and transformers (no Ray, no install: the package is put on PYTHONPATH). Every run has
 # its own time limit, so one hang costs one row. Logs go to OUTDIR/logs; the tables to stdout.
@@ -149,13 +151,17 @@ round5_speed() {
 }
 
 round5_data() {
+    round5_data_runs
+    round5_checkpoint
+}
+
+round5_data_runs() {  # the document mask with compile on Python sources against random tokens, one ratio
     local assets=${ASSETS:-/tmp/fsdp-python-sources} base
     TORCH_LOGS=recompiles "$py" bench/data_pipeline.py python-sources "$assets" 2>&1 | tee "$out/logs/assets.log"
     base='"seq_len":2048,"batch_size_per_rank":8,"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":2e-5'"${R5_EXTRA:-}"
     TORCH_LOGS=recompiles fn1 r5-random 150 "{$base,\"steps\":${STEPS:-30},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\"}"
     TORCH_LOGS=recompiles fn1 r5-python 170 "{$base,\"steps\":${STEPS:-30},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\",\"data\":\"$assets/corpus\",\"tokenizer\":\"$assets/tokenizer\",\"shuffle_seed\":1}"
     ratio r5-random r5-python
-    round5_checkpoint
 }
 
 round5_checkpoint() {
@@ -254,6 +260,14 @@ round2-verify)  # one GPU: fp8's loss on text for Qwen2.5-1.5B; the training fun
     ;;
 round5-speed)  # one GPU: torchtitan beside the bundled function's round-five levers, window timing, one MFU formula
     round5_speed
+    ;;
+round6)  # one GPU: varlen attention's grouped heads, flight-recorder dumps, checkpoints with lasting host buffers, the mask
+    timeout 90 "$py" bench/varlen_gqa.py 2>&1 | tee "$out/logs/varlen-gqa.log" | grep -v Warning
+    timeout 90 "$py" -m torch.distributed.run --standalone --nproc-per-node 1 bench/fr_dump.py "$out/fr" \
+        >"$out/logs/fr-dump.log" 2>&1
+    tail -n 4 "$out/logs/fr-dump.log"
+    CKPT_STEPS=${CKPT_STEPS:-100} CKPT_EVERY=${CKPT_EVERY:-30} round5_checkpoint
+    round5_data_runs
     ;;
 round5-data)  # one GPU: the document mask with compile on a real corpus against random tokens; async checkpoints
     round5_data

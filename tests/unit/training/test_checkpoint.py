@@ -13,7 +13,9 @@ from fsdp_train.checkpoint import (
     FINGERPRINT_FILE,
     CheckpointMismatch,
     DirectoryCheckpoints,
+    HostStager,
     app_state,
+    load_into,
     restore_ray_checkpoint,
 )
 from ray.train import Checkpoint
@@ -85,3 +87,41 @@ def test_a_snapshot_in_a_new_folder_gets_its_fingerprint_and_resumes(
     assert torch.equal(model.weight, saved.weight)
     with pytest.raises(CheckpointMismatch, match="global_batch: 8 -> 16"):
         store.restore(model, optimizer, fingerprint={**fingerprint, "global_batch": 16})
+
+
+def test_asynchronous_saves_reuse_one_set_of_host_buffers_and_write_each_steps_state(
+    one_rank: None, tmp_path: Path
+) -> None:
+    """The host buffers are made once (after the first optimizer step) and every save copies into them: each
+    snapshot holds the weights of its own step, not the first save's, and no save allocates them anew."""
+    store = DirectoryCheckpoints(str(tmp_path / "ckpt"), asynchronous=True)
+    model, optimizer = trained(0)
+    assert store.restore(model, optimizer) == 0
+    weights = {}
+    for step in (1, 2):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()  # the first step's post-hook makes the host buffers
+        stager = store._stager
+        assert stager is not None and stager.prepared
+        buffers = stager._buffers
+        store.save(model, optimizer, step, {})
+        assert stager._buffers is buffers  # reused, not made again
+        weights[step] = model.weight.detach().clone()
+        times = store.wait()
+        assert times is not None and times.step == step
+    assert not torch.equal(weights[1], weights[2])
+    for step in (1, 2):
+        restored, restored_optimizer = trained(5)
+        load_into(restored, restored_optimizer, str(tmp_path / "ckpt" / f"step_{step:08d}"))
+        assert torch.equal(restored.weight, weights[step])
+
+
+def test_host_buffers_are_made_anew_when_the_state_changes_layout() -> None:
+    stager = HostStager()
+    staged = stager.stage({"w": torch.ones(3), "step": 1}).result()
+    assert torch.equal(staged["w"], torch.ones(3)) and staged["step"] == 1
+    staged = stager.stage({"w": torch.full((5,), 2.0), "step": 2}).result()
+    assert torch.equal(staged["w"], torch.full((5,), 2.0)) and staged["step"] == 2
+    staged = stager.stage({"w": torch.full((5,), 3.0), "extra": torch.zeros(2), "step": 3}).result()
+    assert torch.equal(staged["w"], torch.full((5,), 3.0)) and set(staged) == {"w", "extra", "step"}
+    stager.close()
