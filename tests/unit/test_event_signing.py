@@ -104,8 +104,10 @@ def test_folding_many_distinct_failures_is_linear_and_bounded() -> None:
     job = parse_job({"apiVersion": schema.API_VERSION, "kind": schema.KIND, "metadata": {"name": "q"},
                      "spec": {"workers": {"replicas": 2}}})  # fmt: skip
     failures = [Failure(rank=i % 8, message=f"worker {i} lost") for i in range(20_000)]
-    started = time.perf_counter()
+    # CPU time, not wall time: the bound is about the algorithm (66 s of it before), and a loaded machine stretches
+    # wall time without saying anything about it.
+    started = time.process_time()
     status = fold_events(job, JobStatus(), failures, now=datetime.now(UTC)).status
-    assert time.perf_counter() - started < 5.0
+    assert time.process_time() - started < 5.0
     assert len(status.rank_failures) == RANK_FAILURES_KEPT
     assert status.rank_failures[-1]["message"] == "worker 19999 lost"

@@ -169,12 +169,12 @@ def test_parsing_never_raises_on_arbitrary_bytes() -> None:
 
     rng = random.Random(10)
     alphabet = '{}[]":,0123456789.eE-+tfnaulsrkidv \\/\x00\x1b\ud800' + "FSDP_EVENT "
-    start = time.monotonic()
+    start = time.process_time()  # CPU time: a loaded machine stretches wall time, not the parser's work
     for _ in range(3000):
         body = "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 200)))
         event = parse_event("FSDP_EVENT " + body)
         assert event is MALFORMED or isinstance(event, Event)
-    assert time.monotonic() - start < 10
+    assert time.process_time() - start < 10
 
 
 # --- the size budget -------------------------------------------------------------------------------------
