@@ -30,7 +30,8 @@ def dump(out: Path, name: str) -> None:
     json_dump = getattr(c10d, "_dump_nccl_trace_json", None)
     if json_dump is not None:
         try:
-            (out / f"{name}.json").write_text(json_dump(includeCollectives=True, onlyActive=False))
+            text = json_dump(includeCollectives=True, onlyActive=False)
+            (out / f"{name}.json").write_bytes(text if isinstance(text, bytes) else text.encode())
         except (RuntimeError, TypeError) as e:
             print(f"{name}: no JSON dump: {e!r}")
     print(f"wrote {name}: {sorted(p.name for p in out.glob(name + '.*'))}")

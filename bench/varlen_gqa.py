@@ -9,6 +9,7 @@ same output and gradients (to bf16 rounding) and the forward+backward time of ea
 
 from __future__ import annotations
 
+import inspect
 import statistics
 
 import torch
@@ -31,7 +32,10 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, seq
     if repeat:
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    out = varlen_attn(q, k, v, cu, cu, seq, seq, is_causal=True)
+    causal = (
+        {"is_causal": True} if "is_causal" in inspect.signature(varlen_attn).parameters else {"window_size": (-1, 0)}
+    )
+    out = varlen_attn(q, k, v, cu, cu, seq, seq, **causal)
     return out[0] if isinstance(out, tuple) else out
 
 
