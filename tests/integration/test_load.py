@@ -4,7 +4,8 @@ Measured: wall time until every job is terminal; creation -> RayCluster created 
 API server's commit times); the operator's API requests and status writes per job; the peak memory of the
 operator's process (which also hosts the fake KubeRay and Ray, so an upper bound); event-loop lag.
 
-The operator runs in a fresh process of its own (`run_load_apart`), not in pytest's: a pytest process that
+The operator runs as the chart's ServiceAccount under the chart's RBAC (rendered by `helm template`), as in every
+other fixture, and in a fresh process of its own (`run_load_apart`), not in pytest's: a pytest process that
 collected the whole suite has imported torch, transformers and Ray (about 500 MB before the first test), and
 that is neither the operator's memory nor its CPU.
 `pytest -m load` runs 300 jobs and asserts the targets of docs/reliability.md; the default run, 30 jobs,
@@ -38,6 +39,7 @@ from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import Placement, Step, Summary, Transport
 from integration.test_operator import EFA_LINE, manifest
 from support.apiserver_process import ApiServerProcess
+from support.chart_rbac import ACCOUNT, ADMIN_AUTH, OPERATOR_AUTH, OPERATOR_TOKEN, rendered_rbac
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import kopf_operator
 
@@ -108,20 +110,25 @@ async def _lag_monitor(lags: list[float], period: float = 0.05) -> None:
         lags.append(loop.time() - before - period)
 
 
-async def run_load(count: int) -> dict[str, Any]:
-    """Create `count` jobs at once and wait until each is terminal; return the figures."""
-    with ApiServerProcess() as api:
+async def run_load(count: int, rbac: list[dict[str, Any]]) -> dict[str, Any]:
+    """Create `count` jobs at once and wait until each is terminal; return the figures.
+
+    The API server enforces `rbac` (the chart's, as `helm template` renders it): the operator runs as the chart's
+    ServiceAccount, the test and the KubeRay double as a cluster admin."""
+    with ApiServerProcess(rbac=rbac) as api:
         ray = FakeRay(script=LoadScript())
         kuberay = FakeKubeRay(api.url, ray)
+        kuberay.headers.update(ADMIN_AUTH)
         lags: list[float] = []
-        async with kuberay.running(tick=TICK), aiohttp.ClientSession() as http:
+        async with kuberay.running(tick=TICK), aiohttp.ClientSession(headers=ADMIN_AUTH) as http:
             monitor = asyncio.create_task(_lag_monitor(lags))  # started before kopf, which leaves it alone
             baseline_kib = _memory_kib("VmRSS")
             cpu_before = _cpu_seconds()
             _reset_peak_memory()
-            runtime = Runtime(CONFIG, kube=AioKube(api.url, timeout=CONFIG.kube_timeout), ray=ray.client)
+            kube = AioKube(api.url, headers=dict(OPERATOR_AUTH), timeout=CONFIG.kube_timeout)
+            runtime = Runtime(CONFIG, kube=kube, ray=ray.client)
             try:
-                async with kopf_operator(build_registry(runtime, login=False), api.url):
+                async with kopf_operator(build_registry(runtime, login=False), api.url, token=OPERATOR_TOKEN):
                     started = time.monotonic()
 
                     async def create(i: int) -> None:
@@ -164,6 +171,7 @@ async def run_load(count: int) -> dict[str, Any]:
         },
         "create_to_loop_s": {"p50": percentile(to_loop, 0.5), "p95": percentile(to_loop, 0.95)},
         "clusters_seen": len(kuberay.seen_uids),
+        "denied": [call for call in stats["denied"] if call[0] == ACCOUNT.name],
         "submissions": list(ray.created),
         "requests_per_job": sum(requests.values()) / count,
         "controller_requests_per_job": sum(n for k, n in requests.items() if k[0] == "controller") / count,
@@ -177,20 +185,22 @@ async def run_load(count: int) -> dict[str, Any]:
     }
 
 
-def _run_load_child(conn: Connection, count: int) -> None:
+def _run_load_child(conn: Connection, count: int, rbac: list[dict[str, Any]]) -> None:
     try:
-        conn.send(("figures", asyncio.run(run_load(count))))
+        conn.send(("figures", asyncio.run(run_load(count, rbac))))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         raise
 
 
 def run_load_apart(count: int, timeout: float) -> dict[str, Any]:
-    """`run_load(count)` in a fresh process (spawned: no module of this one is inherited); return its figures."""
+    """`run_load(count)` in a fresh process (spawned: no module of this one is inherited), under the chart's RBAC
+    for watching every namespace; return its figures."""
+    rbac = rendered_rbac(watch_all=True)  # here: `helm template` runs once per test run, and skips without helm
     context = multiprocessing.get_context("spawn")
     conn, child = context.Pipe()
     # Not a daemon: the load process starts the API server's process itself.
-    process = context.Process(target=_run_load_child, args=(child, count), name="operator-load")
+    process = context.Process(target=_run_load_child, args=(child, count, rbac), name="operator-load")
     process.start()
     try:
         if not conn.poll(timeout):
@@ -224,6 +234,7 @@ def report(figures: dict[str, Any]) -> str:
 
 def _check(figures: dict[str, Any]) -> None:
     count = figures["jobs"]
+    assert figures["denied"] == [], figures["denied"][:20]  # the chart's RBAC allows every request the operator made
     assert figures["phases"] == {"Succeeded": count}, figures["phases"]
     for name, status in figures["statuses"].items():
         assert status["progress"]["stepOfTotal"] == f"{STEPS}/{STEPS}", (name, status)
