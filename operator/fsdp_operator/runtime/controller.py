@@ -1,8 +1,9 @@
 """The I/O around the state machine: observe, `reconcile()`, write status once, act. One loop per live job.
 
 `handlers.py` starts `JobLoop.run` as a kopf daemon per FSDPTrainingJob and wakes it from child
-watches; this loop is the only writer of the job's status. It re-reads the job at the top of every
-pass (level-triggered: a missed event costs at most one interval), keeps the status it computed in
+watches; this loop is the only writer of the job's status. It takes the job anew at the top of every
+pass, from the watch when not older than its own last write (`watched.py`), else from the API server
+(level-triggered: a missed event costs at most one interval), keeps the status it computed in
 memory (progress-only writes are rate-limited), and writes before it acts, so a restart between the
 two repeats an idempotent action instead of losing the intent.
 
