@@ -4,7 +4,9 @@ Measured: wall time until every job is terminal; creation -> RayCluster created 
 API server's commit times); the operator's API requests and status writes per job; the peak memory of the
 operator's process (which also hosts the fake KubeRay and Ray, so an upper bound); event-loop lag.
 
-The operator runs in a fresh process of its own (`run_load_apart`), not in pytest's: a pytest process that
+The operator runs as the chart's ServiceAccount under the chart's RBAC (rendered by `helm template`), as in every
+other fixture, and in a fresh process of its own (`run_load_apart`), not in pytest's; the jobs are created from
+pytest's process, as a client elsewhere would create them (that work is not the operator's CPU): a pytest process that
 collected the whole suite has imported torch, transformers and Ray (about 500 MB before the first test), and
 that is neither the operator's memory nor its CPU.
 `pytest -m load` runs 300 jobs and asserts the targets of docs/reliability.md; the default run, 30 jobs,
@@ -21,7 +23,7 @@ import resource
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -38,6 +40,7 @@ from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import Placement, Step, Summary, Transport
 from integration.test_operator import EFA_LINE, manifest
 from support.apiserver_process import ApiServerProcess
+from support.chart_rbac import ACCOUNT, ADMIN_AUTH, OPERATOR_AUTH, OPERATOR_TOKEN, rendered_rbac
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import kopf_operator
 
@@ -108,28 +111,42 @@ async def _lag_monitor(lags: list[float], period: float = 0.05) -> None:
         lags.append(loop.time() - before - period)
 
 
-async def run_load(count: int) -> dict[str, Any]:
-    """Create `count` jobs at once and wait until each is terminal; return the figures."""
-    with ApiServerProcess() as api:
+async def create_jobs(url: str, count: int) -> None:
+    """`count` jobs created at once, as a cluster admin, over HTTP."""
+    async with aiohttp.ClientSession(headers=ADMIN_AUTH) as http:
+
+        async def create(i: int) -> None:
+            body = manifest(f"load-{i:04d}", steps=STEPS, workers={"replicas": 2})
+            async with http.post(url + JOBS, json=body) as response:
+                assert response.status == 201, await response.text()
+
+        await asyncio.gather(*(create(i) for i in range(count)))
+
+
+Creator = Callable[[str, int], Awaitable[None]]
+
+
+async def run_load(count: int, rbac: list[dict[str, Any]], creator: Creator = create_jobs) -> dict[str, Any]:
+    """Create `count` jobs at once (`creator(url, count)`) and wait until each is terminal; return the figures.
+
+    The API server enforces `rbac` (the chart's, as `helm template` renders it): the operator runs as the chart's
+    ServiceAccount, the test and the KubeRay double as a cluster admin."""
+    with ApiServerProcess(rbac=rbac) as api:
         ray = FakeRay(script=LoadScript())
         kuberay = FakeKubeRay(api.url, ray)
+        kuberay.headers.update(ADMIN_AUTH)
         lags: list[float] = []
-        async with kuberay.running(tick=TICK), aiohttp.ClientSession() as http:
+        async with kuberay.running(tick=TICK):
             monitor = asyncio.create_task(_lag_monitor(lags))  # started before kopf, which leaves it alone
             baseline_kib = _memory_kib("VmRSS")
             cpu_before = _cpu_seconds()
             _reset_peak_memory()
-            runtime = Runtime(CONFIG, kube=AioKube(api.url, timeout=CONFIG.kube_timeout), ray=ray.client)
+            kube = AioKube(api.url, headers=dict(OPERATOR_AUTH), timeout=CONFIG.kube_timeout)
+            runtime = Runtime(CONFIG, kube=kube, ray=ray.client)
             try:
-                async with kopf_operator(build_registry(runtime, login=False), api.url):
+                async with kopf_operator(build_registry(runtime, login=False), api.url, token=OPERATOR_TOKEN):
                     started = time.monotonic()
-
-                    async def create(i: int) -> None:
-                        body = manifest(f"load-{i:04d}", steps=STEPS, workers={"replicas": 2})
-                        async with http.post(api.url + JOBS, json=body) as response:
-                            assert response.status == 201, await response.text()
-
-                    await asyncio.gather(*(create(i) for i in range(count)))
+                    await creator(api.url, count)
                     phases: Counter[str] = Counter()
                     loop = asyncio.get_running_loop()
                     while True:
@@ -164,6 +181,7 @@ async def run_load(count: int) -> dict[str, Any]:
         },
         "create_to_loop_s": {"p50": percentile(to_loop, 0.5), "p95": percentile(to_loop, 0.95)},
         "clusters_seen": len(kuberay.seen_uids),
+        "denied": [call for call in stats["denied"] if call[0] == ACCOUNT.name],
         "submissions": list(ray.created),
         "requests_per_job": sum(requests.values()) / count,
         "controller_requests_per_job": sum(n for k, n in requests.items() if k[0] == "controller") / count,
@@ -177,25 +195,39 @@ async def run_load(count: int) -> dict[str, Any]:
     }
 
 
-def _run_load_child(conn: Connection, count: int) -> None:
+def _run_load_child(conn: Connection, count: int, rbac: list[dict[str, Any]]) -> None:
+    async def created_by_the_parent(url: str, count: int) -> None:
+        # The jobs are created from the test's own process: a client's work is no part of the operator's CPU.
+        conn.send(("create", url))
+        reply = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
+        assert reply == "created", reply
+
     try:
-        conn.send(("figures", asyncio.run(run_load(count))))
+        conn.send(("figures", asyncio.run(run_load(count, rbac, created_by_the_parent))))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         raise
 
 
 def run_load_apart(count: int, timeout: float) -> dict[str, Any]:
-    """`run_load(count)` in a fresh process (spawned: no module of this one is inherited); return its figures."""
+    """`run_load(count)` in a fresh process (spawned: no module of this one is inherited), under the chart's RBAC
+    for watching every namespace, the jobs created from this process; return its figures."""
+    rbac = rendered_rbac(watch_all=True)  # here: `helm template` runs once per test run, and skips without helm
     context = multiprocessing.get_context("spawn")
     conn, child = context.Pipe()
     # Not a daemon: the load process starts the API server's process itself.
-    process = context.Process(target=_run_load_child, args=(child, count), name="operator-load")
+    process = context.Process(target=_run_load_child, args=(child, count, rbac), name="operator-load")
     process.start()
+    deadline = time.monotonic() + timeout
     try:
-        if not conn.poll(timeout):
-            raise AssertionError(f"the load run of {count} jobs did not end within {timeout} s")
-        kind, payload = conn.recv()
+        while True:
+            if not conn.poll(max(deadline - time.monotonic(), 0)):
+                raise AssertionError(f"the load run of {count} jobs did not end within {timeout} s")
+            kind, payload = conn.recv()
+            if kind != "create":
+                break
+            asyncio.run(create_jobs(payload, count))
+            conn.send("created")
     finally:
         process.join(30)
         if process.is_alive():
@@ -224,6 +256,7 @@ def report(figures: dict[str, Any]) -> str:
 
 def _check(figures: dict[str, Any]) -> None:
     count = figures["jobs"]
+    assert figures["denied"] == [], figures["denied"][:20]  # the chart's RBAC allows every request the operator made
     assert figures["phases"] == {"Succeeded": count}, figures["phases"]
     for name, status in figures["statuses"].items():
         assert status["progress"]["stepOfTotal"] == f"{STEPS}/{STEPS}", (name, status)

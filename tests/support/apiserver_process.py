@@ -24,6 +24,8 @@ from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.store import WatchEvent
 from fsdp_operator.runtime.kube import USER_AGENT
 
+from support import chart_rbac
+
 OPERATOR_AGENTS = ("kopf/", USER_AGENT)
 
 
@@ -44,7 +46,7 @@ def _request_key(request: web.Request) -> tuple[str, str, str, str]:
     return client, method, plural, subresource
 
 
-async def _main(conn: Connection, plan: FaultPlan | None) -> None:
+async def _main(conn: Connection, plan: FaultPlan | None, rbac: list[dict[str, Any]] | None) -> None:
     requests: Counter[tuple[str, str, str, str]] = Counter()
     status_writes: Counter[str] = Counter()
     created: dict[str, dict[str, float]] = {"jobs": {}, "clusters": {}, "loops": {}}
@@ -68,6 +70,7 @@ async def _main(conn: Connection, plan: FaultPlan | None) -> None:
     crds = store.resource("customresourcedefinitions", "apiextensions.k8s.io")
     store.create(crds, generate.crd())
     store.create(crds, RAYCLUSTER_CRD)
+    access = None if rbac is None else chart_rbac.secure_server(api, rbac)
 
     def recorder(bucket: dict[str, float]) -> Any:
         def deliver(event: WatchEvent) -> None:
@@ -94,6 +97,7 @@ async def _main(conn: Connection, plan: FaultPlan | None) -> None:
                     "status_writes": dict(status_writes),
                     "created": created,
                     "injected": dict(api.faults.injected) if api.faults else {},
+                    "denied": [] if access is None else [tuple(c) for c in access.denied],
                 }
             )
         else:
@@ -101,17 +105,21 @@ async def _main(conn: Connection, plan: FaultPlan | None) -> None:
     await api.stop()
 
 
-def _serve(conn: Connection, plan: FaultPlan | None) -> None:
-    asyncio.run(_main(conn, plan))
+def _serve(conn: Connection, plan: FaultPlan | None, rbac: list[dict[str, Any]] | None) -> None:
+    asyncio.run(_main(conn, plan, rbac))
 
 
 class ApiServerProcess:
-    """`with ApiServerProcess() as api:` serves the emulator (with both CRDs) on `api.url` from a child process."""
+    """`with ApiServerProcess() as api:` serves the emulator (with both CRDs) on `api.url` from a child process.
 
-    def __init__(self, plan: FaultPlan | None = None) -> None:
+    With `rbac` (the chart's rendered RBAC objects, `chart_rbac.rendered_rbac`) it is `chart_rbac.secure`d: the
+    operator must present `chart_rbac.OPERATOR_TOKEN`, what a test does as a person `ADMIN_TOKEN`; `stats()`
+    lists the requests RBAC refused under `denied`."""
+
+    def __init__(self, plan: FaultPlan | None = None, rbac: list[dict[str, Any]] | None = None) -> None:
         context = multiprocessing.get_context("spawn")
         self._conn, child = context.Pipe()
-        self._process = context.Process(target=_serve, args=(child, plan), name="apiserver", daemon=True)
+        self._process = context.Process(target=_serve, args=(child, plan, rbac), name="apiserver", daemon=True)
         self.url = ""
 
     def __enter__(self) -> ApiServerProcess:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local import ApiServer, ThreadedApiServer
 from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
 from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
 
@@ -77,21 +77,28 @@ def secure(
     """Turn on authentication, RBAC and OwnerReferencesPermissionEnforcement on a running emulated API server,
     and install `docs` (by default the chart's RBAC for watching every namespace) and the `namespaces`. A server
     secured already keeps its access and roles."""
-    if api.server.access is not None:
-        return api.server.access
+    return secure_server(api.server, docs, namespaces)
+
+
+def secure_server(
+    server: ApiServer, docs: list[dict[str, Any]] | None = None, namespaces: tuple[str, ...] = ()
+) -> Access:
+    """`secure()` for an `ApiServer` itself (one served from a process of its own, for instance)."""
+    if server.access is not None:
+        return server.access
     docs = rendered_rbac(watch_all=True) if docs is None else docs
     access = Access()
     access.add_token(ADMIN_TOKEN, User("admin", (MASTERS,)))
     access.add_token(OPERATOR_TOKEN, ACCOUNT)
-    store = api.store
+    store = server.store
     existing = {n["metadata"]["name"] for n in store.find("namespaces")}
     for namespace in sorted({RELEASE_NAMESPACE, *namespaces} - existing):
         store.create(store.resource("namespaces"), {"metadata": {"name": namespace}})
     for doc in docs:
         group, _ = doc["apiVersion"].split("/")
         store.create(store.resource(doc["kind"].lower(), group), doc)
-    api.server.admission = OwnerReferencesPermissionEnforcement()
-    api.server.access = access
+    server.admission = OwnerReferencesPermissionEnforcement()
+    server.access = access
     return access
 
 

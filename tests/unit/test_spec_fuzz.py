@@ -11,13 +11,17 @@ parser refuses too. FSDP_FUZZ_EXAMPLES raises the budget (docs/reliability.md ha
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
+import pkgutil
 import string
+from collections.abc import Iterator
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import jsonschema
 import pytest
+from fsdp_operator import api
 from fsdp_operator.api import fields, formats, generate, render, schema
 from fsdp_operator.api.fields import Quantity
 from fsdp_operator.api.formats import parse_quantity
@@ -352,6 +356,38 @@ def crd_refuses(doc: Any) -> bool:
     return bool(unknown) or bool(validation.validate(stored, OUR_CRD))
 
 
+def _parser_constants() -> Any:
+    """Hypothesis's pool of literals from the parser's own modules (`fsdp_operator.api`), whatever else is loaded."""
+    from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.constants_ast import constants_from_module
+    from hypothesis.internal.floats import float_to_int
+    from sortedcontainers import SortedSet
+
+    pool = providers.Constants(
+        integers=SortedSet(), floats=SortedSet(key=float_to_int), bytes=SortedSet(), strings=SortedSet()
+    )
+    for info in sorted(pkgutil.walk_packages(api.__path__, api.__name__ + "."), key=lambda m: m.name):
+        pool |= constants_from_module(importlib.import_module(info.name))
+    return pool
+
+
+@pytest.fixture(autouse=True)
+def same_constants_in_every_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The fixed seed draws the same manifests whatever ran before in this process.
+
+    Hypothesis draws about 5% of its primitive values from the literals of the project's modules that are loaded
+    at the time (`hypothesis.internal.conjecture.providers._get_local_constants`, hypothesis 6.170): under xdist a
+    worker that had run other tests had more of them loaded, and the same seed drew other manifests (61 accepted of
+    300 after importing every project module, 83 alone). Private API: if hypothesis renames it, this fails here."""
+    from hypothesis.internal.conjecture import providers
+
+    pool = _parser_constants()
+    monkeypatch.setattr(providers, "_get_local_constants", lambda: pool)
+    providers.CONSTANTS_CACHE.cache.clear()
+    yield
+    providers.CONSTANTS_CACHE.cache.clear()
+
+
 def test_parse_and_render_never_crash_and_agree_with_the_crds() -> None:
     if not VALIDATORS:
         pytest.skip("KubeRay CRDs not found in ../shared/crds (they live outside the project)")
@@ -367,11 +403,10 @@ def test_parse_and_render_never_crash_and_agree_with_the_crds() -> None:
                 parse_job(doc)
 
     run()
-    # The generator is worth its budget only when it reaches both sides of the boundary. Each side at least an
-    # eighth: run alone the fixed seed gives 83 accepted of 300, but a parallel worker that ran other tests first
-    # drew other manifests from it (56 accepted, seen in a full `make test`).
+    # The generator is worth its budget only when it reaches both sides of the boundary: each side at least a
+    # fifth. The same manifests in every process (`same_constants_in_every_process`).
     total = sum(STATS.values())
-    assert STATS["accepted"] >= total // 8 and STATS["refused"] >= total // 8 and STATS["not_a_job"] >= 1, STATS
+    assert STATS["accepted"] >= total // 5 and STATS["refused"] >= total // 5 and STATS["not_a_job"] >= 1, STATS
     print(f"fuzz: {total} manifests, {STATS}")
 
 

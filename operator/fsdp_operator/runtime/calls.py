@@ -61,10 +61,10 @@ _SECRETS = ("", "v1", "secrets")
 _POLICIES = ("networking.k8s.io", "v1", "networkpolicies")
 
 # --- the operator's own client (kube.py) ---
-GET_JOB = _call("get", *_JOBS, "a job loop reads its job")
+GET_JOB = _call("get", *_JOBS, "a job loop reads its job (after a failed pass; else the watch's copy serves)")
 PATCH_JOB_STATUS = _call("patch", schema.GROUP, schema.VERSION, f"{schema.PLURAL}/status", "the one status writer")
 DELETE_JOB = _call("delete", *_JOBS, "runPolicy.ttlSecondsAfterFinished ran out")
-GET_CLUSTER = _call("get", *_CLUSTERS, "the job's RayCluster, as it is now")
+GET_CLUSTER = _call("get", *_CLUSTERS, "the job's RayCluster, when the watch has none of it or said nothing for long")
 CREATE_CLUSTER = _call("create", *_CLUSTERS, "the job's RayCluster")
 DELETE_CLUSTER = _call("delete", *_CLUSTERS, "cleanup, the finalizer, a deleted namesake's leftover, Kueue's eviction")
 CREATE_SECRET = _call("create", *_SECRETS, "each job's Ray token and event-signing key")
@@ -80,7 +80,7 @@ GET_POLICY = _call("get", *_POLICIES, "whose NetworkPolicy answered 409: the job
 DELETE_POLICY = _call(
     "delete", *_POLICIES, "the NetworkPolicy a deleted job of the same name left, only with its uid as precondition"
 )
-LIST_PODS = _call("list", "", "v1", "pods", "why workers wait: Pending pods")
+LIST_PODS = _call("list", "", "v1", "pods", "why workers wait: Pending pods (a loop run without kopf's pod watch)")
 LIST_EVENTS = _call("list", "", "v1", "events", "the scheduler's FailedScheduling and KubeRay's refusals")
 CREATE_EVENT = _call("create", "", "v1", "events", "the operator's Events about its jobs (kopf's too)")
 LIST_WORKLOADS = _call("list", "kueue.x-k8s.io", "v1beta1", "workloads", "spec.queueName: why Kueue waits")

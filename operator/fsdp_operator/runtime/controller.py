@@ -1,8 +1,9 @@
 """The I/O around the state machine: observe, `reconcile()`, write status once, act. One loop per live job.
 
 `handlers.py` starts `JobLoop.run` as a kopf daemon per FSDPTrainingJob and wakes it from child
-watches; this loop is the only writer of the job's status. It re-reads the job at the top of every
-pass (level-triggered: a missed event costs at most one interval), keeps the status it computed in
+watches; this loop is the only writer of the job's status. It takes the job anew at the top of every
+pass, from the watch when not older than its own last write (`watched.py`), else from the API server
+(level-triggered: a missed event costs at most one interval), keeps the status it computed in
 memory (progress-only writes are rate-limited), and writes before it acts, so a restart between the
 two repeats an idempotent action instead of losing the intent.
 
@@ -60,7 +61,7 @@ from fsdp_operator.runtime.kube import KubeError
 from fsdp_operator.runtime.kueue import read_workload
 from fsdp_operator.runtime.log_lines import complete_lines
 from fsdp_operator.runtime.log_worker import LogChunk, Obj, parse_and_reconcile
-from fsdp_operator.runtime.provisioning import auto_zone_job, choose_zone, pods_refused, unschedulable
+from fsdp_operator.runtime.provisioning import WhyWaiting, auto_zone_job, choose_zone
 from fsdp_operator.runtime.rayjobs import (
     LOG_CHUNK,
     RayJobs,
@@ -136,6 +137,11 @@ class JobLoop:
         newline is there). Keyed by offset, so a pass repeated from the same offset (a failed write) reads alike."""
         self.first_pass_due = False
         """`run` has not finished its first pass yet (counted in `Runtime.after_first_passes`)."""
+        self.written_version = ""
+        """The job's resourceVersion that this loop's last status write made ('' before one)."""
+        self.trust_watch = True
+        """The job's body may come from the watch (`Runtime.read_job`): false after a pass that failed."""
+        self.why_waiting = WhyWaiting()
 
     # --- the loop ---
     async def run(self, stopped: Any) -> None:
@@ -167,6 +173,7 @@ class JobLoop:
                 await self._sleep(wake, stopped, self._delay(decision))
         finally:
             self.rt.forget(self.namespace, self.name)
+            self.rt.watched.forget_job(self.namespace, self.name)
             self._end_first_pass()
 
     @contextlib.contextmanager
@@ -212,7 +219,8 @@ class JobLoop:
 
     async def pass_once(self, stopped: Any = None) -> Decision | None:
         """One observe-decide-write-act pass; None when the job is gone or being deleted."""
-        obj = await self.rt.kube.get_job(self.namespace, self.name)
+        obj = await self.rt.read_job(self.namespace, self.name, self.written_version if self.trust_watch else None)
+        self.trust_watch = False  # until this pass ends without an error: a failed one reads the job again
         if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
             return None
         uid = str(obj["metadata"].get("uid", ""))
@@ -285,6 +293,7 @@ class JobLoop:
         if stopped:
             return None  # kopf is stopping this loop (deletion or shutdown): leave the acting to the next owner
         await self.act(obj, decision)
+        self.trust_watch = True
         return decision
 
     def _current(self, stored: Obj) -> JobStatus:
@@ -318,7 +327,7 @@ class JobLoop:
         if status.phase in (None, Phase.PENDING) or not status.ray_cluster_name:
             return Observed(now=now)
         children = await self._conflicting_children() if status.phase in (Phase.PROVISIONING, Phase.QUEUED) else ()
-        cluster_obj = await self.rt.kube.get_raycluster(self.namespace, status.ray_cluster_name)
+        cluster_obj = await self.rt.read_cluster(self.namespace, status.ray_cluster_name)
         if cluster_obj is None:
             return Observed(now=now, submit_error=submit_error, children=children)
         cluster = ClusterView.from_object(cluster_obj)
@@ -349,12 +358,8 @@ class JobLoop:
 
         if status.phase == Phase.PROVISIONING:
             if cluster.state != "ready":
-                return Observed(
-                    now=now,
-                    cluster=cluster,
-                    unschedulable=await unschedulable(self.rt.kube, self.namespace, cluster.name),
-                    create_refused=await pods_refused(self.rt.kube, self.namespace, cluster.name),
-                )
+                why, refused = await self.why_waiting.read(self.rt, self.namespace, cluster_obj)
+                return Observed(now=now, cluster=cluster, unschedulable=why, create_refused=refused)
             if not self.address:
                 return Observed(now=now, cluster=cluster, ray_error="no dashboard address in RayCluster status")
             try:
@@ -470,10 +475,12 @@ class JobLoop:
             self.rt.metrics.status_writes.labels("deferred").inc()
             return
         try:
-            await self.rt.kube.patch_job_status(self.namespace, self.name, merge_patch(stored, new))
+            written = await self.rt.kube.patch_job_status(self.namespace, self.name, merge_patch(stored, new))
         except KubeError:
             self.rt.metrics.status_writes.labels("failed").inc()
             raise
+        self.written_version = str((written.get("metadata") or {}).get("resourceVersion") or "")
+        self.rt.watched.job(self.namespace, self.name, written)  # the job as of this write, until the watch's newer
         self.rt.metrics.status_writes.labels("written").inc()
         self.status, self.written, self.pending_write, self.last_write = status, new, False, now
         self._status_moved_on()
@@ -537,6 +544,7 @@ class JobLoop:
             case DeleteRayCluster(namespace=namespace, name=name):
                 if await self.rt.kube.delete_raycluster(namespace, name):
                     self.log.info(f"RayCluster {name} deleted")
+                self.rt.watched.cluster(namespace, name, None)  # gone or going: read it again if asked
             case SubmitJob(submission=submission):
                 await self._submit(submission.submission_id, decision, action)
             case StopJob(submission_id=submission_id):

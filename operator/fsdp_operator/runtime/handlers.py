@@ -95,7 +95,10 @@ def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegi
         await JobLoop(runtime, namespace or "default", name, logger).run(stopped)
 
     @kopf.on.event(schema.GROUP, schema.VERSION, schema.PLURAL, registry=registry)
-    async def fsdptrainingjob_event(*, namespace: str | None, name: str, **_: Any) -> None:
+    async def fsdptrainingjob_event(
+        *, namespace: str | None, name: str, type: str | None, body: kopf.Body, **_: Any
+    ) -> None:
+        runtime.watched.job(namespace or "default", name, body, deleted=type == "DELETED")
         await runtime.wake(namespace, name)
 
     @kopf.on.delete(schema.GROUP, schema.VERSION, schema.PLURAL, registry=registry)
@@ -103,11 +106,20 @@ def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegi
         await finalize(runtime, body, logger)
 
     @kopf.on.event(RAYCLUSTER_GROUP, RAYCLUSTER_VERSION, RAYCLUSTER_PLURAL, labels=MANAGED, registry=registry)
-    async def raycluster_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    async def raycluster_event(
+        *, namespace: str | None, name: str, labels: Mapping[str, str], type: str | None, body: kopf.Body, **_: Any
+    ) -> None:
+        runtime.watched.cluster(namespace or "default", name, body, deleted=type == "DELETED")
         await runtime.wake(namespace, labels.get(render.LABEL_JOB))
 
     @kopf.on.event("v1", "pods", labels=MANAGED, registry=registry)
-    async def pod_event(*, namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    async def pod_event(
+        *, namespace: str | None, labels: Mapping[str, str], type: str | None, body: kopf.Body, **_: Any
+    ) -> None:
+        runtime.watched.pod(namespace or "default", body, deleted=type == "DELETED")
         await runtime.wake(namespace, labels.get(render.LABEL_JOB))
+
+    # The loops read their jobs, RayClusters and pods from these watches, not on every pass (`watched.py`).
+    runtime.watched.jobs_watched = runtime.watched.clusters_watched = runtime.watched.pods_watched = True
 
     return registry

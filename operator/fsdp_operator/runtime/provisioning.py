@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
-from fsdp_operator.api.render import INSTANCE_TYPE_LABEL
+from fsdp_operator.api.render import INSTANCE_TYPE_LABEL, RAY_CLUSTER_LABEL
 from fsdp_operator.api.spec import ZONE_LABEL, Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.capacity.ec2 import NoCredentials
 from fsdp_operator.capacity.plan import ZoneChoice
@@ -50,9 +51,50 @@ async def choose_zone(rt: Runtime, job: Job, log: logging.LoggerAdapter[logging.
         return ZoneChoice("", f"AWS did not answer within {rt.config.zone_advice_timeout:g}s")
 
 
-async def unschedulable(kube: Kube, namespace: str, cluster_name: str) -> str:
-    """The scheduler's message for a Pending pod of the cluster (pod condition, else FailedScheduling event)."""
-    pods = await kube.list_pods(namespace, f"ray.io/cluster={cluster_name}")
+def _expected_pods(cluster: Obj) -> int:
+    """The pods a RayCluster asks for: its head and each worker group's replicas."""
+    groups = (cluster.get("spec") or {}).get("workerGroupSpecs") or []
+    replicas = [g.get("replicas") for g in groups if isinstance(g, dict)]
+    return 1 + sum(r for r in replicas if isinstance(r, int) and not isinstance(r, bool) and r > 0)
+
+
+EVENTS_EVERY = 6
+"""A provisioning job's events are read at most once per this many re-observe intervals (30 s by default)."""
+
+
+class WhyWaiting:
+    """Why a job's cluster is not ready yet, as one job loop reads it pass after pass.
+
+    The pods come from the operator's pod watch (`Watched`), or are listed where nothing watches them. Events are
+    read at most once per `EVENTS_EVERY` intervals per job, and only when they can tell something: the scheduler's
+    FailedScheduling when a Pending pod carries no scheduler condition, KubeRay's refusals when the cluster has fewer
+    pods than it asks for. Listing both on every pass of every provisioning job was most of the operator's requests
+    with many jobs at once (docs/reliability.md, "Load")."""
+
+    def __init__(self) -> None:
+        self.read_at = float("-inf")
+        self.from_events = ("", "")
+
+    async def read(self, rt: Runtime, namespace: str, cluster: Obj) -> tuple[str, str]:
+        """(the scheduler's message for a Pending pod, KubeRay's latest refusal of a pod): '' for none."""
+        name = str(cluster["metadata"]["name"])
+        if rt.watched.pods_watched:
+            pods = rt.watched.pods(namespace, name)
+        else:
+            pods = await rt.kube.list_pods(namespace, f"{RAY_CLUSTER_LABEL}={name}")
+        message, pending = scheduler_condition(pods)
+        short = len(pods) < _expected_pods(cluster)
+        if (pending or short) and time.monotonic() - self.read_at >= EVENTS_EVERY * rt.config.interval:
+            self.read_at = time.monotonic()
+            self.from_events = (
+                await failed_scheduling(rt.kube, namespace, pending) if pending else "",
+                await pods_refused(rt.kube, namespace, name) if short else "",
+            )
+        return message or (self.from_events[0] if pending else ""), self.from_events[1] if short else ""
+
+
+def scheduler_condition(pods: list[Obj]) -> tuple[str, set[str]]:
+    """(the scheduler's Unschedulable condition on a Pending pod or '', the Pending pods' names)."""
     pending = [p for p in pods if (p.get("status") or {}).get("phase", "Pending") == "Pending"]
     for pod in pending:
         for condition in (pod.get("status") or {}).get("conditions") or []:
@@ -62,10 +104,12 @@ async def unschedulable(kube: Kube, namespace: str, cluster_name: str) -> str:
                 and condition.get("reason") == "Unschedulable"
                 and condition.get("message")
             ):
-                return f"pod {pod['metadata']['name']}: {condition['message']}"
-    if not pending:
-        return ""
-    names = {p["metadata"]["name"] for p in pending}
+                return f"pod {pod['metadata']['name']}: {condition['message']}", set()
+    return "", {p["metadata"]["name"] for p in pending}
+
+
+async def failed_scheduling(kube: Kube, namespace: str, names: set[str]) -> str:
+    """The scheduler's latest FailedScheduling event about one of the pods `names`; '' when none."""
     events = await kube.list_events(namespace, "involvedObject.kind=Pod,reason=FailedScheduling")
     ours = [e for e in events if (e.get("involvedObject") or {}).get("name") in names]
     if not ours:

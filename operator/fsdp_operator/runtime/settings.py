@@ -34,6 +34,10 @@ class OperatorConfig:
     first_pass_priority: float = 2.0
     """While some job's loop has not finished its first pass (which creates its RayCluster), other loops wait
     up to this long (seconds) before their next pass: many jobs created at once get their clusters first."""
+    watch_recheck: float = 30.0
+    """A job loop reads its job and RayCluster as the operator's watches delivered them, and from the API server
+    when the watch has said nothing of one for this long (seconds): a deletion a restarted watch missed (it re-lists
+    what exists, it does not report what went), or a watch that stopped delivering, is seen within it."""
     ray_timeout: float = 20.0
     """Bound on each call to Ray's job API or dashboard."""
     ray_unreachable_timeout: float = 300.0

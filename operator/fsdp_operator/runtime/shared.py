@@ -21,6 +21,7 @@ from fsdp_operator.runtime.rayjobs import (
     RayJobsFactory,
 )
 from fsdp_operator.runtime.settings import OperatorConfig
+from fsdp_operator.runtime.watched import Watched
 
 
 class Runtime:
@@ -52,6 +53,8 @@ class Runtime:
         self._no_first_passes = asyncio.Event()
         self._no_first_passes.set()
         self._log_worker: ProcessPoolExecutor | None = None
+        self.watched = Watched()
+        """The job bodies and pods the operator's watches delivered (fed by `handlers.py`)."""
 
     def log_worker(self) -> ProcessPoolExecutor:
         """The process that parses and folds large log chunks (started on first use; `spawn`: this process has
@@ -71,6 +74,24 @@ class Runtime:
 
     def has_kube(self) -> bool:
         return self._kube is not None
+
+    async def read_job(self, namespace: str, name: str, written: str | None) -> dict[str, Any] | None:
+        """The job as the watch last delivered it, when that is not older than the loop's own last status write
+        (resourceVersion `written`, '' before one); else, or with `written` None, as the API server has it."""
+        body = None if written is None else self.watched.fresh_job(namespace, name, written, self.config.watch_recheck)
+        if body is None:
+            body = await self.kube.get_job(namespace, name)
+            if body is not None:
+                self.watched.job(namespace, name, body)
+        return body
+
+    async def read_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The RayCluster as its watch delivered it within `watch_recheck` seconds, else as the API server has it."""
+        body = self.watched.fresh_cluster(namespace, name, self.config.watch_recheck)
+        if body is None:
+            body = await self.kube.get_raycluster(namespace, name)
+            self.watched.cluster(namespace, name, body)
+        return body
 
     def wakeup(self, namespace: str, name: str) -> asyncio.Event:
         return self._wakeups.setdefault((namespace, name), asyncio.Event())

@@ -1,0 +1,133 @@
+"""What the operator's watches already delivered: the jobs, their RayClusters and pods, kept for the job loops.
+
+kopf watches the FSDPTrainingJobs, the operator's RayClusters and pods anyway (their events wake the loops).
+Keeping the latest body of each saves a pass its `GET` of the job and of the RayCluster and its `LIST` of the
+cluster's pods: with many jobs those were most of the operator's requests, repeated on every pass, so that a slow
+job (a loaded machine, a cluster slow to come up) made more of them the longer it took (docs/reliability.md, "Load").
+
+A job body from the watch is used only when it is not older than the loop's own last status write (`fresh_job`):
+the watch delivers that write's event a moment after the write's answer, and a pass that decided from the status
+before its own write would redo what that write recorded. Resource versions are compared as numbers when both
+are (every API server backed by etcd issues them so); otherwise only an exactly equal one counts, and the loop
+reads the job from the API server.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from fsdp_operator.api import render
+
+Obj = dict[str, Any]
+
+
+def _version(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def not_older(version: str, than: str) -> bool:
+    """`version` is `than` or, both being numbers (etcd's revisions), a later one."""
+    return version == than or (version.isdigit() and than.isdigit() and int(version) >= int(than))
+
+
+def _older(version: str, than: str) -> bool:
+    return version.isdigit() and than.isdigit() and int(version) < int(than)
+
+
+def _pod_view(body: Mapping[str, Any]) -> Obj:
+    """What `provisioning.unschedulable` reads of a pod: its name, phase and conditions."""
+    status = body.get("status") or {}
+    return {
+        "metadata": {"name": (body.get("metadata") or {}).get("name", "")},
+        "status": {"phase": status.get("phase", "Pending"), "conditions": list(status.get("conditions") or [])},
+    }
+
+
+class Watched:
+    """The latest job bodies and pods the watches delivered (or a read returned)."""
+
+    def __init__(self) -> None:
+        self.pods_watched = False
+        """True once the operator's pod watch feeds `pods` (kopf runs it); without it, the loops list pods."""
+        self.jobs_watched = False
+        """True once the operator's watch of the jobs feeds the job bodies (kopf runs it); without it, each pass
+        reads its job (what a read or a write returned would never learn of a change made elsewhere)."""
+        self.clusters_watched = False
+        """True once the operator's RayCluster watch feeds the RayClusters (kopf runs it)."""
+        self._jobs: dict[tuple[str, str], tuple[float, Obj]] = {}
+        """(namespace, name) -> (when delivered or read, in `time.monotonic()`, the job)."""
+        self._clusters: dict[tuple[str, str], tuple[float, Obj]] = {}
+        """(namespace, name) -> (when delivered or read, in `time.monotonic()`, the RayCluster)."""
+        self._pods: dict[tuple[str, str], dict[str, Obj]] = {}
+        """(namespace, RayCluster name) -> pod name -> the pod's view."""
+
+    # --- jobs ---
+    def job(self, namespace: str, name: str, body: Mapping[str, Any], *, deleted: bool = False) -> None:
+        """A job's body as a watch event or a read brought it (the later one of two is kept)."""
+        key = (namespace, name)
+        if deleted:
+            self._jobs.pop(key, None)
+            return
+        held = self._jobs.get(key)
+        if held is not None and _uid(held[1]) == _uid(body) and _older(_version(body), _version(held[1])):
+            return  # an event older than what a read already returned (watch events themselves come in order)
+        self._jobs[key] = (time.monotonic(), dict(body))
+
+    def fresh_job(self, namespace: str, name: str, written: str, max_age: float) -> Obj | None:
+        """The job's latest body when it is not older than the status write of version `written` ('' for none) and
+        was delivered within `max_age` seconds (a watch that stopped delivering is not trusted for longer)."""
+        held = self._jobs.get((namespace, name)) if self.jobs_watched else None
+        if held is None or time.monotonic() - held[0] > max_age:
+            return None
+        if written and not not_older(_version(held[1]), written):
+            return None
+        return held[1]
+
+    def forget_job(self, namespace: str, name: str) -> None:
+        self._jobs.pop((namespace, name), None)
+
+    # --- RayClusters ---
+    def cluster(self, namespace: str, name: str, body: Mapping[str, Any] | None, *, deleted: bool = False) -> None:
+        """A RayCluster as its watch delivered it or a read returned it (`body` None: the read found none)."""
+        key = (namespace, name)
+        if deleted or body is None:
+            self._clusters.pop(key, None)
+        else:
+            self._clusters[key] = (time.monotonic(), dict(body))
+
+    def fresh_cluster(self, namespace: str, name: str, max_age: float) -> Obj | None:
+        """The RayCluster as last delivered, when it was delivered or read within `max_age` seconds; else None
+        (read it). A deletion the watch missed (a watch restarted after `410 Gone` re-lists what exists, it does
+        not report what went) is so seen within `max_age`."""
+        if not self.clusters_watched:
+            return None
+        held = self._clusters.get((namespace, name))
+        if held is None or time.monotonic() - held[0] > max_age:
+            return None
+        return held[1]
+
+    # --- pods ---
+    def pod(self, namespace: str, body: Mapping[str, Any], *, deleted: bool = False) -> None:
+        meta = body.get("metadata") or {}
+        cluster = (meta.get("labels") or {}).get(render.RAY_CLUSTER_LABEL)
+        name = meta.get("name")
+        if not cluster or not name:
+            return
+        key = (namespace, str(cluster))
+        if deleted:
+            pods = self._pods.get(key)
+            if pods is not None:
+                pods.pop(str(name), None)
+                if not pods:
+                    del self._pods[key]
+            return
+        self._pods.setdefault(key, {})[str(name)] = _pod_view(body)
+
+    def pods(self, namespace: str, cluster: str) -> list[Obj]:
+        return list(self._pods.get((namespace, cluster), {}).values())
+
+
+def _uid(obj: Mapping[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
