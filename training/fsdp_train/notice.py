@@ -37,6 +37,8 @@ NOTICE_DIR_ENV = "FSDP_NOTICE_DIR"
 """The pod-local directory of the notice (set in the worker container by the operator; unset: no notices)."""
 NOTICE_FILE = "notice"
 DONE_FILE = "done"
+RANK_FILE_PREFIX = "rank."
+"""``rank.<local rank>`` holds a training rank's pid: the hook waits for ``done`` only while one of them lives."""
 EXIT_INTERRUPTED = 3
 """The driver's exit status when the ranks stopped for a notice (Ray marks the job FAILED; the operator resumes)."""
 SAVE_MARGIN = 1.5
@@ -118,7 +120,8 @@ class Watch:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], rank: int, local_rank: int, resumed_from: int = 0) -> Watch:
-        return cls(
+        """This rank's watch; it writes ``rank.<local rank>`` (its pid) there: the hook waits only while one lives."""
+        watch = cls(
             directory=env.get(NOTICE_DIR_ENV, ""),
             rank=rank,
             local_rank=local_rank,
@@ -126,6 +129,13 @@ class Watch:
             node=env.get("NODE_NAME", ""),
             last_checkpoint=resumed_from,
         )
+        if watch.directory:
+            try:
+                Path(watch.directory).mkdir(parents=True, exist_ok=True)
+                (Path(watch.directory) / f"{RANK_FILE_PREFIX}{local_rank}").write_text(f"{os.getpid()}\n")
+            except OSError:
+                pass  # notices are still read; the hook just does not wait for this rank
+        return watch
 
     def measured(self, seconds: float) -> None:
         if math.isfinite(seconds) and seconds > self.longest_save:

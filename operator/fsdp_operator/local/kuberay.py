@@ -175,6 +175,8 @@ class RayNode:
     process: asyncio.subprocess.Process
     log_path: Path
     temp_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    """The container's environment as the node's processes got it (a hook runs with it too: `local/kubelet.py`)."""
 
     @property
     def marker(self) -> str:
@@ -206,6 +208,19 @@ class LocalCluster:
     """`spec.suspend: true`: no process, no pod (KubeRay's suspension)."""
     after: asyncio.Task[None] | None = None
     """The teardown of this cluster's previous run (a suspension) that must end before its pods are made again."""
+    manifest: Obj = field(default_factory=dict)
+    """The RayCluster as materialized: a worker pod that went is made again from its group's template."""
+
+
+POD_RAY_VOLUME = "/tmp/ray"
+"""Where the rendered pods mount their own Ray volume (`render.RAY_LOGS`): each local node's temp dir stands in."""
+
+
+def pod_local(value: str, temp_dir: Path) -> str:
+    """`value` with a path in the pod's own Ray volume made one in this node's temp dir (no mount namespaces here)."""
+    if value == POD_RAY_VOLUME or value.startswith(POD_RAY_VOLUME + "/"):
+        return str(temp_dir) + value[len(POD_RAY_VOLUME) :]
+    return value
 
 
 def _container_env(
@@ -462,6 +477,8 @@ class LocalKubeRay:
         temp_dir = cluster.workdir / f"n{len(cluster.nodes)}"  # short: Ray's socket paths are length-limited
         temp_dir.mkdir(parents=True, exist_ok=True)
         log_path = cluster.workdir / f"{pod_name}.log"
+        # The pod's Ray volume at /tmp/ray is its own: here each node's temp dir (Ray's --temp-dir below) is it.
+        env = {name: pod_local(value, temp_dir) for name, value in env.items()}
         process_env = {**os.environ, **env, "PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', '')}"}
         process_env["RAY_USAGE_STATS_ENABLED"] = "0"
         # `ray start` gives the dashboard 60 s and the dashboard its modules 30 s; on a loaded laptop or CI runner
@@ -493,7 +510,7 @@ class LocalKubeRay:
                 env=process_env,
                 start_new_session=True,
             )
-        node = RayNode(pod_name, ip, process, log_path, temp_dir)
+        node = RayNode(pod_name, ip, process, log_path, temp_dir, env)
         cluster.nodes.append(node)
         self.started.append(node)
         return node
@@ -540,6 +557,7 @@ class LocalKubeRay:
         if cluster.after is not None:
             await cluster.after  # a suspension's teardown deletes pods of the names made again below
         spec = rc["spec"]
+        cluster.manifest = rc
         head_group, (group, *_) = spec["headGroupSpec"], spec["workerGroupSpecs"]
         replicas = int(group.get("replicas", 1))
         base_labels = {"ray.io/cluster": cluster.name, **rc["metadata"].get("labels", {})}
@@ -681,7 +699,9 @@ class LocalKubeRay:
         await stop_nodes(cluster.nodes)
         for node in cluster.nodes:
             with contextlib.suppress(RuntimeError, aiohttp.ClientError):
-                await self._request("DELETE", f"/api/v1/namespaces/{cluster.namespace}/pods/{node.pod_name}")
+                # Forced (grace 0): its processes are stopped already, there is nothing left to terminate gracefully.
+                path = f"/api/v1/namespaces/{cluster.namespace}/pods/{node.pod_name}?gracePeriodSeconds=0"
+                await self._request("DELETE", path)
 
     def failures(self) -> list[str]:
         """Why heads of current clusters are gone (see LocalCluster.failure)."""

@@ -1,0 +1,101 @@
+"""A worker's node going away, in the state machine: the ranks' Interruption reports folded into
+`status.interruptions`, and an attempt that ended for one resumed as the next attempt without counting against
+`backoffLimit` (decide/interruptions.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from fsdp_operator.decide.observed import RAY_FAILED, RAY_RUNNING, RayJobInfo
+from fsdp_operator.decide.status import JobStatus, Phase, Reason
+from fsdp_train.events import Interruption, Step
+from test_reconcile import CREATE, NOW, at, cluster, events, kinds, manifest, run
+
+NOTICED = NOW.timestamp() - 20
+
+
+def report(**fields: Any) -> Interruption:
+    values: dict[str, Any] = dict(rank=2, step=37, saved=True, checkpoint_step=37, seconds=4.5, notice_time=NOTICED,
+                                  pod="qwen-ray-gpu-workers-worker-abcde", node="ip-10-0-0-7", reason="preStop")  # fmt: skip
+    return Interruption(**{**values, **fields})
+
+
+def running(**fields: Any) -> JobStatus:
+    return at(Phase.RUNNING, reason=Reason.JOB_RUNNING, **fields)
+
+
+def test_a_report_becomes_an_entry_and_the_failed_ray_job_resumes_as_an_uncounted_attempt() -> None:
+    m = manifest(backoffLimit=0)  # no retry allowed at all: an interruption is no failure
+    seen = run(m, running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING),
+               events=(Step(rank=0, step=37, total_steps=100, loss=2.0, tokens_per_second=1.0, tokens_per_second_per_device=0.5), report()), log_offset=100)  # fmt: skip
+    (entry,) = seen.status.interruptions
+    assert entry == {
+        "attempt": 1, "pod": "qwen-ray-gpu-workers-worker-abcde", "node": "ip-10-0-0-7", "reason": "preStop",
+        "noticeTime": "2026-11-29T11:59:40Z", "step": 37, "saved": True, "checkpointStep": 37, "stepsLost": 0,
+        "secondsToSaved": 4.5,
+    }  # fmt: skip
+    assert seen.status.phase == Phase.RUNNING  # the Ray job still runs: nothing decided yet
+
+    ended = run(m, seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED, "exit 3"), log_offset=100)
+    new = ended.status
+    assert (new.phase, new.reason) == (Phase.PROVISIONING, Reason.INTERRUPTED)
+    assert (new.attempts, new.failed_attempts) == (2, 0)
+    assert new.interruptions == seen.status.interruptions  # kept across attempts
+    assert "checkpoint of step 37 saved 4.5 s after the notice" in new.message
+    assert "attempt 2 resumes (not counted against backoffLimit)" in new.message
+    assert kinds(ended) == CREATE  # the cluster is reused when there (409), its workers waited for again
+    assert events(ended) == [("Normal", "Interrupted")]
+
+
+def test_without_a_report_a_failed_ray_job_still_counts() -> None:
+    m = manifest(backoffLimit=0)
+    earlier = running(interruptions=[{"attempt": 0, "pod": "p", "saved": True}])  # another attempt's report
+    ended = run(m, earlier, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED, "boom"), log_offset=0)
+    assert (ended.status.phase, ended.status.reason) == (Phase.FAILED, Reason.RAY_JOB_FAILED)
+
+
+def test_a_notice_too_short_says_so_and_resumes_from_the_periodic_checkpoint() -> None:
+    short = report(saved=False, checkpoint_step=20, seconds=0.3, message="the notice left 0.2 s; a save needs 3 s")
+    seen = run(manifest(), running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), events=(short,),
+               log_offset=10)  # fmt: skip
+    (entry,) = seen.status.interruptions
+    assert (entry["saved"], entry["checkpointStep"], entry["stepsLost"]) == (False, 20, 17)
+    assert entry["secondsToDecision"] == 0.3 and "secondsToSaved" not in entry
+    ended = run(manifest(), seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED), log_offset=10)
+    assert ended.status.reason == Reason.INTERRUPTED and ended.status.failed_attempts == 0
+    assert "no checkpoint in time (the notice left 0.2 s" in ended.status.message
+    assert "resuming from step 20" in ended.status.message
+
+
+def test_one_entry_per_pod_and_attempt_and_a_user_functions_report_takes_its_checkpoint_step() -> None:
+    twice = (report(), report(seconds=5.0), report(pod="other", rank=3))
+    seen = run(manifest(), running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), events=twice,
+               log_offset=10)  # fmt: skip
+    assert [(e["pod"], e["secondsToSaved"]) for e in seen.status.interruptions] == [
+        ("qwen-ray-gpu-workers-worker-abcde", 5.0), ("other", 4.5)]  # fmt: skip
+
+    user = report(step=0, checkpoint_step=0)  # the wrapper does not know the step: the function's report does
+    seen = run(manifest(), running(checkpoint={"step": 12, "path": "s3://b/x"}), cluster=cluster(),
+               ray_job=RayJobInfo("x", RAY_RUNNING), events=(user,), log_offset=10)  # fmt: skip
+    ended = run(manifest(), seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED), log_offset=10)
+    (entry,) = ended.status.interruptions
+    assert (entry["step"], entry["checkpointStep"], entry["stepsLost"]) == (12, 12, 0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [dict(step=10**9), dict(checkpoint_step=40), dict(seconds=-1.0), dict(seconds=float("nan")),
+     dict(notice_time=1e300), dict(pod="x" * 10_000)],
+)  # fmt: skip
+def test_impossible_reports_are_not_entries_and_long_text_is_cut(bad: dict[str, Any]) -> None:
+    seen = run(manifest(), running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING),
+               events=(report(**bad),), log_offset=10)  # fmt: skip
+    entries = seen.status.interruptions
+    if "pod" in bad or "notice_time" in bad:
+        (entry,) = entries
+        assert len(entry["pod"]) <= 253 and ("noticeTime" not in entry) == ("notice_time" in bad)
+    else:
+        assert entries == []
+    assert replace(seen.status, interruptions=[]).phase == Phase.RUNNING
