@@ -83,7 +83,8 @@ def test_a_worker_pod_deleted_mid_training_checkpoints_and_the_next_attempt_resu
             parse_lines((await asyncio.to_thread(ray_log, address, token, final["submissionId"])).splitlines())
         )
         seen = await events_of(run, name)
-        print(f"\nDRAIN: deleted {pod} at step {during['progress']['step']} (checkpoint {during['checkpoint']['step']});"
+        print(f"\nDRAIN: deleted {pod} at step {during['progress']['step']} (checkpoint "
+              f"{during['checkpoint']['step']});"
               f"\n  interruptions: {final.get('interruptions')}\n  final: {final['phase']}/{final['reason']} "
               f"attempts {final['attempts']} failedAttempts {final.get('failedAttempts', 0)}: {final.get('message')}"
               f"\n  events: {[e for e in seen if e[1] in ('Interrupted', 'Retrying', 'Completed')]}"

@@ -14,11 +14,13 @@ from fsdp_train.events import Interruption, Step
 from test_reconcile import CREATE, NOW, at, cluster, events, kinds, manifest, run
 
 NOTICED = NOW.timestamp() - 20
+STEP = Step(rank=0, step=37, total_steps=100, loss=2.0, tokens_per_second=1.0, tokens_per_second_per_device=0.5)
 
 
 def report(**fields: Any) -> Interruption:
-    values: dict[str, Any] = dict(rank=2, step=37, saved=True, checkpoint_step=37, seconds=4.5, notice_time=NOTICED,
-                                  pod="qwen-ray-gpu-workers-worker-abcde", node="ip-10-0-0-7", reason="preStop")  # fmt: skip
+    values: dict[str, Any] = dict(rank=2, step=37, saved=True, checkpoint_step=37, seconds=4.5,
+                                  notice_time=NOTICED, pod="qwen-ray-gpu-workers-worker-abcde", node="ip-10-0-0-7",
+                                  reason="preStop")  # fmt: skip
     return Interruption(**{**values, **fields})
 
 
@@ -29,7 +31,7 @@ def running(**fields: Any) -> JobStatus:
 def test_a_report_becomes_an_entry_and_the_failed_ray_job_resumes_as_an_uncounted_attempt() -> None:
     m = manifest(backoffLimit=0)  # no retry allowed at all: an interruption is no failure
     seen = run(m, running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING),
-               events=(Step(rank=0, step=37, total_steps=100, loss=2.0, tokens_per_second=1.0, tokens_per_second_per_device=0.5), report()), log_offset=100)  # fmt: skip
+               events=(STEP, report()), log_offset=100)  # fmt: skip
     (entry,) = seen.status.interruptions
     assert entry == {
         "attempt": 1, "pod": "qwen-ray-gpu-workers-worker-abcde", "node": "ip-10-0-0-7", "reason": "preStop",
