@@ -8,8 +8,9 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from fsdp_operator.decide.observed import RAY_FAILED, RAY_RUNNING, RayJobInfo
+from fsdp_operator.decide.observed import RAY_FAILED, RAY_RUNNING, DeletePod, NodeNotice, RayJobInfo
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
+from fsdp_operator.runtime.nodes import termination_taint
 from fsdp_train.events import Interruption, Step
 from test_reconcile import CREATE, NOW, at, cluster, events, kinds, manifest, run
 
@@ -101,3 +102,37 @@ def test_impossible_reports_are_not_entries_and_long_text_is_cut(bad: dict[str, 
     else:
         assert entries == []
     assert replace(seen.status, interruptions=[]).phase == Phase.RUNNING
+
+
+def test_a_worker_on_a_tainted_node_is_deleted_once_and_the_ranks_report_completes_its_entry() -> None:
+    notice = NodeNotice(
+        "qwen-ray-gpu-workers-worker-abcde", "uid-1", "ip-10-0-0-7", "aws-node-termination-handler/spot-itn"
+    )
+    first = run(manifest(), running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), node_notices=(notice,))
+    assert [a for a in first.actions if isinstance(a, DeletePod)] == [DeletePod("ml", notice.pod, "uid-1")]
+    assert ("Normal", "NodeNotice") in events(first)
+    (entry,) = first.status.interruptions
+    assert (entry["reason"], entry["by"], entry["noticeTime"]) == (notice.taint, "operator", "2026-11-29T12:00:00Z")
+    # The next pass (the pod not deleted yet as far as it saw) deletes nothing again.
+    again = run(
+        manifest(), first.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), node_notices=(notice,)
+    )
+    assert not [a for a in again.actions if isinstance(a, DeletePod)]
+    # The ranks' report fills the entry; the taint stays its reason, the operator's time its notice.
+    seen = run(manifest(), again.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), events=(report(),),
+               log_offset=10)  # fmt: skip
+    (entry,) = seen.status.interruptions
+    assert (entry["reason"], entry["noticeTime"], entry["saved"], entry["stepsLost"]) == (
+        notice.taint, "2026-11-29T12:00:00Z", True, 0)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("taints", "found"),
+    [([{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}], "karpenter.sh/disrupted"),
+     ([{"key": "x"}, {"key": "aws-node-termination-handler/spot-itn", "value": "1"}],
+      "aws-node-termination-handler/spot-itn"),
+     ([{"key": "aws-node-termination-handler/rebalance-recommendation"}], ""),
+     ([{"key": "node.kubernetes.io/unschedulable"}], ""), ([], ""), (None, ""), (["junk", 3], "")],
+)  # fmt: skip
+def test_which_taints_say_a_node_goes_away(taints: Any, found: str) -> None:
+    assert termination_taint({"spec": {"taints": taints}}) == found

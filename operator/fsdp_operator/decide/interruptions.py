@@ -23,7 +23,7 @@ from fsdp_train.events import Interruption, clean_text
 
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.guards import _job_submitted_false, _next_attempt
-from fsdp_operator.decide.observed import Action, Decision, Observed
+from fsdp_operator.decide.observed import Action, Decision, DeletePod, Observed, PostEvent
 from fsdp_operator.decide.status import JobStatus, Phase, Reason, format_time
 
 KEPT = 16
@@ -53,8 +53,30 @@ def folded(entries: list[dict[str, Any]], event: Interruption, attempt: int, tot
         "message": clean_text(event.message, 512),
     }
     entry = {k: v for k, v in entry.items() if v not in (None, "")}
-    kept = [e for e in entries if (e.get("attempt"), e.get("pod")) != (attempt, entry.get("pod"))]
+    key = (attempt, entry.get("pod"))
+    for earlier in entries:
+        if (earlier.get("attempt"), earlier.get("pod")) == key and earlier.get("by") == "operator":
+            # The operator saw the node's taint first: its reason and time of notice stand.
+            entry.update({k: earlier[k] for k in ("reason", "noticeTime", "by") if k in earlier})
+    kept = [e for e in entries if (e.get("attempt"), e.get("pod")) != key]
     return [*kept, entry][-KEPT:]
+
+
+def on_node_notices(job: Job, status: JobStatus, obs: Observed) -> tuple[JobStatus, tuple[Action, ...]]:
+    """Worker pods on nodes a termination taint marks: each deleted once (its preStop hook starts the save), and
+    an entry saying which node, which taint, when; the ranks' report completes it."""
+    seen = {e.get("pod") for e in of_attempt(status)}
+    fresh = [n for n in obs.node_notices if n.pod not in seen]
+    if not fresh:
+        return status, ()
+    entries = list(status.interruptions)
+    for notice in fresh:
+        entries.append({"attempt": status.attempts, "pod": notice.pod, "node": notice.node, "by": "operator",
+                        "reason": notice.taint, "noticeTime": format_time(obs.now)})  # fmt: skip
+    actions: tuple[Action, ...] = tuple(DeletePod(job.namespace, n.pod, n.uid) for n in fresh)
+    names = ", ".join(f"{n.pod} (node {n.node}: {n.taint})" for n in fresh)
+    message = f"worker pods on nodes that go away deleted so that they checkpoint first: {names}"
+    return replace(status, interruptions=entries[-KEPT:]), (*actions, PostEvent("Normal", "NodeNotice", message))
 
 
 def of_attempt(status: JobStatus) -> list[dict[str, Any]]:

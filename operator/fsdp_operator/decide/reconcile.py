@@ -527,8 +527,10 @@ def _track_job(
     running_message = (
         "Ray is preparing the job (runtime environment)" if info.status == RAY_PENDING else "training is running"
     )
+    status, noticed = interruptions.on_node_notices(job, status, obs)  # nodes going away: their pods save first
     return Decision(
         replace(status, phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, message=running_message),
+        noticed,
         requeue_after=0.0 if obs.log_pending else None,
     )
 

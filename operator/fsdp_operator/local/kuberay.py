@@ -379,6 +379,9 @@ class LocalKubeRay:
         base = f"/api/v1/namespaces/{cluster.namespace}/pods"
         pod = self._pod(cluster, name, labels, template)
         pod["spec"]["nodeName"] = f"local-{ip}"
+        # Each Ray node is a node of its own, registered as a kubelet registers its Node (409: it is there).
+        await self._request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
+                                                       "metadata": {"name": f"local-{ip}"}})  # fmt: skip
         await self._request("POST", base, pod)
         phase = "Running" if ready else "Pending"
         condition = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now_rfc3339()}

@@ -256,7 +256,7 @@ OPERATOR_TOKEN = "fsdp-operator-token"
 
 def operator_rbac(namespace: str) -> list[Obj]:
     """The operator's ClusterRole and Role (watching `namespace` only) with their bindings, from the call table."""
-    cluster, namespaced = calls.required(watch_all=False, peering=False)
+    cluster, namespaced = calls.required(watch_all=False, peering=False, node_notices=True)
     meta = {"name": OPERATOR_ACCOUNT}
     role_ref = {"apiGroup": rbac.RBAC_GROUP, "name": OPERATOR_ACCOUNT}
     subjects = [{"kind": "ServiceAccount", "name": OPERATOR_ACCOUNT, "namespace": namespace}]
@@ -325,7 +325,9 @@ class LocalRun:
 
     async def start_operator(self) -> None:
         """The operator in its own process (again, after a crash: its log goes on in the same file)."""
-        env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig), "PYTHONUNBUFFERED": "1"}
+        # Node notices on (the chart's nodeNotices.enabled): a taint on a local node drains its worker with a save.
+        env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig), "PYTHONUNBUFFERED": "1",
+               "FSDP_NODE_NOTICES": "true"}  # fmt: skip
         log = (self.workdir / "operator.log").open("ab")
         self.operator = await asyncio.create_subprocess_exec(
             sys.executable,

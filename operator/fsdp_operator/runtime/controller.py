@@ -47,6 +47,7 @@ from fsdp_operator.decide.observed import (
     Decision,
     DeleteJob,
     DeleteLeftover,
+    DeletePod,
     DeleteRayCluster,
     Observed,
     PostEvent,
@@ -60,6 +61,7 @@ from fsdp_operator.runtime.kube import KubeError
 from fsdp_operator.runtime.kueue import read_workload
 from fsdp_operator.runtime.log_lines import complete_lines
 from fsdp_operator.runtime.log_worker import LogChunk, Obj, parse_and_reconcile
+from fsdp_operator.runtime.nodes import node_notices
 from fsdp_operator.runtime.provisioning import auto_zone_job, choose_zone, pods_refused, unschedulable
 from fsdp_operator.runtime.rayjobs import (
     LOG_CHUNK,
@@ -386,7 +388,9 @@ class JobLoop:
             self.pending_chunk = LogChunk(text, verifier.key, verifier.last_seq)
             text = ""
         parsed = parse_log(text.splitlines(), verifier)
+        noticed = await node_notices(self.rt.kube, self.namespace, cluster.name) if self.rt.config.node_notices else ()
         return Observed(
+            node_notices=noticed,
             now=now,
             cluster=cluster,
             ray_job=info,
@@ -550,6 +554,9 @@ class JobLoop:
                     await self.rt.kube.post_event(obj, type_, reason, message)
                 except KubeError as e:
                     self.log.warning(f"could not post event {reason}: {e}")
+            case DeletePod(namespace=namespace, name=name, uid=uid):
+                if await self.rt.kube.delete_pod(namespace, name, uid):
+                    self.log.info(f"pod {name} deleted: its node goes away (its preStop hook saves a checkpoint)")
             case DeleteJob():
                 self.log.info("ttlSecondsAfterFinished passed: deleting the job")
                 await self.rt.kube.delete_job(self.namespace, self.name)

@@ -94,6 +94,10 @@ class Kube(Protocol):
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]: ...
 
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete a pod gracefully (its own grace period) while it is the pod `uid`: True when a delete was issued."""
+        ...
+
     async def list_events(self, namespace: str, field_selector: str) -> list[Obj]: ...
 
     async def list_workloads(self, namespace: str, label_selector: str) -> list[Obj] | None:
@@ -307,6 +311,11 @@ class AioKube:
         # Background propagation, as kubectl's default; the uid precondition answers 409 for a newer object.
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
         status, _ = await self._request(call[kind], namespace, name, body=body, allow=(404, 409))
+        return status not in (404, 409)
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        status, _ = await self._request(calls.DELETE_POD, namespace, name, body=body, allow=(404, 409))
         return status not in (404, 409)
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
