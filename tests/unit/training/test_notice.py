@@ -118,3 +118,22 @@ def test_no_notice_without_the_file_and_done_is_written_atomically(tmp_path: Pat
     assert (tmp_path / DONE_FILE).read_text().split()[1:] == ["7", "1"]
     assert [p.name for p in tmp_path.iterdir()] == [DONE_FILE]
     write_done(tmp_path / "missing", 7, True)  # a directory gone: no exception, the hook just waits out its bound
+
+
+def test_a_user_function_polls_interrupted_and_the_wrapper_reports_and_marks_rank_0s_return_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fsdp_train import notice
+
+    monkeypatch.setattr(notice, "_USER_WATCH", None)
+    monkeypatch.setenv("FSDP_NOTICE_DIR", str(tmp_path))
+    monkeypatch.setenv("POD_NAME", "w-1")
+    assert notice.interrupted() is False and notice.finish_user_function({"mine": 1}) == {"mine": 1}
+    assert (tmp_path / "rank.0").read_text().strip().isdigit()  # the hook waits while this rank lives
+    write_notice(tmp_path, grace=60)
+    assert notice.interrupted() is True and notice.interrupted() is True  # agreed once, stays
+    marked = notice.finish_user_function({"mine": 1})
+    assert marked["interrupted"]["saved"] is True
+    (report,) = [e for e in parse_lines(capsys.readouterr().out.splitlines()) if isinstance(e, Interruption)]
+    assert (report.pod, report.saved, report.step) == ("w-1", True, 0)  # the step: the function's own report
+    assert (tmp_path / DONE_FILE).exists()
