@@ -113,3 +113,66 @@ def test_a_worker_pod_deleted_mid_training_checkpoints_and_the_next_attempt_resu
         assert [code for p, code, _ in run.kubelet.hooks if p == pod] == [0]
 
     asyncio.run(run_with(draining_job(name, tmp_path), tmp_path, scenario))
+
+
+@pytest.mark.slow
+def test_a_termination_taint_on_a_workers_node_drains_it_with_a_save_first(tmp_path: Path) -> None:
+    """The Node Termination Handler's Spot-ITN taint on the node of a worker: the operator (nodeNotices, on in
+    run-local) deletes that worker's pod, and the save follows as for a drain; the entry names the taint."""
+    name, taint = "tiny-taint", "aws-node-termination-handler/spot-itn"
+
+    async def scenario(run: LocalRun) -> None:
+        during = await until(run, between_checkpoints, "a checkpoint and a few steps past it", WAIT)
+        (pod,) = {r["pod"] for r in during["ranks"] if r["rank"] == 3}
+        code, pod_object = await run._get(f"/api/v1/namespaces/{run.namespace}/pods/{pod}")
+        assert code == 200
+        node = pod_object["spec"]["nodeName"]
+        assert run.http is not None
+        patch = {"spec": {"taints": [{"key": taint, "value": "1796295610", "effect": "NoSchedule"}]}}
+        headers = {"Content-Type": "application/merge-patch+json"}
+        async with run.http.patch(f"{run.api.url}/api/v1/nodes/{node}", json=patch, headers=headers) as response:
+            assert response.status == 200, await response.text()
+        final = await until(run, lambda s: s.get("phase") in TERMINAL_PHASES, "the job to finish", WAIT)
+        seen = await events_of(run, name)
+        print(f"\nTAINT: {taint} on {node} ({pod}) at step {during['progress']['step']};"
+              f"\n  interruptions: {final.get('interruptions')}\n  final: {final['phase']}/{final['reason']} "
+              f"attempts {final['attempts']}: {final.get('message')}"
+              f"\n  events: {[e for e in seen if e[1] in ('NodeNotice', 'Interrupted')]}")  # fmt: skip
+
+        assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
+        assert final["attempts"] == 2 and final.get("failedAttempts", 0) == 0
+        (entry,) = final["interruptions"]
+        assert (entry["pod"], entry["node"], entry["reason"], entry["by"]) == (pod, node, taint, "operator")
+        assert entry["saved"] is True and entry["stepsLost"] == 0 and entry["step"] % INTERVAL != 0
+        assert {"NodeNotice", "Interrupted"} <= {r for _, r, _ in seen}
+        assert final["result"]["resumedFromStep"] == entry["checkpointStep"]
+
+    asyncio.run(run_with(draining_job(name, tmp_path), tmp_path, scenario))
+
+
+@pytest.mark.slow
+def test_a_notice_too_short_for_the_save_abandons_it_and_resumes_from_the_periodic_checkpoint(tmp_path: Path) -> None:
+    """A save declared to take 300 s (`FSDP_NOTICE_SAVE_SECONDS`) against a grace period of 30 s: the ranks stop
+    after the same step without saving, the status says so, and the next attempt resumes from the last periodic
+    checkpoint."""
+    name = "tiny-short"
+    manifest = draining_job(name, tmp_path, grace=30)
+    manifest["spec"]["runtimeEnv"] = {"envVars": {"FSDP_NOTICE_SAVE_SECONDS": "300"}}
+
+    async def scenario(run: LocalRun) -> None:
+        during = await until(run, between_checkpoints, "a checkpoint and a few steps past it", WAIT)
+        (pod,) = {r["pod"] for r in during["ranks"] if r["rank"] == 3}
+        await delete_pod(run, pod)
+        final = await until(run, lambda s: s.get("phase") in TERMINAL_PHASES, "the job to finish", WAIT)
+        print(f"\nSHORT: deleted {pod} at step {during['progress']['step']}; interruptions "
+              f"{final.get('interruptions')}; final {final['phase']}/{final['reason']}")  # fmt: skip
+
+        assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
+        assert final["attempts"] == 2 and final.get("failedAttempts", 0) == 0
+        (entry,) = final["interruptions"]
+        assert entry["saved"] is False and "a save needs about 300.0 s" in entry["message"]
+        assert entry["checkpointStep"] % INTERVAL == 0 and entry["checkpointStep"] >= INTERVAL
+        assert entry["stepsLost"] == entry["step"] - entry["checkpointStep"] > 0
+        assert final["result"]["resumedFromStep"] == entry["checkpointStep"]
+
+    asyncio.run(run_with(manifest, tmp_path, scenario))

@@ -25,6 +25,7 @@ rank at the same points (it is collective); once it returns True the function re
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -45,6 +46,9 @@ SAVE_MARGIN = 1.5
 """A save is started only when the time left is this many times the longest save measured in this run..."""
 EXIT_SECONDS = 1.0
 """... plus this much for the ranks to report and exit before the kubelet stops the container."""
+SAVE_SECONDS_ENV = "FSDP_NOTICE_SAVE_SECONDS"
+"""A save time to assume (seconds) until a longer one is measured: before the first save of a run, or for a store
+whose saves vary (``spec.runtimeEnv.envVars``)."""
 DEFAULT_GRACE_SECONDS = 30.0
 """The grace period assumed when the notice does not say (Kubernetes' default terminationGracePeriodSeconds)."""
 
@@ -129,6 +133,8 @@ class Watch:
             node=env.get("NODE_NAME", ""),
             last_checkpoint=resumed_from,
         )
+        with contextlib.suppress(ValueError):  # not a number: nothing assumed
+            watch.measured(float(env.get(SAVE_SECONDS_ENV, "") or 0))
         if watch.directory:
             try:
                 Path(watch.directory).mkdir(parents=True, exist_ok=True)

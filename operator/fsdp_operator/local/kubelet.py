@@ -218,8 +218,7 @@ class LocalKubelet:
         base = {"ray.io/cluster": cluster.name, **(cluster.manifest.get("metadata") or {}).get("labels", {})}
         labels = {**base, "ray.io/node-type": "worker", "ray.io/group": group["groupName"]}
         secrets = await self.kuberay._secrets(cluster.namespace, [container])
-        index = sum(1 for n in cluster.nodes if "-head-" not in n.pod_name)
-        env = _container_env(container, gone.pod_name, f"local-worker-{index}", secrets)
+        env = _container_env(container, gone.pod_name, self.kuberay.next_node_name(), secrets)
         node = await self.kuberay._start_node(
             cluster,
             gone.pod_name,

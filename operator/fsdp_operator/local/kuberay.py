@@ -472,6 +472,10 @@ class LocalKubeRay:
 
     # ------------------------------------------------------------------ Ray processes
 
+    def next_node_name(self) -> str:
+        """The Node of the Ray node started next (its pod's `spec.nodeName`, `_put_pod`): one per 127.0.0.N."""
+        return f"local-127.0.0.{self._next_ip}"
+
     async def _start_node(
         self, cluster: LocalCluster, pod_name: str, args: list[str], env: dict[str, str], memory_limit: int | None
     ) -> RayNode:
@@ -584,7 +588,7 @@ class LocalKubeRay:
         head_container = head_group["template"]["spec"]["containers"][0]
         worker_container = group["template"]["spec"]["containers"][0]
         secrets = await self._secrets(cluster.namespace, [head_container, worker_container])
-        head_env = _container_env(head_container, head_name, "local-head", secrets)
+        head_env = _container_env(head_container, head_name, self.next_node_name(), secrets)
         if head_env.get("RAY_AUTH_MODE") == "token":
             cluster.token = head_env.get("RAY_AUTH_TOKEN", "")
         head = await self._start_node(
@@ -618,8 +622,8 @@ class LocalKubeRay:
 
         cpus = _cpus(worker_container, 1)
         workers: list[RayNode] = []
-        for i, pod_name in enumerate(worker_names):
-            env = _container_env(worker_container, pod_name, f"local-worker-{i}", secrets)
+        for pod_name in worker_names:
+            env = _container_env(worker_container, pod_name, self.next_node_name(), secrets)
             worker = await self._start_node(
                 cluster,
                 pod_name,

@@ -137,3 +137,11 @@ def test_a_user_function_polls_interrupted_and_the_wrapper_reports_and_marks_ran
     (report,) = [e for e in parse_lines(capsys.readouterr().out.splitlines()) if isinstance(e, Interruption)]
     assert (report.pod, report.saved, report.step) == ("w-1", True, 0)  # the step: the function's own report
     assert (tmp_path / DONE_FILE).exists()
+
+
+def test_a_declared_save_time_counts_until_a_longer_one_is_measured() -> None:
+    from fsdp_train.notice import SAVE_SECONDS_ENV, Watch
+
+    assert Watch.from_env({SAVE_SECONDS_ENV: "45"}, 0, 0).longest_save == 45.0
+    for junk in ("", "x", "nan", "-3", "inf"):
+        assert Watch.from_env({SAVE_SECONDS_ENV: junk}, 0, 0).longest_save == 0.0
