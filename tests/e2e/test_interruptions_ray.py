@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import statistics
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from fsdp_operator.local.run import TERMINAL_PHASES, LocalRun
-from fsdp_train.events import Interruption, Step, Summary, parse_lines
+from fsdp_train.events import Checkpoint, Interruption, Step, Summary, parse_lines
 from support.ray_cluster import RAY_TESTS
 from test_faults_ray import Status, ray_address, ray_log, ray_token, run_with, until
 
@@ -32,7 +33,7 @@ WAIT = 900.0
 """Seconds for each wait: the Ray cluster starting twice on a loaded 2-core machine (a load average of 30 was seen)."""
 
 INTERVAL = 20
-STEPS = 300
+STEPS = 120
 
 
 def draining_job(name: str, tmp_path: Path, grace: int = 60) -> dict[str, Any]:
@@ -86,12 +87,16 @@ def test_a_worker_pod_deleted_mid_training_checkpoints_and_the_next_attempt_resu
             parse_lines((await asyncio.to_thread(ray_log, address, token, final["submissionId"])).splitlines())
         )
         seen = await events_of(run, name)
+        saves = [(e.step, round(e.seconds, 3)) for e in first if isinstance(e, Checkpoint) and e.rank == 0]
+        step_times = [e.step_seconds for e in first if isinstance(e, Step) and e.step_seconds]
         print(f"\nDRAIN: deleted {pod} at step {during['progress']['step']} (checkpoint "
               f"{during['checkpoint']['step']});"
               f"\n  interruptions: {final.get('interruptions')}\n  final: {final['phase']}/{final['reason']} "
               f"attempts {final['attempts']} failedAttempts {final.get('failedAttempts', 0)}: {final.get('message')}"
               f"\n  events: {[e for e in seen if e[1] in ('Interrupted', 'Retrying', 'Completed')]}"
-              f"\n  hooks: {run.kubelet.hooks}")  # fmt: skip
+              f"\n  hooks: {run.kubelet.hooks}"
+              f"\n  saves (step, seconds the loop was held): {saves}"
+              f"\n  median step seconds, first attempt: {statistics.median(step_times):.3f}")  # fmt: skip
 
         assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
         assert final["attempts"] == 2 and final.get("failedAttempts", 0) == 0
