@@ -182,7 +182,7 @@ def test_shm_and_ray_logs_volumes_and_prestop() -> None:
     # The worker's hook first leaves the notice for its ranks and waits for their save, bounded by the grace period.
     worker = container(group(rc)["template"])
     hook = worker["lifecycle"]["preStop"]["exec"]["command"]
-    assert hook[:2] == ["/bin/sh", "-c"] and 'echo "$(date +%s) 120 preStop"' in hook[2]
+    assert hook[:2] == ["/bin/sh", "-c"] and 'echo "$t 120 preStop"' in hook[2]
     assert '[ "$i" -lt 120 ]' in hook[2]
     assert group(rc)["template"]["spec"]["terminationGracePeriodSeconds"] == 120
     assert {"name": "FSDP_NOTICE_DIR", "value": "/tmp/ray/fsdp-notice"} in worker["env"]

@@ -284,7 +284,9 @@ NOTICE_DIR = f"{RAY_LOGS}/fsdp-notice"
 # ranks of this pod, then wait until they say `done`, while one of them lives, at most the grace period; then stop
 # Ray as the head's hook does. POSIX sh only: the image is used unmodified.
 _NOTICE_HOOK = (
-    'd="$FSDP_NOTICE_DIR"; mkdir -p "$d" && echo "$(date +%s) {grace} preStop" > "$d/.notice" && '
+    # Sub-second time where date has %N (GNU), whole seconds elsewhere (busybox prints the N).
+    'd="$FSDP_NOTICE_DIR"; t=$(date +%s.%N); case "$t" in *[!0-9.]*) t=$(date +%s);; esac; '
+    'mkdir -p "$d" && echo "$t {grace} preStop" > "$d/.notice" && '
     'mv "$d/.notice" "$d/notice"; alive() {{ for f in "$d"/rank.*; do [ -e "$f" ] && kill -0 "$(cat "$f")" '
     '2>/dev/null && return 0; done; return 1; }}; i=0; while [ ! -e "$d/done" ] && [ "$i" -lt {grace} ] && alive; '
     "do sleep 1; i=$((i+1)); done; ray stop"
