@@ -136,3 +136,27 @@ def test_a_worker_on_a_tainted_node_is_deleted_once_and_the_ranks_report_complet
 )  # fmt: skip
 def test_which_taints_say_a_node_goes_away(taints: Any, found: str) -> None:
     assert termination_taint({"spec": {"taints": taints}}) == found
+
+
+def test_a_worker_pod_seen_deleted_ends_the_attempt_uncounted_even_when_its_ranks_never_reported() -> None:
+    """A drain's pod, its ranks killed before they could report (a grace period shorter than a step): the attempt
+    still ends uncounted, resuming from the newest checkpoint it reported, and says so."""
+    deleted = NodeNotice("qwen-ray-gpu-workers-worker-abcde", "uid-1", "ip-10-0-0-7", "", deleting=True)
+    seen = run(manifest(backoffLimit=0), running(checkpoint={"step": 20, "path": "/c"}), cluster=cluster(),
+               ray_job=RayJobInfo("x", RAY_RUNNING), node_notices=(deleted,))  # fmt: skip
+    assert not [a for a in seen.actions if isinstance(a, DeletePod)] and "NodeNotice" not in {
+        r for _, r in events(seen)
+    }
+    ended = run(manifest(backoffLimit=0), seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED))
+    assert (ended.status.phase, ended.status.reason, ended.status.failed_attempts) == (
+        Phase.PROVISIONING, Reason.INTERRUPTED, 0)  # fmt: skip
+    (entry,) = ended.status.interruptions
+    assert (entry["reason"], entry["saved"], entry["checkpointStep"]) == ("PodDeleted", False, 20)
+    assert "resuming from step 20" in ended.status.message
+
+    # When they do report, their report (the hook's time, reason preStop) is the entry.
+    seen = run(manifest(), running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), node_notices=(deleted,))
+    reported = run(manifest(), seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING),
+                   events=(report(),), log_offset=10)  # fmt: skip
+    (entry,) = reported.status.interruptions
+    assert (entry["reason"], entry["saved"], entry["noticeTime"]) == ("preStop", True, "2026-11-29T11:59:40Z")

@@ -55,7 +55,11 @@ def folded(entries: list[dict[str, Any]], event: Interruption, attempt: int, tot
     entry = {k: v for k, v in entry.items() if v not in (None, "")}
     key = (attempt, entry.get("pod"))
     for earlier in entries:
-        if (earlier.get("attempt"), earlier.get("pod")) == key and earlier.get("by") == "operator":
+        if (
+            (earlier.get("attempt"), earlier.get("pod")) == key
+            and earlier.get("by") == "operator"
+            and (earlier.get("reason") != "PodDeleted")
+        ):
             # The operator saw the node's taint first: its reason and time of notice stand.
             entry.update({k: earlier[k] for k in ("reason", "noticeTime", "by") if k in earlier})
     kept = [e for e in entries if (e.get("attempt"), e.get("pod")) != key]
@@ -71,12 +75,16 @@ def on_node_notices(job: Job, status: JobStatus, obs: Observed) -> tuple[JobStat
         return status, ()
     entries = list(status.interruptions)
     for notice in fresh:
+        # A pod seen being deleted: its attempt ends uncounted even when its ranks could not report (killed first).
         entries.append({"attempt": status.attempts, "pod": notice.pod, "node": notice.node, "by": "operator",
-                        "reason": notice.taint, "noticeTime": format_time(obs.now)})  # fmt: skip
-    actions: tuple[Action, ...] = tuple(DeletePod(job.namespace, n.pod, n.uid) for n in fresh)
-    names = ", ".join(f"{n.pod} (node {n.node}: {n.taint})" for n in fresh)
-    message = f"worker pods on nodes that go away deleted so that they checkpoint first: {names}"
-    return replace(status, interruptions=entries[-KEPT:]), (*actions, PostEvent("Normal", "NodeNotice", message))
+                        "reason": notice.taint or "PodDeleted", "noticeTime": format_time(obs.now)})  # fmt: skip
+    tainted = [n for n in fresh if not n.deleting]
+    actions: tuple[Action, ...] = tuple(DeletePod(job.namespace, n.pod, n.uid) for n in tainted)
+    if tainted:
+        names = ", ".join(f"{n.pod} (node {n.node}: {n.taint})" for n in tainted)
+        message = f"worker pods on nodes that go away deleted so that they checkpoint first: {names}"
+        actions += (PostEvent("Normal", "NodeNotice", message),)
+    return replace(status, interruptions=entries[-KEPT:]), actions
 
 
 def of_attempt(status: JobStatus) -> list[dict[str, Any]]:
@@ -99,11 +107,26 @@ def with_checkpoint_step(status: JobStatus) -> JobStatus:
     return replace(status, interruptions=entries)
 
 
+def with_unreported(status: JobStatus) -> JobStatus:
+    """A pod seen deleted whose ranks never reported (stopped before they could): not saved, and the next attempt
+    resumes from the newest checkpoint this attempt reported."""
+    step = status.checkpoint.get("step")
+    step = step if isinstance(step, int) and not isinstance(step, bool) else 0
+    message = "the ranks did not report: stopped before they could save"
+    entries = [
+        {**e, "saved": False, "checkpointStep": step, "message": message}
+        if e.get("attempt") == status.attempts and "saved" not in e
+        else e
+        for e in status.interruptions
+    ]
+    return replace(status, interruptions=entries)
+
+
 def next_attempt(
     job: Job, status: JobStatus, obs: Observed, cluster_actions: Callable[[JobStatus], tuple[Action, ...]]
 ) -> Decision:
     """The attempt ended for a node that goes away: the next one resumes from its checkpoint, uncounted."""
-    status = with_checkpoint_step(status)
+    status = with_unreported(with_checkpoint_step(status))
     reports = of_attempt(status)
     saved = [e for e in reports if e.get("saved")]
     where = ", ".join(f"{e.get('pod') or 'a worker'} on {e.get('node') or 'its node'}" for e in reports)

@@ -150,6 +150,8 @@ class NodeNotice:
     uid: str
     node: str
     taint: str
+    deleting: bool = False
+    """The pod is being deleted already (a drain, `kubectl delete pod`): nothing to do but to record it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +193,7 @@ class Observed:
     workload_error: str = ""
     """Why Kueue's Workloads could not be read (no Kueue installed, RBAC); empty when they were."""
     node_notices: tuple[NodeNotice, ...] = ()
-    """Running worker pods on nodes with a termination taint (only with the operator's `nodeNotices` on)."""
+    """Worker pods being deleted, and (with the operator's `nodeNotices` on) those on nodes with a termination taint."""
 
 
 @dataclass(frozen=True, slots=True)

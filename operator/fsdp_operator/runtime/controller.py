@@ -388,7 +388,7 @@ class JobLoop:
             self.pending_chunk = LogChunk(text, verifier.key, verifier.last_seq)
             text = ""
         parsed = parse_log(text.splitlines(), verifier)
-        noticed = await node_notices(self.rt.kube, self.namespace, cluster.name) if self.rt.config.node_notices else ()
+        noticed = await node_notices(self.rt.kube, self.namespace, cluster.name, taints=self.rt.config.node_notices)
         return Observed(
             node_notices=noticed,
             now=now,

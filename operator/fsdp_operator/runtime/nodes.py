@@ -38,17 +38,23 @@ def termination_taint(node: dict[str, Any]) -> str:
     return next((key for key in TERMINATION_TAINTS if key in keys), "")
 
 
-async def node_notices(kube: Kube, namespace: str, cluster_name: str) -> tuple[NodeNotice, ...]:
-    """The job's worker pods, not being deleted yet, on nodes with a termination taint."""
+async def node_notices(kube: Kube, namespace: str, cluster_name: str, *, taints: bool) -> tuple[NodeNotice, ...]:
+    """The job's worker pods being deleted (whoever deleted them), and with `taints` (the operator's `nodeNotices`)
+    those not yet being deleted on nodes with a termination taint."""
     pods = await kube.list_pods(namespace, f"ray.io/cluster={cluster_name},ray.io/node-type=worker")
+    notices = [
+        NodeNotice(str(p["metadata"].get("name", "")), str(p["metadata"].get("uid", "")),
+                   str((p.get("spec") or {}).get("nodeName") or ""), "", deleting=True)
+        for p in pods
+        if (p.get("metadata") or {}).get("deletionTimestamp")
+    ]  # fmt: skip
     placed = {
         str(p["spec"]["nodeName"]): p
         for p in pods
         if (p.get("spec") or {}).get("nodeName") and not (p.get("metadata") or {}).get("deletionTimestamp")
     }
-    if not placed:
-        return ()
-    notices = []
+    if not placed or not taints:
+        return tuple(notices)
     for node in await kube.list_nodes(""):
         name = str((node.get("metadata") or {}).get("name", ""))
         if name in placed and (taint := termination_taint(node)):
