@@ -60,6 +60,7 @@ PODS = "/api/v1/pods"
 HOOK_EXTENSION_SECONDS = 2.0
 """The one-off extension of the grace period a hook still running gets (Pod Lifecycle, "Termination of Pods")."""
 DEFAULT_GRACE_SECONDS = 30
+MAKE_AGAIN_TRIES = 3
 
 # `ray stop` for one node: a container's `ray stop` sees only its own processes.
 _RAY_SHIM = """#!/bin/sh
@@ -206,12 +207,25 @@ class LocalKubelet:
         await self.kuberay._patch_status(cluster, status)
 
     async def _make_again(self, cluster: LocalCluster, gone: RayNode) -> None:
-        """KubeRay's worker group keeps its replicas: the pod is made again, on a new Ray node."""
+        """KubeRay's worker group keeps its replicas: the pod is made again, on a new Ray node; one whose Ray does
+        not come up (`ray start` timing out on a loaded machine) is replaced in turn, as KubeRay replaces a failed
+        worker pod, a few times."""
+        for _ in range(MAKE_AGAIN_TRIES):
+            node = await self._make_once(cluster, gone)
+            if node is None or node.process.returncode is None:
+                return
+            await self._stop(node, time.monotonic())  # what its failed start left behind
+            await self.kuberay._request(
+                "DELETE", f"/api/v1/namespaces/{cluster.namespace}/pods/{gone.pod_name}?gracePeriodSeconds=0",
+                allow_missing=True,
+            )  # fmt: skip
+
+    async def _make_once(self, cluster: LocalCluster, gone: RayNode) -> RayNode | None:
         spec = cluster.manifest.get("spec") or {}
         head = next((n for n in cluster.nodes if "-head-" in n.pod_name and n.process.returncode is None), None)
         groups = spec.get("workerGroupSpecs") or []
         if head is None or not groups:
-            return
+            return None
         group = groups[0]
         template = group["template"]
         container = template["spec"]["containers"][0]
@@ -231,6 +245,7 @@ class LocalKubelet:
         if node.ip in alive:
             await self.kuberay._put_pod(cluster, node.pod_name, labels, node.ip, ready=True, template=template)
         await self._count_ready(cluster)
+        return node
 
     async def close(self) -> None:
         for task in self.terminating.values():
