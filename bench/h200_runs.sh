@@ -19,6 +19,8 @@
 #   WHEELS=DIR bench/h200_runs.sh round5 OUTDIR  # both (longer than one device call allows: run the halves)
 #   bench/h200_runs.sh round6 OUTDIR   # 1 GPU: varlen attention with grouped key/value heads, flight-recorder dumps
 #                                      # (OUTDIR/fr), checkpoints with lasting pinned buffers, the mask's ratio
+#   bench/h200_runs.sh notice OUTDIR        # 1 GPU: a node's notice at step 35 of the 1.5B run (a save every 20
+#                                           # steps): seconds from notice to saved, the save's blocked and total time
 #
 # Needs torch and transformers (no Ray, no install: the package is put on PYTHONPATH). Every run has
 # its own time limit, so one hang costs one row. Logs go to OUTDIR/logs; the tables to stdout.
@@ -172,6 +174,23 @@ round5_checkpoint() {
     rm -rf /tmp/fsdp-r5-ckpt
 }
 
+notice_run() {  # one GPU: a node's notice mid-run, after a periodic save: notice -> saved, and the save's blocked time
+    local base='"seq_len":2048,"batch_size_per_rank":8,"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":2e-5'"${NOTICE_EXTRA:-}"
+    local dir=/tmp/fsdp-notice-bench ckpt=/tmp/fsdp-notice-ckpt at=${NOTICE_AT_STEP:-35}
+    rm -rf "$dir" "$ckpt" && mkdir -p "$dir"
+    # The preStop hook's side (render.worker_notice_hook): the notice once step $at ran (the step-20 save measured).
+    ( while ! grep -q "\"kind\":\"step\".*\"step\":$at[,}]" "$out/logs/notice.log" 2>/dev/null; do sleep 0.2; done
+      echo "$(date +%s.%N | cut -c1-14) 120 bench" > "$dir/.notice" && mv "$dir/.notice" "$dir/notice" ) &
+    local writer=$!
+    ( export FSDP_NOTICE_DIR="$dir"
+      fn1 notice "${NOTICE_LIMIT:-400}" "{$base,\"steps\":${NOTICE_STEPS:-200},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\",\"checkpoint_path\":\"$ckpt\",\"checkpoint_interval\":20}" )
+    kill "$writer" 2>/dev/null
+    echo "# notice: $(cat "$dir/notice" 2>/dev/null); done: $(cat "$dir/done" 2>/dev/null) (unix time, step, saved)"
+    grep -h '"kind":"interruption"' "$out/logs/notice.log" | sed 's/^.*FSDP_EVENT //' | cut -c1-400
+    du -sh "$ckpt"/* 2>/dev/null
+    rm -rf "$dir" "$ckpt"
+}
+
 # Qwen2.5-7B's shape (hidden 3584, MLP 18944, 28 query / 4 KV heads, untied head) with 8 of its 28 layers.
 QWEN7B_8L='{"hidden_size":3584,"intermediate_size":18944,"num_attention_heads":28,"num_key_value_heads":4,"tie_word_embeddings":false,"num_hidden_layers":8}'
 
@@ -274,6 +293,9 @@ round5-data)  # one GPU: the document mask with compile on a real corpus against
     ;;
 round5-checkpoint)  # one GPU: asynchronous checkpoints of the 1.5B run, blocked and total time
     round5_checkpoint
+    ;;
+notice)  # one GPU: a node's notice during the 1.5B run (fsdp_train.notice): notice -> saved, blocked and total save
+    notice_run
     ;;
 round5)  # both halves in one call (about 15 minutes)
     round5_speed

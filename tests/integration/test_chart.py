@@ -154,7 +154,7 @@ def test_every_admin_value_lands_where_it_should(helm: Path) -> None:
     names = [e["name"] for e in c["env"]]
     assert names == [
         "FSDP_OPERATOR_NAMESPACE", "FSDP_OPERATOR_POD_LABELS", "FSDP_JOB_NETWORK_POLICY", "FSDP_RAY_TOKEN_AUTH",
-        "HTTPS_PROXY", "POD_IP",
+        "FSDP_NODE_NOTICES", "HTTPS_PROXY", "POD_IP",
     ]  # fmt: skip
     assert c["env"][-2:] == values["extraEnv"]
     assert pod["tolerations"] == values["tolerations"] and pod["nodeSelector"] == {"role": "system"}

@@ -57,14 +57,16 @@ def secured_server(docs: list[dict[str, Any]], namespaces: tuple[str, ...] = ())
     return api, access
 
 
+@pytest.mark.parametrize("node_notices", [False, True], ids=["", "node-notices"])
 @pytest.mark.parametrize("replicas", [1, 2], ids=["one-replica", "peering"])
 @pytest.mark.parametrize("watch_all", [True, False], ids=["all-namespaces", "one-namespace"])
-def test_the_charts_rules_are_the_call_table(watch_all: bool, replicas: int) -> None:
+def test_the_charts_rules_are_the_call_table(watch_all: bool, replicas: int, node_notices: bool) -> None:
     """The ClusterRole grants at cluster scope, and each Role in each watched namespace, exactly what the call
-    table says the operator needs there: nothing missing, nothing the code never calls."""
+    table says the operator needs there: nothing missing, nothing the code never calls (`nodeNotices.enabled`
+    adds the pod delete of `calls.NODE_NOTICE_CALLS`)."""
     watched = () if watch_all else ("team-a", "team-b")
-    docs = rendered_rbac(watch_all, replicas, watched)
-    cluster, namespaced = calls.required(watch_all, peering=replicas > 1)
+    docs = rendered_rbac(watch_all, replicas, watched, node_notices)
+    cluster, namespaced = calls.required(watch_all, peering=replicas > 1, node_notices=node_notices)
     (cluster_role,) = [d for d in docs if d["kind"] == "ClusterRole"]
     granted = rules_of(cluster_role)
     assert granted == cluster, f"granted but not in the table: {granted - cluster}; missing: {cluster - granted}"

@@ -33,7 +33,7 @@ RBAC_KINDS = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
 
 
 @functools.cache
-def _render(watch_all: bool, replicas: int, watched: tuple[str, ...]) -> str:
+def _render(watch_all: bool, replicas: int, watched: tuple[str, ...], node_notices: bool = False) -> str:
     try:
         helm = k8s_tools.helm()
     except k8s_tools.ToolsUnavailable as e:
@@ -42,16 +42,19 @@ def _render(watch_all: bool, replicas: int, watched: tuple[str, ...]) -> str:
         [str(helm), "template", "demo", str(CHART), "--namespace", RELEASE_NAMESPACE,
          "--set", "image.repository=registry.example.com/fsdp-operator",
          "--set", f"watchAllNamespaces={str(watch_all).lower()}", "--set", f"replicas={replicas}",
-         *(("--set", "watchNamespaces={" + ",".join(watched) + "}") if watched else ()), "--include-crds"],
+         *(("--set", "watchNamespaces={" + ",".join(watched) + "}") if watched else ()), "--include-crds",
+         *(("--set", "nodeNotices.enabled=true") if node_notices else ())],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return proc.stdout
 
 
-def rendered_rbac(watch_all: bool, replicas: int = 1, watched: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def rendered_rbac(
+    watch_all: bool, replicas: int = 1, watched: tuple[str, ...] = (), node_notices: bool = False
+) -> list[dict[str, Any]]:
     """The chart's RBAC objects, and with replicas > 1 its kopf peering CRDs and peering object (rendered once
-    per set of values in a test run)."""
-    docs = [d for d in yaml.safe_load_all(_render(watch_all, replicas, tuple(watched))) if d]
+    per set of values in a test run); `node_notices`: with `nodeNotices.enabled`."""
+    docs = [d for d in yaml.safe_load_all(_render(watch_all, replicas, tuple(watched), node_notices)) if d]
     kinds = RBAC_KINDS | ({"ClusterKopfPeering", "KopfPeering"} if replicas > 1 else set())
     peering_crds = [
         d for d in docs

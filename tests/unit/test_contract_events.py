@@ -27,6 +27,7 @@ from fsdp_train.events import (
     Event,
     Export,
     Failure,
+    Interruption,
     Placement,
     Probe,
     Step,
@@ -161,6 +162,18 @@ EVENTS: list[Event] = [
         message="RuntimeError: CUDA error: an illegal memory access was encountered",
         reason="CudaError",
     ),
+    Interruption(
+        rank=0,
+        time=8.0,
+        step=37,
+        saved=True,
+        checkpoint_step=37,
+        seconds=4.25,
+        notice_time=3.5,
+        pod="tiny-ray-cpu-workers-worker-00001",
+        node="ip-10-0-0-7",
+        reason="preStop",
+    ),
 ]
 
 # event kind -> field -> where the status keeps it (dotted path), or None with the reason it is not kept.
@@ -277,6 +290,19 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
         "reason": "rankFailures.0.reason",
         "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
     },
+    "interruption": {
+        "step": "interruptions.0.step",
+        "saved": "interruptions.0.saved",
+        "checkpoint_step": "interruptions.0.checkpointStep",
+        "seconds": "interruptions.0.secondsToSaved",
+        "notice_time": "interruptions.0.noticeTime",
+        "pod": "interruptions.0.pod",
+        "node": "interruptions.0.node",
+        "reason": "interruptions.0.reason",
+        "message": (None, "empty when saved; the reason a notice was too short otherwise"),
+        "rank": (None, "the entry names the pod and node, not the rank that reported"),
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
 }
 
 # The values at those paths, written down (rounded as the status rounds them).
@@ -347,6 +373,14 @@ EXPECTED_VALUES: dict[str, Any] = {
     "rankFailures.0.rank": 0,
     "rankFailures.0.message": "RuntimeError: CUDA error: an illegal memory access was encountered",
     "rankFailures.0.reason": "CudaError",
+    "interruptions.0.step": 37,
+    "interruptions.0.saved": True,
+    "interruptions.0.checkpointStep": 37,
+    "interruptions.0.secondsToSaved": 4.25,
+    "interruptions.0.noticeTime": "1970-01-01T00:00:03Z",
+    "interruptions.0.pod": "tiny-ray-cpu-workers-worker-00001",
+    "interruptions.0.node": "ip-10-0-0-7",
+    "interruptions.0.reason": "preStop",
 }
 
 

@@ -178,7 +178,15 @@ def test_shm_and_ray_logs_volumes_and_prestop() -> None:
         assert volumes["dshm"] == {"medium": "Memory", "sizeLimit": size}
         mounts = {m["mountPath"] for m in container(template)["volumeMounts"]}
         assert mounts == {"/dev/shm", "/tmp/ray"}
-        assert container(template)["lifecycle"]["preStop"]["exec"]["command"][-1] == "ray stop"
+        assert container(template)["lifecycle"]["preStop"]["exec"]["command"][-1].endswith("ray stop")
+    # The worker's hook first leaves the notice for its ranks and waits for their save, bounded by the grace period.
+    worker = container(group(rc)["template"])
+    hook = worker["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook[:2] == ["/bin/sh", "-c"] and 'echo "$t 120 preStop"' in hook[2]
+    assert '[ "$i" -lt 120 ]' in hook[2]
+    assert group(rc)["template"]["spec"]["terminationGracePeriodSeconds"] == 120
+    assert {"name": "FSDP_NOTICE_DIR", "value": "/tmp/ray/fsdp-notice"} in worker["env"]
+    assert "terminationGracePeriodSeconds" not in head(rc)["template"]["spec"]
 
 
 def test_children_are_tied_to_their_job() -> None:

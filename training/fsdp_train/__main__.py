@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     use_bytecode_cache(cfg.compile_cache_dir)  # before the heavy imports
     from fsdp_train.loop import run_from_env  # torch is imported only once the config is valid
 
-    run_from_env(cfg)
-    return 0
+    summary = run_from_env(cfg)
+    from fsdp_train.notice import EXIT_INTERRUPTED
+
+    return EXIT_INTERRUPTED if summary.get("interrupted") else 0  # a notice ended the run after its checkpoint
 
 
 if __name__ == "__main__":

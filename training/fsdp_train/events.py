@@ -258,10 +258,24 @@ class Failure(Event):
     """A reason the operator maps to the job's (``DataUnavailable``); empty for any other error."""
 
 
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.kind: cls
-    for cls in (Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Timings, Failure)
-}
+@dataclass(kw_only=True, slots=True)
+class Interruption(Event):
+    """A node of the job was told it goes away (``fsdp_train.notice``): where the ranks stopped, and the save."""
+
+    kind: ClassVar[str] = "interruption"
+    step: int
+    saved: bool
+    checkpoint_step: int = 0  # the checkpoint the next attempt resumes from: ``step`` when saved
+    seconds: float = 0.0  # from the notice to the checkpoint written (or to the decision that it would not fit)
+    notice_time: float = 0.0
+    pod: str = ""
+    node: str = ""
+    reason: str = ""
+    message: str = ""
+
+
+_KINDS = (Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Timings, Failure, Interruption)
+EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in _KINDS}
 
 
 _DECODER = json.JSONDecoder()
@@ -560,18 +574,15 @@ def parse_log(lines: Iterable[str | bytes], verifier: Verifier | None = None) ->
 
 
 _emitting = threading.Lock()
-"""Signing and writing are one step: two threads of a process cannot write their lines against their ``seq``
-order (the later number first), which the verifier would refuse as a replay."""
+"""Signing and writing are one step: two threads cannot write lines against their ``seq`` order (a replay)."""
 
 
 def emit(event: Event) -> None:
     """Print one event on a line of its own (signed once :func:`take_key` found a key), flushed at once.
 
-    The emitter owns its line: the write starts with a newline, so text other code printed without one just before
-    (``print(..., end="")``, a progress bar) ends there and does not share the event's line. Newline, line and
-    newline go out in one write: ranks share one stdout pipe (torchrun, Ray), and with ``PYTHONUNBUFFERED=1``
-    ``print`` writes them separately, so lines of two ranks could interleave. The line is ASCII written as bytes
-    past the text layer, so a ``PYTHONIOENCODING`` cannot garble it.
+    The write starts with a newline (text printed before without one ends there), and newline, line and newline go
+    out in one write (ranks share one stdout pipe: with ``PYTHONUNBUFFERED=1`` ``print`` would write them apart and
+    two ranks' lines could interleave), as ASCII bytes past the text layer that no ``PYTHONIOENCODING`` garbles.
     """
     with _emitting:
         line = "\n" + event.to_line(_signer) + "\n"

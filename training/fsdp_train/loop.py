@@ -33,6 +33,7 @@ from fsdp_train.fingerprint import run_fingerprint
 from fsdp_train.loss import IGNORE_INDEX, use_chunked_loss
 from fsdp_train.metrics import Backend, EventsBackend, Metrics, flops_per_token, peak_flops
 from fsdp_train.model import build_meta_model, decoder_blocks, hf_config, init_weights
+from fsdp_train.notice import Watch
 from fsdp_train.packing import Packed, samples_digest
 from fsdp_train.parallelize import Topology, build_mesh, parallelize, resolve_sharding
 from fsdp_train.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
@@ -161,6 +162,8 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     eval_loss: float | None = None
     eval_seconds = export_seconds = 0.0
     steps = LaggedSteps(metrics, device, tokens_per_step)
+    # A notice that a node goes away (fsdp_train.notice): looked for at every step boundary, agreed by all ranks.
+    watch, interruption = Watch.from_env(env, topo.rank, topo.local_rank, resumed_from), {}
     with collected_every(GC_EVERY_STEPS) as collect:
         for step in range(resumed_from + 1, cfg.steps + 1):
             collect(step)
@@ -191,7 +194,10 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
             exported = bool(cfg.output_path) and (step == cfg.steps or (checkpointed and cfg.export_every_checkpoint))
             # The previous step's loss is read now, while this step runs: no host sync at a step's start.
             steps.launched(step, loss_on_device, t0, progress)
-            if not (first or evaluated or checkpointed or exported or always_sync or step == cfg.steps):
+            noticed = watch.check() if step < cfg.steps else None  # the last step ends the run anyway
+            if noticed is not None:  # save now when it fits before the deadline; nothing else at this step
+                checkpointed, evaluated, exported = noticed.save and bool(cfg.checkpoint_path), False, False
+            if not (first or evaluated or checkpointed or exported or always_sync or noticed or step == cfg.steps):
                 continue
             event = steps.finish()
             loss = event.loss
@@ -208,15 +214,20 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
                 eval_loss = _evaluate(cfg, topo, model, validation, device, step)
                 eval_seconds += time.perf_counter() - t1
             if checkpointed:
-                _report_save(topo, host.checkpointer.wait())  # the previous asynchronous write, if any
+                _report_save(topo, host.checkpointer.wait(), watch)  # the previous asynchronous write, if any
                 t1 = time.perf_counter()
                 where = host.checkpointer.save(
                     model, optimizer, step, {"step": step, "loss": loss, "mfu": event.mfu}, extra, fingerprint
                 )
+                watch.measured(time.perf_counter() - t1)  # the whole save when synchronous (Ray's store)
                 if topo.rank == 0:  # seconds: how long the loop was held (the write may go on in the background)
                     emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
-                if always_sync:  # an injected failure follows: the snapshot must be complete first
-                    _report_save(topo, host.checkpointer.wait())
+                if always_sync or noticed:  # an injected failure or the end of the attempt follows: complete it
+                    _report_save(topo, host.checkpointer.wait(), watch)
+                watch.last_checkpoint = step
+            if noticed is not None:
+                interruption = watch.finish(step, saved=bool(checkpointed))
+                break
             if exported:
                 target = cfg.output_path if step == cfg.steps else f"{cfg.output_path.rstrip('/')}/step_{step:08d}"
                 t1 = time.perf_counter()
@@ -237,7 +248,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
                 raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
             _maybe_kill(env, topo.rank, step, resumed_from)
 
-    _report_save(topo, host.checkpointer.wait())
+    _report_save(topo, host.checkpointer.wait(), watch)
     if resumed_from >= cfg.steps and cfg.output_path:
         # A rerun of a finished run (same fingerprint) trains nothing; it still leaves the export it promises.
         if topo.rank == 0:
@@ -271,16 +282,16 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     )
     emit(summary)
     finish_bytecode_cache(bytecode_fill)
-    return as_dict(summary)
+    return {**as_dict(summary), **interruption}
 
 
-def _report_save(topo: Topology, times: SaveTimes | None) -> None:
-    if times is not None and topo.rank == 0:
-        print(
-            f"fsdp_train: checkpoint of step {times.step} written in {times.total_seconds:.1f} s; the loop was "
-            f"blocked {times.blocked_seconds:.2f} s by it and waited {times.waited_seconds:.2f} s for its end",
-            flush=True,
-        )
+def _report_save(topo: Topology, times: SaveTimes | None, watch: Watch) -> None:
+    if times is not None:
+        watch.measured(times.total_seconds)
+        if topo.rank == 0:
+            print(f"fsdp_train: checkpoint of step {times.step} written in {times.total_seconds:.1f} s; the loop "
+                  f"was blocked {times.blocked_seconds:.2f} s by it and waited {times.waited_seconds:.2f} s for its "
+                  "end", flush=True)  # fmt: skip
 
 
 def _fetch_model(cfg: TrainConfig, topo: Topology) -> str | None:

@@ -177,7 +177,10 @@ def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
             topo, node_ip=node_ip, device=device, env=os.environ, probe_size_bytes=function.probe_size_bytes
         )
 
-    return run_user_function(function, topo.rank, verify)
+    from fsdp_train.notice import finish_user_function
+
+    # After a notice (fsdp_train.notice.interrupted), the interruption is reported and marks rank 0's return value.
+    return finish_user_function(run_user_function(function, topo.rank, verify))
 
 
 def reported_metrics_callback(storage: str | None, key_hex: str = "") -> Any:
@@ -274,9 +277,12 @@ def run(job: RayJobConfig) -> dict[str, Any]:
         ray.shutdown()
     if result.error is not None:
         raise result.error
-    if job.function is not None:
-        return {}  # a user function's return value is its own (it may hold anything), not the job's summary
     summary = getattr(result, "return_value", None)
+    if job.function is not None:
+        # A user function's return value is its own (it may hold anything), not the job's summary; only the wrapper's
+        # mark of an interruption (fsdp_train.notice) is read.
+        interrupted = summary.get("interrupted") if isinstance(summary, dict) and len(summary) == 1 else None
+        return {"interrupted": interrupted} if isinstance(interrupted, dict) else {}
     return summary if isinstance(summary, dict) else {}
 
 
@@ -319,6 +325,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{type(e).__name__}: {safe_str(e)}", file=sys.stderr, flush=True)
         print(f"fsdp_train: training failed: {one_line(e)}", file=sys.stderr, flush=True)
         return 1
+    if isinstance(stopped := summary.get("interrupted"), dict):
+        from fsdp_train.notice import EXIT_INTERRUPTED
+
+        # The attempt ends here: a node goes away. The operator starts the next one, which resumes from the checkpoint.
+        print(
+            f"fsdp_train: interrupted by a notice: {json.dumps(stopped, sort_keys=True)}", file=sys.stderr, flush=True
+        )
+        return EXIT_INTERRUPTED
     print(f"fsdp_train: training finished: {json.dumps(summary, sort_keys=True)}", flush=True)
     return 0
 

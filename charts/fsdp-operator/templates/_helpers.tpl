@@ -28,7 +28,7 @@ app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- define "fsdp-operator.peering" -}}{{ if gt (int .Values.replicas) 1 }}{{ include "fsdp-operator.fullname" . }}{{ end }}{{- end -}}
 
 {{/* The environment variables the chart sets itself: extraEnv may not set them again (the last duplicate wins). */}}
-{{- define "fsdp-operator.ownedEnv" -}}FSDP_OPERATOR_NAMESPACE,FSDP_OPERATOR_POD_LABELS,FSDP_JOB_NETWORK_POLICY,FSDP_RAY_TOKEN_AUTH{{- end -}}
+{{- define "fsdp-operator.ownedEnv" -}}FSDP_OPERATOR_NAMESPACE,FSDP_OPERATOR_POD_LABELS,FSDP_JOB_NETWORK_POLICY,FSDP_RAY_TOKEN_AUTH,FSDP_NODE_NOTICES{{- end -}}
 
 {{/* A Kubernetes quantity as a plain number (cpu in cores, memory in bytes), to compare requests and limits. */}}
 {{- define "fsdp-operator.quantity" -}}

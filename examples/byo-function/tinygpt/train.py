@@ -11,6 +11,14 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.fsdp import fully_shard
 from transformers import GPT2Config, GPT2LMHeadModel
 
+try:  # shipped with every job the operator runs (docs/byo-function.md, "A node that goes away")
+    from fsdp_train.notice import interrupted
+except ImportError:  # run elsewhere: no notices
+
+    def interrupted() -> bool:
+        return False
+
+
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -54,10 +62,14 @@ def train_func(config: dict) -> None:
             "tokens": step * batch * seq * world,
             "tokens_per_second": batch * seq * world / (time.perf_counter() - began),
         }
-        state = get_state_dict(model, optimizer, options=FULL) if every and step % every == 0 else None
+        # Every rank, every step (it is collective): a node of the job is going away; checkpoint now, then return.
+        stop = interrupted()
+        state = get_state_dict(model, optimizer, options=FULL) if (every and step % every == 0) or stop else None
         with tempfile.TemporaryDirectory() as directory:
             saved = None
             if state is not None and rank == 0:
                 torch.save({"model": state[0], "optim": state[1], "step": step}, Path(directory) / "state.pt")
                 saved = ray.train.Checkpoint.from_directory(directory)
             ray.train.report(metrics, checkpoint=saved)
+        if stop:
+            return  # the attempt ends; the next one resumes from this checkpoint

@@ -32,6 +32,7 @@ OPERATOR_ENV: dict[str, str] = {
     "RAY_AUTH_*": "the operator sets Ray's token authentication (the chart's rayTokenAuth), the token per job",
     "POD_NAME": "the operator sets it from the downward API for the placement report",
     "NODE_NAME": "the operator sets it from the downward API for the placement report",
+    "FSDP_NOTICE_DIR": "the operator sets where a worker's preStop hook leaves a node's notice for the ranks",
 }
 
 

@@ -278,6 +278,26 @@ def _container(
     }
 
 
+NOTICE_DIR = f"{RAY_LOGS}/fsdp-notice"
+"""Where a worker's preStop hook leaves its notice for the ranks (``fsdp_train.notice``): the pod's own Ray volume."""
+# The worker's preStop hook (fsdp_train.notice says the other side): write the notice (time, grace, reason) for the
+# ranks of this pod, then wait until they say `done`, while one of them lives, at most the grace period; then stop
+# Ray as the head's hook does. POSIX sh only: the image is used unmodified.
+_NOTICE_HOOK = (
+    # Sub-second time where date has %N (GNU), whole seconds elsewhere (busybox prints the N).
+    'd="$FSDP_NOTICE_DIR"; t=$(date +%s.%N); case "$t" in *[!0-9.]*) t=$(date +%s);; esac; '
+    'mkdir -p "$d" && echo "$t {grace} preStop" > "$d/.notice" && '
+    'mv "$d/.notice" "$d/notice"; alive() {{ for f in "$d"/rank.*; do [ -e "$f" ] && kill -0 "$(cat "$f")" '
+    '2>/dev/null && return 0; done; return 1; }}; i=0; while [ ! -e "$d/done" ] && [ "$i" -lt {grace} ] && alive; '
+    "do sleep 1; i=$((i+1)); done; ray stop"
+)
+
+
+def worker_notice_hook(grace_seconds: int) -> dict[str, Any]:
+    """The worker container's lifecycle: the notice hook, bounded by the pod's grace period."""
+    return {"preStop": {"exec": {"command": ["/bin/sh", "-c", _NOTICE_HOOK.format(grace=grace_seconds)]}}}
+
+
 def _volumes(shm_size: str) -> list[dict[str, Any]]:
     return [
         {"name": "ray-logs", "emptyDir": {}},
@@ -319,6 +339,7 @@ def raycluster(job: Job, security: Security | None = None, *, chosen_zone: str =
     if spec.efa_requested:
         extra[EFA_RESOURCE] = str(workers.efa_per_worker)
     worker_env = [*nccl_env(spec), *_downward_env(), *(_auth_env(job) if auth else []), *spec.env, *spec.network.env]
+    worker_env.append({"name": "FSDP_NOTICE_DIR", "value": NOTICE_DIR})
     worker = _container(
         "ray-worker", spec, _resources(workers.cpu, workers.memory, extra), worker_env, efa=spec.efa_requested
     )
@@ -336,9 +357,12 @@ def raycluster(job: Job, security: Security | None = None, *, chosen_zone: str =
     if spec.efa_requested:
         tolerations.append({"key": EFA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
 
+    grace = spec.training.checkpoint.grace_period_seconds
+    worker["lifecycle"] = worker_notice_hook(grace)
     worker_pod: dict[str, Any] = {
         **_pod_identity(spec),
         "securityContext": pod_security(spec),
+        "terminationGracePeriodSeconds": grace,
         "containers": [worker],
         "volumes": _volumes(workers.shared_memory),
     }

@@ -243,6 +243,33 @@ STATUS_SCHEMA: Schema = {
             "fsdpctl status --logs prints it.",
             "maxLength": 4096,
         },
+        "interruptions": {
+            "type": "array",
+            "maxItems": 16,
+            "description": "Notices that a worker's node goes away (a drain, a Spot interruption, a node taint), as "
+            "the ranks reported them, newest last (16 kept): the attempt, pod and node, the reason, noticeTime, the "
+            "step every rank stopped after, whether the checkpoint was saved, checkpointStep (where the next attempt "
+            "resumes), stepsLost, secondsToSaved (notice to checkpoint written) or secondsToDecision (a notice too "
+            "short for the save), and a message. Such an attempt does not count against backoffLimit.",
+            "items": {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+                "properties": {
+                    "attempt": _INT,
+                    "pod": _text("pod"),
+                    "node": _text("node"),
+                    "reason": _text("reason"),
+                    "noticeTime": {"type": "string", "format": "date-time"},
+                    "step": _INT,
+                    "saved": {"type": "boolean"},
+                    "checkpointStep": _INT,
+                    "stepsLost": _INT,
+                    "secondsToSaved": {"type": "number"},
+                    "secondsToDecision": {"type": "number"},
+                    "message": _text("message"),
+                },
+            },
+        },
         "rankFailures": {
             "type": "array",
             "maxItems": 16,

@@ -65,6 +65,14 @@ class Checkpoint:
         maximum=MAX_STEPS,
         train="checkpoint_interval",
     )
+    grace_period_seconds: int = declare(
+        "The worker pods' terminationGracePeriodSeconds: how long a worker being deleted (a drain, a Spot "
+        "interruption, a node taint) gives its ranks to finish the step and save a checkpoint before it goes "
+        "(docs/reliability.md, 'A node that goes away'). Size it from the save time status.checkpoint reports.",
+        default=120,
+        minimum=1,
+        maximum=3600,
+    )
 
 
 @dataclass(frozen=True, slots=True)

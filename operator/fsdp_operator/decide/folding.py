@@ -15,6 +15,7 @@ from fsdp_train.events import (
     Event,
     Export,
     Failure,
+    Interruption,
     Placement,
     Probe,
     Step,
@@ -26,6 +27,7 @@ from fsdp_train.events import (
 
 from fsdp_operator.api.spec import Job
 from fsdp_operator.api.training_spec import MAX_STEPS
+from fsdp_operator.decide import interruptions as interruptions_mod
 from fsdp_operator.decide import transport as transport_mod
 from fsdp_operator.decide.status import (
     RANK_FAILURES_KEPT,
@@ -188,6 +190,7 @@ def fold_events(
     total_steps = MAX_STEPS
     max_restarts = job.spec.run_policy.max_worker_restarts
     rejected = 0
+    interrupted = status.interruptions
 
     for event in events:
         if not _fits_world(event, world_size) or not _possible(event, total_steps):
@@ -349,6 +352,8 @@ def fold_events(
             failures.setdefault(_failure_key(failure), failure)
             while len(failures) > RANK_FAILURES_KEPT:
                 del failures[next(iter(failures))]
+        elif isinstance(event, Interruption):
+            interrupted = interruptions_mod.folded(interrupted, event, status.attempts, total_steps)
 
     new = replace(
         status,
@@ -362,6 +367,7 @@ def fold_events(
         rank_failures=list(failures.values())[-RANK_FAILURES_KEPT:],
         worker_restarts=restarts,
         worker_group_start=group_start,
+        interruptions=interrupted,
     )
     spec = job.spec
     conditions = new.conditions

@@ -143,6 +143,18 @@ class RayJobInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeNotice:
+    """A worker pod of the job on a node that a termination taint marks as going away (`runtime/nodes.py`)."""
+
+    pod: str
+    uid: str
+    node: str
+    taint: str
+    deleting: bool = False
+    """The pod is being deleted already (a drain, `kubectl delete pod`): nothing to do but to record it."""
+
+
+@dataclass(frozen=True, slots=True)
 class Observed:
     """Everything one pass saw. `None` means "absent" (cluster, Ray job) or "not asked"."""
 
@@ -180,6 +192,8 @@ class Observed:
     """Kueue's Workload of the RayCluster, read while the cluster is suspended or the job Queued; None: not found."""
     workload_error: str = ""
     """Why Kueue's Workloads could not be read (no Kueue installed, RBAC); empty when they were."""
+    node_notices: tuple[NodeNotice, ...] = ()
+    """Worker pods being deleted, and (with the operator's `nodeNotices` on) those on nodes with a termination taint."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +243,15 @@ class DeleteLeftover:
 
 
 @dataclass(frozen=True, slots=True)
+class DeletePod:
+    """Delete a worker pod (while it is the pod `uid`) whose node goes away: its preStop hook saves a checkpoint."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
 class PostEvent:
     type: Literal["Normal", "Warning"]
     reason: str
@@ -250,6 +273,7 @@ Action = (
     | CreateAuthSecret
     | ApplyNetworkPolicy
     | DeleteLeftover
+    | DeletePod
 )
 
 

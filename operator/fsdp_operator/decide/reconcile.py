@@ -22,7 +22,7 @@ from fsdp_train.events import clean_text
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.capacity.plan import ZoneChoice
-from fsdp_operator.decide import failure, queue
+from fsdp_operator.decide import failure, interruptions, queue
 from fsdp_operator.decide.folding import fold_events
 from fsdp_operator.decide.guards import (
     _check_deadline,
@@ -72,12 +72,6 @@ from fsdp_operator.decide.status import (
     set_condition,
     with_lifecycle_conditions,
 )
-
-# --- what was observed ----------------------------------------------------------------------------------
-
-
-# --- what to do -------------------------------------------------------------------------------------
-
 
 # --- the state machine ------------------------------------------------------------------------------
 
@@ -515,6 +509,8 @@ def _track_job(
         steps = status.result.get("steps") or status.progress.get("step")
         message = f"training finished after {steps} steps" if steps else "Ray job succeeded"
         return _finish(job, status, obs, Phase.SUCCEEDED, Reason.COMPLETED, message, stop_job=False)
+    if info.status == RAY_FAILED and interruptions.of_attempt(status):  # a node went away: resume, uncounted
+        return interruptions.next_attempt(job, status, obs, lambda new: _cluster_actions(job, new, security))
     if info.status == RAY_FAILED:
         # One line naming the cause (a rank's own report when one came, else the end of Ray's message);
         # the log tail Ray appends to its message is kept apart, in failureLog (`fsdpctl status --logs`).
@@ -531,8 +527,10 @@ def _track_job(
     running_message = (
         "Ray is preparing the job (runtime environment)" if info.status == RAY_PENDING else "training is running"
     )
+    status, noticed = interruptions.on_node_notices(job, status, obs)  # nodes going away: their pods save first
     return Decision(
         replace(status, phase=Phase.RUNNING, reason=Reason.JOB_RUNNING, message=running_message),
+        noticed,
         requeue_after=0.0 if obs.log_pending else None,
     )
 

@@ -80,6 +80,8 @@ class Reason(StrEnum):
     ADMITTED = "Admitted"
     PREEMPTED = "Preempted"
     """Kueue evicted the admitted RayCluster (preempted, or another eviction reason, named in the message)."""
+    INTERRUPTED = "Interrupted"
+    """A worker's node went away (a drain, a Spot interruption): the ranks saved and the next attempt resumes."""
 
 
 # Reasons posted as Warning events (everything in phase Failed is a Warning too). Waiting for workers
@@ -170,7 +172,7 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
         doc="Every worker pod is ready and joined Ray with its GPUs.",
     ),
     ConditionType.JOB_SUBMITTED: ConditionRule(
-        reasons=frozenset({"Accepted", "Suspended", Reason.PREEMPTED}) | _FAILURE_REASONS,
+        reasons=frozenset({"Accepted", "Suspended", Reason.PREEMPTED, Reason.INTERRUPTED}) | _FAILURE_REASONS,
         resets_on_new_attempt=False,  # set False with the failed attempt's reason on retry
         warning_when_false=False,  # the phase or Retrying event says it
         doc="Ray's job API accepted the current submission.",
@@ -356,6 +358,9 @@ class JobStatus:
     """When rank 0 of the current worker group reported its placement (second precision)."""
     queued_since: datetime | None = None
     """When the current wait in Kueue's queue began (phase Queued); None when not waiting."""
+    interruptions: list[dict[str, Any]] = field(default_factory=list)
+    """Notices that a worker's node goes away, as the ranks reported them (`decide/interruptions.py`); kept across
+    attempts."""
     queue: dict[str, Any] = field(default_factory=dict)
     """`queueName`: the LocalQueue, the Workload, the ClusterQueue that admitted it, seconds queued in all, and how
     often it was admitted and preempted (`decide/queue.py`)."""
@@ -401,6 +406,7 @@ class JobStatus:
             "workerGroupStartTime": format_time(self.worker_group_start) if self.worker_group_start else None,
             "queuedSince": format_time(self.queued_since) if self.queued_since else None,
             "queue": self.queue,
+            "interruptions": self.interruptions,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
         return copy.deepcopy({k: v for k, v in out.items() if v not in (None, "", [], {}, 0)})
@@ -458,6 +464,7 @@ class JobStatus:
             worker_group_start=parse_time(raw.get("workerGroupStartTime")),
             queued_since=parse_time(raw.get("queuedSince")),
             queue=mapping("queue"),
+            interruptions=listing("interruptions"),
         )
 
 

@@ -387,6 +387,7 @@ class ApiServer:
             self._count("delete", target)
             options = await _read_body(request, optional=True)
             propagation = query.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
+            grace = query.get("gracePeriodSeconds", options.get("gracePeriodSeconds"))
             deleted = self.store.delete(
                 rtype,
                 name,
@@ -394,6 +395,7 @@ class ApiServer:
                 propagation=str(propagation),
                 preconditions=options.get("preconditions"),
                 dry_run=dry_run,
+                grace_period=_grace_period(grace),
             )
             return _json_response(self._served(deleted, rtype, version))
         raise _method_not_allowed(method)
@@ -931,3 +933,18 @@ async def _read_body(request: web.Request, *, optional: bool = False) -> Obj:
     if not isinstance(body, dict):
         raise ApiError(400, "BadRequest", "the request body must be an object")
     return body
+
+
+def _grace_period(value: Any) -> int | None:
+    """DeleteOptions.gracePeriodSeconds from the query or the body; None when absent. A value that is not a whole
+    number of seconds is refused as the real server refuses it."""
+    if value is None:
+        return None
+    try:
+        period = int(value)
+    except (TypeError, ValueError):
+        raise ApiError(400, "BadRequest", f"invalid gracePeriodSeconds: {str(value)[:40]!r}") from None
+    if isinstance(value, bool) or period < 0:
+        message = f"DeleteOptions.meta.k8s.io is invalid: gracePeriodSeconds: Invalid value: {period}: must be >= 0"
+        raise ApiError(422, "Invalid", message)
+    return period

@@ -175,6 +175,8 @@ class RayNode:
     process: asyncio.subprocess.Process
     log_path: Path
     temp_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    """The container's environment as the node's processes got it (a hook runs with it too: `local/kubelet.py`)."""
 
     @property
     def marker(self) -> str:
@@ -206,6 +208,19 @@ class LocalCluster:
     """`spec.suspend: true`: no process, no pod (KubeRay's suspension)."""
     after: asyncio.Task[None] | None = None
     """The teardown of this cluster's previous run (a suspension) that must end before its pods are made again."""
+    manifest: Obj = field(default_factory=dict)
+    """The RayCluster as materialized: a worker pod that went is made again from its group's template."""
+
+
+POD_RAY_VOLUME = "/tmp/ray"
+"""Where the rendered pods mount their own Ray volume (`render.RAY_LOGS`): each local node's temp dir stands in."""
+
+
+def pod_local(value: str, temp_dir: Path) -> str:
+    """`value` with a path in the pod's own Ray volume made one in this node's temp dir (no mount namespaces here)."""
+    if value == POD_RAY_VOLUME or value.startswith(POD_RAY_VOLUME + "/"):
+        return str(temp_dir) + value[len(POD_RAY_VOLUME) :]
+    return value
 
 
 def _container_env(
@@ -364,6 +379,9 @@ class LocalKubeRay:
         base = f"/api/v1/namespaces/{cluster.namespace}/pods"
         pod = self._pod(cluster, name, labels, template)
         pod["spec"]["nodeName"] = f"local-{ip}"
+        # Each Ray node is a node of its own, registered as a kubelet registers its Node (409: it is there).
+        await self._request("POST", "/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
+                                                       "metadata": {"name": f"local-{ip}"}})  # fmt: skip
         await self._request("POST", base, pod)
         phase = "Running" if ready else "Pending"
         condition = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now_rfc3339()}
@@ -454,6 +472,10 @@ class LocalKubeRay:
 
     # ------------------------------------------------------------------ Ray processes
 
+    def next_node_name(self) -> str:
+        """The Node of the Ray node started next (its pod's `spec.nodeName`, `_put_pod`): one per 127.0.0.N."""
+        return f"local-127.0.0.{self._next_ip}"
+
     async def _start_node(
         self, cluster: LocalCluster, pod_name: str, args: list[str], env: dict[str, str], memory_limit: int | None
     ) -> RayNode:
@@ -462,6 +484,8 @@ class LocalKubeRay:
         temp_dir = cluster.workdir / f"n{len(cluster.nodes)}"  # short: Ray's socket paths are length-limited
         temp_dir.mkdir(parents=True, exist_ok=True)
         log_path = cluster.workdir / f"{pod_name}.log"
+        # The pod's Ray volume at /tmp/ray is its own: here each node's temp dir (Ray's --temp-dir below) is it.
+        env = {name: pod_local(value, temp_dir) for name, value in env.items()}
         process_env = {**os.environ, **env, "PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', '')}"}
         process_env["RAY_USAGE_STATS_ENABLED"] = "0"
         # `ray start` gives the dashboard 60 s and the dashboard its modules 30 s; on a loaded laptop or CI runner
@@ -493,7 +517,7 @@ class LocalKubeRay:
                 env=process_env,
                 start_new_session=True,
             )
-        node = RayNode(pod_name, ip, process, log_path, temp_dir)
+        node = RayNode(pod_name, ip, process, log_path, temp_dir, env)
         cluster.nodes.append(node)
         self.started.append(node)
         return node
@@ -540,6 +564,7 @@ class LocalKubeRay:
         if cluster.after is not None:
             await cluster.after  # a suspension's teardown deletes pods of the names made again below
         spec = rc["spec"]
+        cluster.manifest = rc
         head_group, (group, *_) = spec["headGroupSpec"], spec["workerGroupSpecs"]
         replicas = int(group.get("replicas", 1))
         base_labels = {"ray.io/cluster": cluster.name, **rc["metadata"].get("labels", {})}
@@ -563,7 +588,7 @@ class LocalKubeRay:
         head_container = head_group["template"]["spec"]["containers"][0]
         worker_container = group["template"]["spec"]["containers"][0]
         secrets = await self._secrets(cluster.namespace, [head_container, worker_container])
-        head_env = _container_env(head_container, head_name, "local-head", secrets)
+        head_env = _container_env(head_container, head_name, self.next_node_name(), secrets)
         if head_env.get("RAY_AUTH_MODE") == "token":
             cluster.token = head_env.get("RAY_AUTH_TOKEN", "")
         head = await self._start_node(
@@ -597,8 +622,8 @@ class LocalKubeRay:
 
         cpus = _cpus(worker_container, 1)
         workers: list[RayNode] = []
-        for i, pod_name in enumerate(worker_names):
-            env = _container_env(worker_container, pod_name, f"local-worker-{i}", secrets)
+        for pod_name in worker_names:
+            env = _container_env(worker_container, pod_name, self.next_node_name(), secrets)
             worker = await self._start_node(
                 cluster,
                 pod_name,
@@ -681,7 +706,9 @@ class LocalKubeRay:
         await stop_nodes(cluster.nodes)
         for node in cluster.nodes:
             with contextlib.suppress(RuntimeError, aiohttp.ClientError):
-                await self._request("DELETE", f"/api/v1/namespaces/{cluster.namespace}/pods/{node.pod_name}")
+                # Forced (grace 0): its processes are stopped already, there is nothing left to terminate gracefully.
+                path = f"/api/v1/namespaces/{cluster.namespace}/pods/{node.pod_name}?gracePeriodSeconds=0"
+                await self._request("DELETE", path)
 
     def failures(self) -> list[str]:
         """Why heads of current clusters are gone (see LocalCluster.failure)."""

@@ -36,6 +36,7 @@ from fsdp_operator.decide.summary import loss_curve, summary_lines
 from fsdp_operator.local import rbac
 from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
 from fsdp_operator.local.apiserver import ApiServer
+from fsdp_operator.local.kubelet import LocalKubelet
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, marked_processes
 from fsdp_operator.runtime import calls
 
@@ -255,7 +256,7 @@ OPERATOR_TOKEN = "fsdp-operator-token"
 
 def operator_rbac(namespace: str) -> list[Obj]:
     """The operator's ClusterRole and Role (watching `namespace` only) with their bindings, from the call table."""
-    cluster, namespaced = calls.required(watch_all=False, peering=False)
+    cluster, namespaced = calls.required(watch_all=False, peering=False, node_notices=True)
     meta = {"name": OPERATOR_ACCOUNT}
     role_ref = {"apiGroup": rbac.RBAC_GROUP, "name": OPERATOR_ACCOUNT}
     subjects = [{"kind": "ServiceAccount", "name": OPERATOR_ACCOUNT, "namespace": namespace}]
@@ -287,6 +288,9 @@ class LocalRun:
         self.access.add_token(OPERATOR_TOKEN, rbac.service_account(self.namespace, OPERATOR_ACCOUNT))
         self.api = ApiServer(access=self.access, admission=OwnerReferencesPermissionEnforcement())
         self.kuberay = LocalKubeRay("", workdir / "r")
+        # Pods are deleted gracefully, and the kubelet stand-in runs their preStop hooks (a worker can be drained).
+        self.api.store.graceful_pods = True
+        self.kubelet = LocalKubelet(self.kuberay)
         self.operator: asyncio.subprocess.Process | None = None
         self.http: aiohttp.ClientSession | None = None
         self.kubeconfig = workdir / "kubeconfig"
@@ -316,11 +320,14 @@ class LocalRun:
         self.http = aiohttp.ClientSession()
         self.kuberay.api_url = self.api.url
         self._kuberay_task = asyncio.get_running_loop().create_task(self.kuberay.run())
+        self._kubelet_task = asyncio.get_running_loop().create_task(self.kubelet.run())
         await self.start_operator()
 
     async def start_operator(self) -> None:
         """The operator in its own process (again, after a crash: its log goes on in the same file)."""
-        env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig), "PYTHONUNBUFFERED": "1"}
+        # Node notices on (the chart's nodeNotices.enabled): a taint on a local node drains its worker with a save.
+        env = {**os.environ, "KUBECONFIG": str(self.operator_kubeconfig), "PYTHONUNBUFFERED": "1",
+               "FSDP_NODE_NOTICES": "true"}  # fmt: skip
         log = (self.workdir / "operator.log").open("ab")
         self.operator = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -394,9 +401,11 @@ class LocalRun:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.operator.pid, signal.SIGKILL)
                 await self.operator.wait()
-        self._kuberay_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._kuberay_task
+        for task in (self._kuberay_task, self._kubelet_task):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.kubelet.close()
         await self.kuberay.close()
         if self.http is not None:
             await self.http.close()

@@ -20,7 +20,7 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from fsdp_operator.local import structural
 from fsdp_operator.local.patching import merge_patch
@@ -174,6 +174,9 @@ class Store:
     _gc_busy: bool = False
     _foreground: dict[str, tuple[tuple[str, str], tuple[str, str]]] = field(default_factory=dict)
     """Uid -> (type key, object key) of the owners in a foreground deletion, waiting for their dependents."""
+    graceful_pods: bool = False
+    """Graceful deletion of pods (`local/kubelet.py`, which plays the kubelet that finishes it). Off: a pod is
+    removed at once, as when no kubelet would ever finish its termination."""
 
     def __post_init__(self) -> None:
         self.history = deque(maxlen=self.history_length)
@@ -436,8 +439,10 @@ class Store:
         propagation: str = "Background",
         preconditions: Obj | None = None,
         dry_run: bool = False,
+        grace_period: int | None = None,
     ) -> Obj:
-        """Delete: with finalizers, mark (deletionTimestamp) and wait for them; else remove and collect."""
+        """Delete: with finalizers, mark (deletionTimestamp) and wait for them; else remove and collect. A pod on a
+        node (with `graceful_pods`) is marked terminating for its grace period instead (`_terminating`)."""
         with self.lock:
             ns = self._ns(rtype, namespace)
             old = self.objects[rtype.key].get((ns, name))
@@ -455,6 +460,12 @@ class Store:
                 )
             if dry_run:
                 return copy.deepcopy(old)
+            if rtype.key == ("", "pods") and self.graceful_pods:
+                terminating = self._terminating(rtype, old, grace_period)
+                if terminating is not None:
+                    return terminating
+                if old["metadata"].get("deletionTimestamp") and not old["metadata"].get("finalizers"):
+                    return self._remove(rtype, old)  # a terminating pod forced (grace 0): gone now
             if old["metadata"].get("deletionTimestamp"):
                 return copy.deepcopy(old)
             if propagation == "Orphan":
@@ -482,6 +493,36 @@ class Store:
                 self._commit(rtype, "MODIFIED", marked)
                 return copy.deepcopy(marked)
             return self._remove(rtype, old)
+
+    def _terminating(self, rtype: ResourceType, old: Obj, grace_period: int | None) -> Obj | None:
+        """Graceful deletion of a pod, as the API server's pod strategy does it (Kubernetes documentation, Pod
+        Lifecycle, "Termination of Pods"): the grace period is the request's `gracePeriodSeconds`, else the pod's
+        `terminationGracePeriodSeconds`, else 30; 0 for a pod bound to no node or already Succeeded or Failed. With
+        a period above 0 the pod is not removed: `metadata.deletionTimestamp` is set to now plus the period ("the
+        time beyond which the Pod is considered dead") and `deletionGracePeriodSeconds` to the period, and the
+        kubelet of its node stops its containers and then deletes it with period 0. A second deletion may only
+        shorten the period; with 0 the pod is removed at once (a forced deletion). None: remove as any object."""
+        meta, spec = old["metadata"], old.get("spec") or {}
+        phase = (old.get("status") or {}).get("phase")
+        period = grace_period if grace_period is not None else spec.get("terminationGracePeriodSeconds", 30)
+        if not isinstance(period, int) or isinstance(period, bool) or period < 0:
+            period = 30
+        if not spec.get("nodeName") or phase in ("Succeeded", "Failed"):
+            period = 0
+        current = meta.get("deletionGracePeriodSeconds")
+        if meta.get("deletionTimestamp"):
+            if period == 0 and not meta.get("finalizers"):
+                return None
+            if not isinstance(current, int) or period >= current:
+                return copy.deepcopy(old)
+        elif period == 0:
+            return None
+        marked = copy.deepcopy(old)
+        due = datetime.now(UTC) + timedelta(seconds=period)
+        marked["metadata"]["deletionTimestamp"] = due.strftime("%Y-%m-%dT%H:%M:%SZ")
+        marked["metadata"]["deletionGracePeriodSeconds"] = period
+        self._commit(rtype, "MODIFIED", marked)
+        return copy.deepcopy(marked)
 
     # ------------------------------------------------------------------ watches
 

@@ -93,6 +93,12 @@ CLIENT_CALLS = (
 )  # fmt: skip
 """What `kube.AioKube` sends; `Kube.delete_owned` picks among the three DELETEs by kind."""
 
+DELETE_POD = _call(
+    "delete", "", "v1", "pods", "nodeNotices: a worker pod on a node that goes away, so that its preStop hook saves"
+)
+NODE_NOTICE_CALLS = (DELETE_POD,)
+"""Only with the chart's `nodeNotices.enabled` (the operator's FSDP_NODE_NOTICES): reading nodes is granted anyway."""
+
 # --- kopf's own requests (handlers.py registers the watches; kopf makes the calls) ---
 _CRDS = ("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 KOPF_CALLS = (
@@ -135,7 +141,9 @@ ADMISSION_CHECKS = (
 )
 
 
-def required(watch_all: bool, peering: bool) -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
+def required(
+    watch_all: bool, peering: bool, node_notices: bool = False
+) -> tuple[set[tuple[str, str, str]], set[tuple[str, str, str]]]:
     """(rules at cluster scope, rules in each watched namespace) the operator needs, as (verb, group, resource).
 
     Watching every namespace, everything is granted at cluster scope (one ClusterRole); watching chosen ones,
@@ -145,6 +153,8 @@ def required(watch_all: bool, peering: bool) -> tuple[set[tuple[str, str, str]],
         calls += KOPF_NAMESPACED_MODE_CALLS
     if peering:
         calls += peering_calls(watch_all)
+    if node_notices:
+        calls += NODE_NOTICE_CALLS
     cluster = {c.rule for c in calls if watch_all or not c.namespaced}
     namespaced = set() if watch_all else {c.rule for c in calls if c.namespaced}
     return cluster, namespaced

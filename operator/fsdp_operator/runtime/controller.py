@@ -48,6 +48,7 @@ from fsdp_operator.decide.observed import (
     Decision,
     DeleteJob,
     DeleteLeftover,
+    DeletePod,
     DeleteRayCluster,
     Observed,
     PostEvent,
@@ -61,6 +62,7 @@ from fsdp_operator.runtime.kube import KubeError
 from fsdp_operator.runtime.kueue import read_workload
 from fsdp_operator.runtime.log_lines import complete_lines
 from fsdp_operator.runtime.log_worker import LogChunk, Obj, parse_and_reconcile
+from fsdp_operator.runtime.nodes import node_notices
 from fsdp_operator.runtime.provisioning import WhyWaiting, auto_zone_job, choose_zone
 from fsdp_operator.runtime.rayjobs import (
     LOG_CHUNK,
@@ -79,12 +81,6 @@ def _describe(error: BaseException) -> str:
 
 
 _CREATES = (CreateAuthSecret, ApplyNetworkPolicy, CreateRayCluster)
-
-
-def _transient(error: KubeError) -> bool:
-    """A failed request worth repeating as it was: no answer (the request may have taken effect), a server error,
-    throttling, a conflict, or the object gone (the next pass finds out). Other 4xx refuse the request itself."""
-    return not 400 <= error.status < 500 or error.status in (404, 409, 429)
 
 
 OFF_PROCESS_EVENTS = 64
@@ -268,7 +264,7 @@ class JobLoop:
         try:
             await self.write(stored, decision.status)
         except KubeError as e:
-            if _transient(e):
+            if e.transient:
                 # Not recorded, or recorded unseen (a lost answer): act on nothing. The next pass decides again from
                 # what is stored and acts once its decision is. Acting now lets that pass observe this one's action
                 # as someone else's: the RayCluster deleted for a `Succeeded` that was never written reads as
@@ -281,7 +277,7 @@ class JobLoop:
             try:
                 await self.write(stored, refused.status)
             except KubeError as again:
-                if not _transient(again):
+                if not again.transient:
                     # Nothing about this job can be recorded: work that must end ends anyway (a status the API
                     # server refuses in every form must not hold GPUs).
                     stopping = tuple(a for a in decision.actions if isinstance(a, MUST_STOP_ACTIONS))
@@ -391,7 +387,12 @@ class JobLoop:
             self.pending_chunk = LogChunk(text, verifier.key, verifier.last_seq)
             text = ""
         parsed = parse_log(text.splitlines(), verifier)
+        rt = self.rt
+        noticed = await node_notices(
+            rt.kube, self.namespace, cluster.name, taints=rt.config.node_notices, watched=rt.watched
+        )
         return Observed(
+            node_notices=noticed,
             now=now,
             cluster=cluster,
             ray_job=info,
@@ -507,7 +508,7 @@ class JobLoop:
                 self.log.warning(f"{type(action).__name__} failed, the next pass retries: {e}")
                 if isinstance(action, CreateAuthSecret | ApplyNetworkPolicy):
                     missing = "Secret" if isinstance(action, CreateAuthSecret) else "NetworkPolicy"
-                if isinstance(e, KubeError) and isinstance(action, _CREATES) and not _transient(e):
+                if isinstance(e, KubeError) and isinstance(action, _CREATES) and not e.transient:
                     # RBAC, admission, validation or quota: repeating the request changes nothing; say so in status.
                     kind = {CreateAuthSecret: "Secret", ApplyNetworkPolicy: "NetworkPolicy"}.get(
                         type(action), "RayCluster"
@@ -558,6 +559,9 @@ class JobLoop:
                     await self.rt.kube.post_event(obj, type_, reason, message)
                 except KubeError as e:
                     self.log.warning(f"could not post event {reason}: {e}")
+            case DeletePod(namespace=namespace, name=name, uid=uid):
+                if await self.rt.kube.delete_pod(namespace, name, uid):
+                    self.log.info(f"pod {name} deleted: its node goes away (its preStop hook saves a checkpoint)")
             case DeleteJob():
                 self.log.info("ttlSecondsAfterFinished passed: deleting the job")
                 await self.rt.kube.delete_job(self.namespace, self.name)

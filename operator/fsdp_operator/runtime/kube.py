@@ -53,6 +53,12 @@ class KubeError(RuntimeError):
         super().__init__(f"{status}: {message}")
         self.status = status
 
+    @property
+    def transient(self) -> bool:
+        """Worth repeating as it was: no answer (the request may have taken effect), a server error, throttling, a
+        conflict, or the object gone (the next pass finds out). Other 4xx refuse the request itself."""
+        return not 400 <= self.status < 500 or self.status in (404, 409, 429)
+
 
 class Kube(Protocol):
     """What the operator asks of the Kubernetes API."""
@@ -93,6 +99,10 @@ class Kube(Protocol):
         ...
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]: ...
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete a pod gracefully (its own grace period) while it is the pod `uid`: True when a delete was issued."""
+        ...
 
     async def list_events(self, namespace: str, field_selector: str) -> list[Obj]: ...
 
@@ -307,6 +317,11 @@ class AioKube:
         # Background propagation, as kubectl's default; the uid precondition answers 409 for a newer object.
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
         status, _ = await self._request(call[kind], namespace, name, body=body, allow=(404, 409))
+        return status not in (404, 409)
+
+    async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
+        status, _ = await self._request(calls.DELETE_POD, namespace, name, body=body, allow=(404, 409))
         return status not in (404, 409)
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:

@@ -56,6 +56,9 @@ class OperatorConfig:
     annotation_prefix: str = ANNOTATION_PREFIX
     security: render.Security = field(default_factory=render.Security)
     """Ray token authentication and the per-job NetworkPolicy (both on unless the environment says otherwise)."""
+    node_notices: bool = False
+    """Delete a running job's worker pods on nodes with a termination taint, so that they checkpoint first
+    (`runtime/nodes.py`; the chart's `nodeNotices.enabled` grants the pod delete it needs)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *, peering: str | None = None) -> OperatorConfig:
@@ -64,7 +67,8 @@ class OperatorConfig:
         - `FSDP_RAY_TOKEN_AUTH` (`true`/`false`): Ray's token authentication for every job's cluster;
         - `FSDP_JOB_NETWORK_POLICY` (`true`/`false`): a NetworkPolicy per job (off without a policy engine);
         - `FSDP_OPERATOR_NAMESPACE`: the operator's namespace, admitted by each job's NetworkPolicy;
-        - `FSDP_OPERATOR_POD_LABELS` (`k=v,k2=v2`): the labels of the operator's pods.
+        - `FSDP_OPERATOR_POD_LABELS` (`k=v,k2=v2`): the labels of the operator's pods;
+        - `FSDP_NODE_NOTICES` (`true`/`false`, default false): act on nodes' termination taints (`node_notices`).
         """
         env = os.environ if environ is None else environ
         labels = dict(item.split("=", 1) for item in env.get("FSDP_OPERATOR_POD_LABELS", "").split(",") if "=" in item)
@@ -74,7 +78,7 @@ class OperatorConfig:
             operator_namespace=env.get("FSDP_OPERATOR_NAMESPACE", ""),
             **({"operator_pod_labels": labels} if labels else {}),
         )
-        return cls(security=security, peering=peering)
+        return cls(security=security, peering=peering, node_notices=_flag(env.get("FSDP_NODE_NOTICES"), default=False))
 
 
 def _flag(value: str | None, *, default: bool) -> bool:

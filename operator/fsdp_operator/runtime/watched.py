@@ -36,13 +36,26 @@ def _older(version: str, than: str) -> bool:
     return version.isdigit() and than.isdigit() and int(version) < int(than)
 
 
+NODE_TYPE_LABEL = "ray.io/node-type"
+
+
 def _pod_view(body: Mapping[str, Any]) -> Obj:
-    """What `provisioning.unschedulable` reads of a pod: its name, phase and conditions."""
+    """What the loops read of a pod: its name, phase and conditions (`provisioning.unschedulable`); its uid, node,
+    node type and deletion (`nodes.node_notices`)."""
+    meta = body.get("metadata") or {}
     status = body.get("status") or {}
-    return {
-        "metadata": {"name": (body.get("metadata") or {}).get("name", "")},
+    view: Obj = {
+        "metadata": {
+            "name": meta.get("name", ""),
+            "uid": meta.get("uid", ""),
+            "labels": {k: v for k, v in (meta.get("labels") or {}).items() if k == NODE_TYPE_LABEL},
+        },
+        "spec": {"nodeName": (body.get("spec") or {}).get("nodeName") or ""},
         "status": {"phase": status.get("phase", "Pending"), "conditions": list(status.get("conditions") or [])},
     }
+    if meta.get("deletionTimestamp"):
+        view["metadata"]["deletionTimestamp"] = meta["deletionTimestamp"]
+    return view
 
 
 class Watched:

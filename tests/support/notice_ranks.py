@@ -1,0 +1,56 @@
+"""Ranks of the training loop as spawned CPU processes with a notice directory per simulated node.
+
+`run_rank_with_notices` joins a gloo group through a `FileStore`, runs `fsdp_train.loop.train` with a directory
+checkpointer and `FSDP_NOTICE_DIR` set to its node's folder (as the worker pod's environment sets it), and writes
+the events it printed and its return value to files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+
+def run_rank_with_notices(
+    rank: int,
+    world_size: int,
+    ranks_per_node: int,
+    store: str,
+    train: dict[str, Any],
+    out: str,
+    notices: str,
+    ckpt: str,
+) -> None:
+    import torch
+    import torch.distributed as dist
+    from fsdp_train.checkpoint import DirectoryCheckpoints
+    from fsdp_train.config import TrainConfig
+    from fsdp_train.loop import Host
+    from fsdp_train.loop import train as run_train
+    from fsdp_train.parallelize import Topology
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
+    node = rank // ranks_per_node
+    topo = Topology.from_values(
+        rank=rank,
+        world_size=world_size,
+        local_rank=rank % ranks_per_node,
+        local_world_size=ranks_per_node,
+        node_rank=node,
+        env={},
+    )
+    env = {"FSDP_NOTICE_DIR": str(Path(notices) / f"node{node}"), "POD_NAME": f"pod-{node}", "NODE_NAME": f"n{node}"}
+    host = Host(node_ip=f"127.0.0.{2 + node}", checkpointer=DirectoryCheckpoints(ckpt), env=env)
+    printed = io.StringIO()
+    result: dict[str, Any] = {}
+    try:
+        with contextlib.redirect_stdout(printed):
+            result = run_train(TrainConfig.from_dict(train), topo, host)
+    finally:
+        Path(out).write_text(printed.getvalue())
+        Path(out + ".json").write_text(json.dumps(result, default=str))
+        dist.destroy_process_group()

@@ -1,0 +1,162 @@
+"""A worker's node going away, in the state machine: the ranks' Interruption reports folded into
+`status.interruptions`, and an attempt that ended for one resumed as the next attempt without counting against
+`backoffLimit` (decide/interruptions.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from fsdp_operator.decide.observed import RAY_FAILED, RAY_RUNNING, DeletePod, NodeNotice, RayJobInfo
+from fsdp_operator.decide.status import JobStatus, Phase, Reason
+from fsdp_operator.runtime.nodes import termination_taint
+from fsdp_train.events import Interruption, Step
+from test_reconcile import CREATE, NOW, at, cluster, events, kinds, manifest, run
+
+NOTICED = NOW.timestamp() - 20
+STEP = Step(rank=0, step=37, total_steps=100, loss=2.0, tokens_per_second=1.0, tokens_per_second_per_device=0.5)
+
+
+def report(**fields: Any) -> Interruption:
+    values: dict[str, Any] = dict(rank=2, step=37, saved=True, checkpoint_step=37, seconds=4.5,
+                                  notice_time=NOTICED, pod="qwen-ray-gpu-workers-worker-abcde", node="ip-10-0-0-7",
+                                  reason="preStop")  # fmt: skip
+    return Interruption(**{**values, **fields})
+
+
+def running(**fields: Any) -> JobStatus:
+    return at(Phase.RUNNING, reason=Reason.JOB_RUNNING, **fields)
+
+
+def test_a_report_becomes_an_entry_and_the_failed_ray_job_resumes_as_an_uncounted_attempt() -> None:
+    m = manifest(backoffLimit=0)  # no retry allowed at all: an interruption is no failure
+    seen = run(m, running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING),
+               events=(STEP, report()), log_offset=100)  # fmt: skip
+    (entry,) = seen.status.interruptions
+    assert entry == {
+        "attempt": 1, "pod": "qwen-ray-gpu-workers-worker-abcde", "node": "ip-10-0-0-7", "reason": "preStop",
+        "noticeTime": "2026-11-29T11:59:40Z", "step": 37, "saved": True, "checkpointStep": 37, "stepsLost": 0,
+        "secondsToSaved": 4.5,
+    }  # fmt: skip
+    assert seen.status.phase == Phase.RUNNING  # the Ray job still runs: nothing decided yet
+
+    ended = run(m, seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED, "exit 3"), log_offset=100)
+    new = ended.status
+    assert (new.phase, new.reason) == (Phase.PROVISIONING, Reason.INTERRUPTED)
+    assert (new.attempts, new.failed_attempts) == (2, 0)
+    assert new.interruptions == seen.status.interruptions  # kept across attempts
+    assert "checkpoint of step 37 saved 4.5 s after the notice" in new.message
+    assert "attempt 2 resumes (not counted against backoffLimit)" in new.message
+    assert kinds(ended) == CREATE  # the cluster is reused when there (409), its workers waited for again
+    assert events(ended) == [("Normal", "Interrupted")]
+
+
+def test_without_a_report_a_failed_ray_job_still_counts() -> None:
+    m = manifest(backoffLimit=0)
+    earlier = running(interruptions=[{"attempt": 0, "pod": "p", "saved": True}])  # another attempt's report
+    ended = run(m, earlier, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED, "boom"), log_offset=0)
+    assert (ended.status.phase, ended.status.reason) == (Phase.FAILED, Reason.RAY_JOB_FAILED)
+
+
+def test_a_notice_too_short_says_so_and_resumes_from_the_periodic_checkpoint() -> None:
+    short = report(saved=False, checkpoint_step=20, seconds=0.3, message="the notice left 0.2 s; a save needs 3 s")
+    seen = run(manifest(), running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), events=(short,),
+               log_offset=10)  # fmt: skip
+    (entry,) = seen.status.interruptions
+    assert (entry["saved"], entry["checkpointStep"], entry["stepsLost"]) == (False, 20, 17)
+    assert entry["secondsToDecision"] == 0.3 and "secondsToSaved" not in entry
+    ended = run(manifest(), seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED), log_offset=10)
+    assert ended.status.reason == Reason.INTERRUPTED and ended.status.failed_attempts == 0
+    assert "no checkpoint in time (the notice left 0.2 s" in ended.status.message
+    assert "resuming from step 20" in ended.status.message
+
+
+def test_one_entry_per_pod_and_attempt_and_a_user_functions_report_takes_its_checkpoint_step() -> None:
+    twice = (report(), report(seconds=5.0), report(pod="other", rank=3))
+    seen = run(manifest(), running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), events=twice,
+               log_offset=10)  # fmt: skip
+    assert [(e["pod"], e["secondsToSaved"]) for e in seen.status.interruptions] == [
+        ("qwen-ray-gpu-workers-worker-abcde", 5.0), ("other", 4.5)]  # fmt: skip
+
+    user = report(step=0, checkpoint_step=0)  # the wrapper does not know the step: the function's report does
+    seen = run(manifest(), running(checkpoint={"step": 12, "path": "s3://b/x"}), cluster=cluster(),
+               ray_job=RayJobInfo("x", RAY_RUNNING), events=(user,), log_offset=10)  # fmt: skip
+    ended = run(manifest(), seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED), log_offset=10)
+    (entry,) = ended.status.interruptions
+    assert (entry["step"], entry["checkpointStep"], entry["stepsLost"]) == (12, 12, 0)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [dict(step=10**9), dict(checkpoint_step=40), dict(seconds=-1.0), dict(seconds=float("nan")),
+     dict(notice_time=1e300), dict(pod="x" * 10_000)],
+)  # fmt: skip
+def test_impossible_reports_are_not_entries_and_long_text_is_cut(bad: dict[str, Any]) -> None:
+    seen = run(manifest(), running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING),
+               events=(report(**bad),), log_offset=10)  # fmt: skip
+    entries = seen.status.interruptions
+    if "pod" in bad or "notice_time" in bad:
+        (entry,) = entries
+        assert len(entry["pod"]) <= 253 and ("noticeTime" not in entry) == ("notice_time" in bad)
+    else:
+        assert entries == []
+    assert replace(seen.status, interruptions=[]).phase == Phase.RUNNING
+
+
+def test_a_worker_on_a_tainted_node_is_deleted_once_and_the_ranks_report_completes_its_entry() -> None:
+    notice = NodeNotice(
+        "qwen-ray-gpu-workers-worker-abcde", "uid-1", "ip-10-0-0-7", "aws-node-termination-handler/spot-itn"
+    )
+    first = run(manifest(), running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), node_notices=(notice,))
+    assert [a for a in first.actions if isinstance(a, DeletePod)] == [DeletePod("ml", notice.pod, "uid-1")]
+    assert ("Normal", "NodeNotice") in events(first)
+    (entry,) = first.status.interruptions
+    assert (entry["reason"], entry["by"], entry["noticeTime"]) == (notice.taint, "operator", "2026-11-29T12:00:00Z")
+    # The next pass (the pod not deleted yet as far as it saw) deletes nothing again.
+    again = run(
+        manifest(), first.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), node_notices=(notice,)
+    )
+    assert not [a for a in again.actions if isinstance(a, DeletePod)]
+    # The ranks' report fills the entry; the taint stays its reason, the operator's time its notice.
+    seen = run(manifest(), again.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), events=(report(),),
+               log_offset=10)  # fmt: skip
+    (entry,) = seen.status.interruptions
+    assert (entry["reason"], entry["noticeTime"], entry["saved"], entry["stepsLost"]) == (
+        notice.taint, "2026-11-29T12:00:00Z", True, 0)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("taints", "found"),
+    [([{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}], "karpenter.sh/disrupted"),
+     ([{"key": "x"}, {"key": "aws-node-termination-handler/spot-itn", "value": "1"}],
+      "aws-node-termination-handler/spot-itn"),
+     ([{"key": "aws-node-termination-handler/rebalance-recommendation"}], ""),
+     ([{"key": "node.kubernetes.io/unschedulable"}], ""), ([], ""), (None, ""), (["junk", 3], "")],
+)  # fmt: skip
+def test_which_taints_say_a_node_goes_away(taints: Any, found: str) -> None:
+    assert termination_taint({"spec": {"taints": taints}}) == found
+
+
+def test_a_worker_pod_seen_deleted_ends_the_attempt_uncounted_even_when_its_ranks_never_reported() -> None:
+    """A drain's pod, its ranks killed before they could report (a grace period shorter than a step): the attempt
+    still ends uncounted, resuming from the newest checkpoint it reported, and says so."""
+    deleted = NodeNotice("qwen-ray-gpu-workers-worker-abcde", "uid-1", "ip-10-0-0-7", "", deleting=True)
+    seen = run(manifest(backoffLimit=0), running(checkpoint={"step": 20, "path": "/c"}), cluster=cluster(),
+               ray_job=RayJobInfo("x", RAY_RUNNING), node_notices=(deleted,))  # fmt: skip
+    assert not [a for a in seen.actions if isinstance(a, DeletePod)] and "NodeNotice" not in {
+        r for _, r in events(seen)
+    }
+    ended = run(manifest(backoffLimit=0), seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED))
+    assert (ended.status.phase, ended.status.reason, ended.status.failed_attempts) == (
+        Phase.PROVISIONING, Reason.INTERRUPTED, 0)  # fmt: skip
+    (entry,) = ended.status.interruptions
+    assert (entry["reason"], entry["saved"], entry["checkpointStep"]) == ("PodDeleted", False, 20)
+    assert "resuming from step 20" in ended.status.message
+
+    # When they do report, their report (the hook's time, reason preStop) is the entry.
+    seen = run(manifest(), running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), node_notices=(deleted,))
+    reported = run(manifest(), seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING),
+                   events=(report(),), log_offset=10)  # fmt: skip
+    (entry,) = reported.status.interruptions
+    assert (entry["reason"], entry["saved"], entry["noticeTime"]) == ("preStop", True, "2026-11-29T11:59:40Z")

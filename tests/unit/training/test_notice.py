@@ -1,0 +1,147 @@
+"""A node's notice to the training loop (`fsdp_train.notice`): two CPU ranks on two simulated nodes, the notice
+written into one node's directory as the worker pod's `preStop` hook writes it. Every rank stops after the same
+step, the checkpoint of that step is complete, the hook's `done` is written, and a resumed run continues from it
+with the losses of an uninterrupted run; a notice too short for the save skips it."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsdp_train.checkpoint import DirectoryCheckpoints
+from fsdp_train.events import Interruption, Step, Summary, parse_lines
+from fsdp_train.notice import DONE_FILE, NOTICE_FILE, read_notice, write_done
+from support.notice_ranks import run_rank_with_notices
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 256}  # fmt: skip
+STEPS = 6
+
+
+def train_config(ckpt: Path) -> dict[str, Any]:
+    return {"model_overrides": TINY, "steps": STEPS, "seq_len": 16, "batch_size_per_rank": 2,
+            "learning_rate": 1e-3, "lr_schedule": "constant", "mixed_precision": "fp32", "loss_chunk_tokens": 8,
+            "probe_size_bytes": 4096, "checkpoint_path": str(ckpt), "checkpoint_interval": 100}  # fmt: skip
+
+
+def run_two_ranks(tmp: Path, name: str, ckpt: Path, notices: Path) -> list[tuple[list[Any], dict[str, Any]]]:
+    ctx = multiprocessing.get_context("spawn")
+    store = tmp / f"{name}.store"
+    outs = [tmp / f"{name}.{rank}.out" for rank in range(2)]
+    procs = [
+        ctx.Process(target=run_rank_with_notices,
+                    args=(rank, 2, 1, str(store), train_config(ckpt), str(outs[rank]), str(notices), str(ckpt)))
+        for rank in range(2)
+    ]  # fmt: skip
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+        assert p.exitcode == 0, f"rank exited {p.exitcode}"
+    return [(list(parse_lines(o.read_text().splitlines())), json.loads(Path(f"{o}.json").read_text())) for o in outs]
+
+
+def write_notice(directory: Path, grace: float, reason: str = "preStop") -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / NOTICE_FILE).write_text(f"{time.time():.3f} {grace:g} {reason}\n")
+
+
+def losses(events: list[Any]) -> dict[int, float]:
+    return {e.step: e.loss for e in events if isinstance(e, Step) and e.loss is not None}
+
+
+def test_a_notice_stops_every_rank_after_the_same_step_with_its_checkpoint_and_the_rerun_resumes_there(
+    tmp_path: Path,
+) -> None:
+    ckpt, notices = tmp_path / "ckpt", tmp_path / "notices"
+    write_notice(notices / "node1", grace=60)  # the second node is going away; the first has no notice
+    (rank0, result0), (rank1, result1) = run_two_ranks(tmp_path, "a", ckpt, notices)
+
+    stopped = result0["interrupted"]
+    same = ("step", "saved", "checkpoint_step")
+    assert {k: result1["interrupted"][k] for k in same} == {k: stopped[k] for k in same} and stopped["saved"] is True
+    step = stopped["step"]
+    assert 1 <= step < STEPS and stopped["checkpoint_step"] == step
+    assert DirectoryCheckpoints(str(ckpt)).complete_steps() == [step]
+    # One report, from the node that had the notice, naming its pod and node; the hook's `done` there only.
+    reports = [e for e in rank0 + rank1 if isinstance(e, Interruption)]
+    assert len(reports) == 1 and reports[0].rank == 1
+    assert (reports[0].pod, reports[0].node, reports[0].step, reports[0].saved) == ("pod-1", "n1", step, True)
+    assert reports[0].reason == "preStop" and 0 <= reports[0].seconds < 120
+    assert (notices / "node1" / DONE_FILE).read_text().split()[1:] == [str(step), "1"]
+    assert not (notices / "node0" / DONE_FILE).exists()
+
+    # The next attempt (no notice now) resumes from that checkpoint and trains the rest, as an uninterrupted run.
+    (notices / "node1" / NOTICE_FILE).unlink()
+    (resumed, result), _ = run_two_ranks(tmp_path, "b", ckpt, notices)
+    assert "interrupted" not in result and result["resumed_from_step"] == step
+    (whole, _), _ = run_two_ranks(tmp_path, "c", tmp_path / "ckpt-whole", tmp_path / "none")
+    assert min(losses(resumed)) == step + 1
+    for s, loss in losses(resumed).items():
+        assert loss == pytest.approx(losses(whole)[s], rel=1e-5), s
+
+
+def test_a_notice_too_short_for_the_save_skips_it_and_says_so(tmp_path: Path) -> None:
+    ckpt, notices = tmp_path / "ckpt", tmp_path / "notices"
+    write_notice(notices / "node0", grace=0)
+    (rank0, result0), (_, result1) = run_two_ranks(tmp_path, "a", ckpt, notices)
+
+    assert result0["interrupted"]["saved"] is False and result1["interrupted"]["saved"] is False
+    assert result0["interrupted"]["checkpoint_step"] == 0  # nothing saved before: the next attempt starts over
+    assert DirectoryCheckpoints(str(ckpt)).complete_steps() == []
+    (report,) = [e for e in rank0 if isinstance(e, Interruption)]
+    assert report.saved is False and "a save needs" in report.message
+    assert (notices / "node0" / DONE_FILE).read_text().split()[2] == "0"
+    assert [e for e in rank0 if isinstance(e, Summary)]
+
+
+@pytest.mark.parametrize(
+    ("text", "grace"),
+    [("", 30.0), ("garbage", 30.0), ("1e999 5", 5.0), ("12 nan", 30.0), ("12 -4", 30.0), ("12 7 a b c", 7.0)],
+)
+def test_any_notice_file_is_a_notice(tmp_path: Path, text: str, grace: float) -> None:
+    (tmp_path / NOTICE_FILE).write_text(text)
+    notice = read_notice(tmp_path)
+    assert notice is not None and notice.deadline - notice.time == pytest.approx(grace)
+    assert notice.time <= time.time() + 5
+
+
+def test_no_notice_without_the_file_and_done_is_written_atomically(tmp_path: Path) -> None:
+    assert read_notice(tmp_path) is None and read_notice(tmp_path / "missing") is None
+    write_done(tmp_path, 7, True)
+    assert (tmp_path / DONE_FILE).read_text().split()[1:] == ["7", "1"]
+    assert [p.name for p in tmp_path.iterdir()] == [DONE_FILE]
+    write_done(tmp_path / "missing", 7, True)  # a directory gone: no exception, the hook just waits out its bound
+
+
+def test_a_user_function_polls_interrupted_and_the_wrapper_reports_and_marks_rank_0s_return_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fsdp_train import notice
+
+    monkeypatch.setattr(notice, "_USER_WATCH", None)
+    monkeypatch.setenv("FSDP_NOTICE_DIR", str(tmp_path))
+    monkeypatch.setenv("POD_NAME", "w-1")
+    assert notice.interrupted() is False and notice.finish_user_function({"mine": 1}) == {"mine": 1}
+    assert (tmp_path / "rank.0").read_text().strip().isdigit()  # the hook waits while this rank lives
+    write_notice(tmp_path, grace=60)
+    assert notice.interrupted() is True and notice.interrupted() is True  # agreed once, stays
+    marked = notice.finish_user_function({"mine": 1})
+    assert marked["interrupted"]["saved"] is True
+    (report,) = [e for e in parse_lines(capsys.readouterr().out.splitlines()) if isinstance(e, Interruption)]
+    assert (report.pod, report.saved, report.step) == ("w-1", True, 0)  # the step: the function's own report
+    assert (tmp_path / DONE_FILE).exists()
+
+
+def test_a_declared_save_time_counts_until_a_longer_one_is_measured() -> None:
+    from fsdp_train.notice import SAVE_SECONDS_ENV, Watch
+
+    assert Watch.from_env({SAVE_SECONDS_ENV: "45"}, 0, 0).longest_save == 45.0
+    for junk in ("", "x", "nan", "-3", "inf"):
+        assert Watch.from_env({SAVE_SECONDS_ENV: junk}, 0, 0).longest_save == 0.0
