@@ -587,3 +587,8 @@ def emit(event: Event) -> None:
 
 def as_dict(event: Event) -> dict[str, Any]:
     return {"kind": event.kind, **asdict(event)}
+
+
+# The health events (a rank's timings, a stall) are declared in a module of their own and join the schema here:
+# whoever imports this module parses them too. Last, so that the names that module derives from exist.
+from fsdp_train import health_events as _health_events  # noqa: E402, F401
