@@ -1,8 +1,7 @@
 """The events of a rank's health (``fsdp_train.health``): its step timings, and where it stands when it stalls.
 
-Declared apart from ``fsdp_train.events`` (which keeps to the project's module size) and registered into its
-schema: ``fsdp_train.events`` imports this module at its end, so whoever parses events parses these too, with
-the same total, bounded parser (every field typed and cut to the bounds of ``fsdp_train.wire``).
+Declared apart from ``fsdp_train.events`` (which keeps to the project's module size); its schema lists them, so
+they are parsed by the same total, bounded parser (every field typed and cut to the bounds of ``fsdp_train.wire``).
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from fsdp_train import events
+from fsdp_train.event_base import Event
 
 Where = Literal["collective", "code", "unknown"]
 """Where a stalled rank's training thread is: inside a ``torch.distributed`` call (waiting for its peers), in
@@ -18,7 +17,7 @@ code outside torch and Ray (its own work: a data reader, a user function), or no
 
 
 @dataclass(kw_only=True, slots=True)
-class RankHealth(events.Event):
+class RankHealth(Event):
     """One rank's step timings over the steps since its previous report (at most one report per interval)."""
 
     kind: ClassVar[str] = "health"
@@ -39,7 +38,7 @@ class RankHealth(events.Event):
 
 
 @dataclass(kw_only=True, slots=True)
-class Stall(events.Event):
+class Stall(Event):
     """This rank made no progress for its hang timeout: where its training thread is, and its stack."""
 
     kind: ClassVar[str] = "stall"
@@ -56,16 +55,3 @@ class Stall(events.Event):
     stack: str = ""
     """The training thread's innermost frames, innermost last, ``|``-separated; then the other threads' tops."""
     threads: int = 0
-
-
-HEALTH_EVENT_TYPES: tuple[type[events.Event], ...] = (RankHealth, Stall)
-
-
-def _register() -> None:
-    """Add these event types to the parser's schema (idempotent)."""
-    for cls in HEALTH_EVENT_TYPES:
-        events.EVENT_TYPES[cls.kind] = cls
-        events._HINTS[cls.kind] = events._hints(cls)
-
-
-_register()

@@ -452,6 +452,7 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
         "max_failures": spec.run_policy.max_worker_restarts,
         "storage_path": spec.training.checkpoint.storage or None,
         "name": job.name,
+        "health": spec.health.for_ranks(),
     }
     if spec.train_function is not None:
         config["function"] = user_function(spec)

@@ -80,6 +80,8 @@ class Reason(StrEnum):
     ADMITTED = "Admitted"
     PREEMPTED = "Preempted"
     """Kueue evicted the admitted RayCluster (preempted, or another eviction reason, named in the message)."""
+    RANK_STALLED = "RankStalled"
+    """A rank made no progress for spec.health's hang timeout (status.health says which, and where each rank was)."""
 
 
 # Reasons posted as Warning events (everything in phase Failed is a Warning too). Waiting for workers
@@ -110,6 +112,8 @@ class ConditionType(StrEnum):
     """True while the operator's own passes over the job fail (the message names the error)."""
     ZONE_PLACED = "ZonePlaced"
     EVENTS_AUTHENTIC = "EventsAuthentic"
+    PROGRESSING = "Progressing"
+    STRAGGLER = "Straggler"
     """False once an event line of the current attempt failed the signature check (docs/reliability.md)."""
 
 
@@ -125,6 +129,8 @@ class ConditionRule:
     """Turning False posts a Warning event with the condition's reason and message."""
     set_once: bool = False
     """Once True, never changed or removed (batch/v1 Job's `Complete` and `Failed`)."""
+    warning_when_true: bool = False
+    """Turning True posts a Warning event (a condition that names a problem when True: `Straggler`)."""
     doc: str = ""
 
 
@@ -144,6 +150,7 @@ _FAILURE_REASONS = frozenset(
         Reason.TRANSPORT_FALLBACK,
         Reason.TRANSPORT_UNVERIFIED,
         Reason.DATA_UNAVAILABLE,
+        Reason.RANK_STALLED,
     }
 )
 
@@ -226,6 +233,21 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
         warning_when_false=True,
         doc="Every event line of the current attempt carried a valid signature of its emitter; False: some did "
         "not (printed by other code, or replayed), were never folded, and are counted in forgedEvents.",
+    ),
+    ConditionType.PROGRESSING: ConditionRule(
+        reasons=frozenset({"RanksProgressing", Reason.RANK_STALLED}),
+        resets_on_new_attempt=True,
+        warning_when_false=True,
+        doc="Every rank finishes steps; False (RankStalled): a rank made no progress for spec.health's hang "
+        "timeout, and status.health says which rank, on which node, and where each rank was (docs/health.md).",
+    ),
+    ConditionType.STRAGGLER: ConditionRule(
+        reasons=frozenset({"NoStraggler", "SlowRank"}),
+        resets_on_new_attempt=True,
+        warning_when_false=False,
+        warning_when_true=True,
+        doc="True (SlowRank): a rank's own work per step is spec.health.stragglerRatio times the median rank's "
+        "or more over its last window; the message names the rank and its ratio.",
     ),
 }
 
@@ -359,6 +381,8 @@ class JobStatus:
     queue: dict[str, Any] = field(default_factory=dict)
     """`queueName`: the LocalQueue, the Workload, the ClusterQueue that admitted it, seconds queued in all, and how
     often it was admitted and preempted (`decide/queue.py`)."""
+    health: dict[str, Any] = field(default_factory=dict)
+    """The ranks' step timings, stalls and stragglers (`decide/health.py`); `lastStall` outlives the attempt."""
 
     @property
     def terminal(self) -> bool:
@@ -401,6 +425,7 @@ class JobStatus:
             "workerGroupStartTime": format_time(self.worker_group_start) if self.worker_group_start else None,
             "queuedSince": format_time(self.queued_since) if self.queued_since else None,
             "queue": self.queue,
+            "health": self.health,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
         return copy.deepcopy({k: v for k, v in out.items() if v not in (None, "", [], {}, 0)})
@@ -458,6 +483,7 @@ class JobStatus:
             worker_group_start=parse_time(raw.get("workerGroupStartTime")),
             queued_since=parse_time(raw.get("queuedSince")),
             queue=mapping("queue"),
+            health=mapping("health"),
         )
 
 
