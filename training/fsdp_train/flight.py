@@ -88,7 +88,9 @@ def _int(value: Any) -> int:
 def _sizes(entry: Mapping[str, Any]) -> str:
     sizes, dtypes = entry.get("input_sizes"), entry.get("input_dtypes")
     shapes = [
-        "[" + ",".join(str(d) for d in s if isinstance(d, int)) + "]" for s in (sizes or [])[:4] if isinstance(s, list)
+        "[" + ",".join(str(d) for d in s if isinstance(d, int)) + "]"
+        for s in (sizes[:4] if isinstance(sizes, list) else [])
+        if isinstance(s, list)
     ]
     kinds = sorted({d for d in (dtypes or []) if isinstance(d, str)})[:2] if isinstance(dtypes, list) else []
     return " ".join([",".join(shapes), *kinds]).strip()
