@@ -241,6 +241,7 @@ EXPECTED: dict[str, RayJobConfig] = {
 
 # The runtime environment every submission carries, besides the job's own runtimeEnv.envVars.
 RUNTIME_ENV_VARS = {
+    "TORCH_FR_BUFFER_SIZE": "2000",
     "RAY_DEDUP_LOGS": "0",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",

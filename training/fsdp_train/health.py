@@ -44,6 +44,8 @@ DERIVED_TIMEOUT_FLOOR = 300.0
 """... and never less than this (a checkpoint or a slow step must not read as a hang)."""
 LONG_SECTION_FLOOR = 600.0
 """Inside an evaluation, a checkpoint or an export the timeout is at least this: they take many steps' time."""
+ENABLED_ENV = "FSDP_TRAIN_HEALTH"
+"""Under torchrun (no operator): ``0`` turns the timings and the watchdog off (the overhead benchmark's baseline)."""
 STACK_FRAMES = 12
 """Innermost frames of the training thread kept in a ``Stall`` (its whole stack goes to stderr)."""
 
@@ -262,6 +264,8 @@ class Monitor:
 
     def step(self, step: int) -> None:
         """Step `step` finished on this rank (or was queued: the loop's host-side step)."""
+        if not self.config.enabled:
+            return
         now = self._clock()
         with self._lock:
             if self._last_progress is not None:
@@ -278,6 +282,9 @@ class Monitor:
     @contextlib.contextmanager
     def data(self) -> Iterator[None]:
         """Around the wait for the next batch: its time is this step's data wait."""
+        if not self.config.enabled:
+            yield
+            return
         started = self._clock()
         try:
             yield

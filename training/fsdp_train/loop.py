@@ -590,4 +590,5 @@ def run_from_env(cfg: TrainConfig) -> dict[str, Any]:
         DirectoryCheckpoints(cfg.checkpoint_path, asynchronous=True) if cfg.checkpoint_path else NoCheckpoints()
     )
     host = Host(node_ip=report.guess_node_ip(os.environ), checkpointer=checkpointer)
+    host.health = health.HealthConfig(enabled=os.environ.get(health.ENABLED_ENV, "1") != "0")
     return train(cfg, topo, host)
