@@ -236,6 +236,10 @@ def judge(job: Job, status: JobStatus, *, now: datetime) -> JobStatus:
             conditions, ConditionType.STRAGGLER, "False", "NoStraggler", "no rank is slower than the others",
             now=now, generation=gen,
         )  # fmt: skip
+    named = {s["rank"] for s in suspects[:16]}
+    for entry in health["ranks"]:
+        if entry.get("rank") not in named:
+            entry.pop("stack", None)  # a stack per suspect: a few KiB whatever the world size
     health["suspects"] = suspects[:16]
     if not suspects:
         health.pop("suspects")
