@@ -207,3 +207,22 @@ def test_any_entries_summarize_without_error(entries: list[Any]) -> None:
     dump = flight.load(pickle.dumps({"version": "2.10", "entries": entries}, protocol=2))
     for group in flight.summarize(dump):
         assert group.text()
+
+
+def test_a_user_function_progresses_by_its_ray_train_report_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray.train
+    from fsdp_train.health import watching_reports
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(ray.train, "report", lambda metrics, **_: seen.append(metrics))
+    original = ray.train.report
+    with watching_reports(5, HealthConfig(hang_timeout_seconds=60.0)) as monitor:
+        from ray.train import report  # as a user's module imports it, inside the function
+
+        assert monitor._last_progress is None  # not armed before the first report
+        report({"loss": 1.0})
+        ray.train.report({"loss": 0.5})
+        assert monitor._step == 2 and monitor._last_progress is not None
+        assert monitor._thread is not None and monitor._thread.is_alive()
+    assert seen == [{"loss": 1.0}, {"loss": 0.5}]
+    assert ray.train.report is original and monitor._thread is None
