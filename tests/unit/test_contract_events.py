@@ -305,7 +305,7 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
         "collective_fraction": "health.ranks.0.collectiveFraction",
         "samples": (None, "how many stack samples the fraction is over: diagnostic, in the log"),
         "hang_timeout_seconds": "health.ranks.0.timeoutSeconds",
-        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+        "time": (None, "the later stall's time replaces it in health.ranks.0.reportedAt (orders a rank's lines)"),
     },
     "stall": {
         "rank": "health.suspects.0.rank",
@@ -316,7 +316,7 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
         "collective": "health.ranks.0.collective",
         "stack": "health.ranks.0.stack",
         "threads": (None, "how many threads the stack covers: diagnostic, in the log (faulthandler's dump)"),
-        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+        "time": "health.ranks.0.reportedAt",
     },
     "failure": {
         "rank": "rankFailures.0.rank",
@@ -408,6 +408,7 @@ EXPECTED_VALUES: dict[str, Any] = {
     "health.ranks.0.at": "train.py:88 in step",
     "health.ranks.0.collective": "all_reduce #12 ([1000] Float) entered, #11 completed (group 0 default_pg)",
     "health.ranks.0.stack": "train.py:88 in step | distributed_c10d.py:3252 in all_reduce",
+    "health.ranks.0.reportedAt": 9.0,
 }
 
 

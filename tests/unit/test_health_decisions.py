@@ -290,3 +290,14 @@ def _job(ratio: float) -> Any:
     from fsdp_operator.api.spec import parse_job
 
     return parse_job(manifest(stragglerRatio=ratio))
+
+
+def test_lines_are_ordered_by_the_ranks_clock_a_restarted_group_counts_a_re_read_line_does_not() -> None:
+    old_stall = Stall(rank=1, time=100.0, step=30, seconds=31.0, where="code", at="reader.py:12 in next_batch")
+    later = RankHealth(rank=1, time=200.0, step=31, steps=20, step_seconds=0.5)
+    folded = health.fold({}, [old_stall, later, old_stall], attempt=1, world_size=WORLD)  # the stall re-read
+    assert "state" not in folded["ranks"][0] and folded["ranks"][0]["reportedAt"] == 200.0
+    # Ray Train restarted the group from the step-10 checkpoint: its stall at step 12 is new, though below 31.
+    restarted = Stall(rank=1, time=300.0, step=12, seconds=31.0, where="code", at="reader.py:12 in next_batch")
+    again = health.fold(folded, [restarted], attempt=1, world_size=WORLD)
+    assert (again["ranks"][0]["state"], again["ranks"][0]["stalledAtStep"]) == ("Stalled", 12)

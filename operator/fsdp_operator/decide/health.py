@@ -58,12 +58,15 @@ def fold(health: Mapping[str, Any], events: Iterable[HealthEvent], *, attempt: i
         if isinstance(entry, Mapping) and 0 <= _int(entry.get("rank")) < world_size:
             ranks[_int(entry["rank"])] = dict(entry)
     for event in events:
-        if not 0 <= event.rank < world_size:
+        if not 0 <= event.rank < world_size or not math.isfinite(event.time):
             continue
         entry = ranks.setdefault(event.rank, {"rank": event.rank})
+        last = _num(entry.get("reportedAt"))
+        if last is not None and event.time < last:
+            continue  # an older line re-read (the rank's clock orders its own lines, a restarted group's too)
+        entry["reportedAt"] = round(event.time, 3)
         if isinstance(event, RankHealth):
-            if event.step < _int(entry.get("step")):
-                continue  # an older report re-read
+            _unstall(entry)  # a later report: the rank finished steps since (a restarted group starts lower)
             own = event.step_seconds * (1.0 - min(max(event.collective_fraction, 0.0), 1.0))
             entry.update(
                 step=event.step,
@@ -74,11 +77,7 @@ def fold(health: Mapping[str, Any], events: Iterable[HealthEvent], *, attempt: i
                 ownSeconds=_round(own),
                 timeoutSeconds=_round(event.hang_timeout_seconds, 1),
             )
-            if event.step > _int(entry.get("stalledAtStep")):
-                _unstall(entry)
         else:
-            if event.step < _int(entry.get("step")) and "stalledAtStep" not in entry:
-                continue  # a stall of a step this rank has since passed (a re-read line)
             entry.update(
                 state="Stalled",
                 stalledAtStep=event.step,
@@ -88,7 +87,7 @@ def fold(health: Mapping[str, Any], events: Iterable[HealthEvent], *, attempt: i
                 collective=event.collective,
                 stack=event.stack[:STACK_KEPT],
             )
-            entry["step"] = max(event.step, _int(entry.get("step")))
+            entry["step"] = event.step
     out["ranks"] = [ranks[r] for r in sorted(ranks)]
     return out
 
