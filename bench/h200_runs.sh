@@ -181,7 +181,8 @@ slow='"seq_len":2048,"batch_size_per_rank":8,"grad_accum":4,"steps":3,"lr_schedu
 health_overhead() {  # ROUNDS (2) pairs of runs, one compile cache: health off, then on; tokens/s each and the mean
     local cache="$out/compile-cache-health" cfg rounds=${ROUNDS:-2} log
     rm -rf "$cache"
-    cfg='{"seq_len":2048,"batch_size_per_rank":8,"steps":'${STEPS:-80}',"lr_schedule":"constant","compile":true,"reshard_after_forward":false,"probe_size_bytes":0,"compile_cache_dir":"'$cache'"}'
+    # SEQ, BATCH and COMPILE shrink it for a CPU smoke run of this script (with OVERRIDES).
+    cfg='{"seq_len":'${SEQ:-2048}',"batch_size_per_rank":'${BATCH:-8}',"steps":'${STEPS:-80}',"lr_schedule":"constant","compile":'${COMPILE:-true}',"reshard_after_forward":false,"probe_size_bytes":0,"compile_cache_dir":"'$cache'"}'
     cfg=$(with_overrides "$cfg")
     for round in $(seq 1 "$rounds"); do
         for health in 0 1; do
