@@ -204,6 +204,24 @@ def flight_for(device: Any = None) -> Callable[[], str] | None:
     return flight.summary if flight.recording() else None
 
 
+FLIGHT_SECONDS = 5.0
+"""Longest wait for the flight recorder's dump: a stall is reported without it rather than not at all."""
+
+
+def _within(seconds: float, read: Callable[[], str]) -> str:
+    """`read()` on a thread of its own, its result if it came within `seconds` without raising; else empty."""
+    result: list[str] = []
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # the flight recorder is evidence, never a reason to fail
+            result.append(read())
+
+    worker = threading.Thread(target=run, name="fsdp-health-flight", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return result[0] if result else ""
+
+
 # --- the monitor --------------------------------------------------------------------------------------------
 
 
@@ -367,8 +385,7 @@ class Monitor:
         here = locate(frames.get(self._training))
         collective = here.collective
         if self._flight is not None and here.where == "collective":
-            with contextlib.suppress(Exception):  # the flight recorder is evidence, never a reason to fail
-                collective = self._flight() or collective
+            collective = _within(FLIGHT_SECONDS, self._flight) or collective
         with contextlib.suppress(Exception):
             print(f"fsdp_train: rank {self.rank} made no progress for {seconds:.0f}s; its threads:", file=sys.stderr)
             sys.stderr.flush()

@@ -226,3 +226,24 @@ def test_a_user_function_progresses_by_its_ray_train_report_calls(monkeypatch: p
         assert monitor._thread is not None and monitor._thread.is_alive()
     assert seen == [{"loss": 1.0}, {"loss": 0.5}]
     assert ray.train.report is original and monitor._thread is None
+
+
+def test_a_flight_recorder_that_hangs_or_raises_never_keeps_the_stall_from_being_reported() -> None:
+    import threading
+
+    from fsdp_train import health
+
+    never = threading.Event()
+
+    def hangs() -> str:
+        never.wait(30)
+        return "late"
+
+    def raises() -> str:
+        raise RuntimeError("no recorder")
+
+    started = time.monotonic()
+    assert health._within(0.2, hangs) == "" and time.monotonic() - started < 5
+    assert health._within(1.0, raises) == ""
+    assert health._within(5.0, lambda: "all_reduce #3 entered") == "all_reduce #3 entered"
+    never.set()
