@@ -247,3 +247,13 @@ def test_a_flight_recorder_that_hangs_or_raises_never_keeps_the_stall_from_being
     assert health._within(1.0, raises) == ""
     assert health._within(5.0, lambda: "all_reduce #3 entered") == "all_reduce #3 entered"
     never.set()
+
+
+@pytest.mark.parametrize("dump", sorted(p.name for p in FIXTURES.glob("*.pkl")))
+def test_every_recorded_dump_parses_into_numbered_collectives(dump: str) -> None:
+    """Each fixture, NCCL's (recorded on an H200) and gloo's: groups with a named, numbered last collective."""
+    groups = flight.summarize(flight.load((FIXTURES / dump).read_bytes()))
+    assert groups, dump
+    for group in groups:
+        assert group.entered is not None and group.entered.seq >= 1 and group.entered.name.isidentifier(), group
+        assert group.completed is None or group.completed.seq <= group.entered.seq
