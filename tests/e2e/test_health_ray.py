@@ -1,9 +1,10 @@
 """spec.health end to end: `fsdpctl run-local`, CPU ranks on gloo, real Ray processes.
 
-The default case is the whole story in one run of the bundled function: rank 2 is slower than the others by a fixed
-time per step (named a straggler), rank 1 blocks in code before a step while the others wait in FSDP's collectives
-(with `hangTimeoutSeconds: 30` the status names rank 1, its `file:line` and the others' collective), and
-`onHang: Restart` resumes from the checkpoint and finishes. The same for a user function, `onHang: Fail`, and a
+The default case is the whole story in one run of the bundled function on two ranks: rank 0 is slower than the
+other by a fixed time per step (named a straggler), rank 1 blocks in code before a step while rank 0 waits in FSDP's
+collectives (with `hangTimeoutSeconds: 30` the status names rank 1, its `file:line` and the other's collective), and
+`onHang: Restart` resumes from the checkpoint and finishes (about 8 minutes of wall time on the loaded 2-core
+machine, most of it two Ray starts). The same for a user function, `onHang: Fail`, and a
 clean 200-step run that must raise neither verdict run with `make test-all` (`slow`).
 
 The faults come from the bundled loop's test hook (`fsdp_train.fault_hooks`, an environment variable set through
