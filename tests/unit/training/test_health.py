@@ -151,6 +151,13 @@ def test_the_recorded_dumps_say_which_collective_each_rank_entered_and_completed
     # Rank 0 waits in #5, which rank 1 has not entered: rank 1 is the one to look at.
     assert flight.stuck(waiting) == waiting[0] and waiting[0].entered and waiting[0].entered.seq == 5
     assert flight.main([str(FIXTURES / "gloo-rank1-late.pkl")]) == 0
+    # NCCL on an H200: every collective finished, then an all-reduce dumped before it ran.
+    done = flight.summarize(flight.load((FIXTURES / "nccl-h200-completed.pkl").read_bytes()))
+    in_flight = flight.summarize(flight.load((FIXTURES / "nccl-h200-in-flight.pkl").read_bytes()))
+    assert [g.text() for g in done] == ["broadcast #10 ([1048576] Float) entered, #10 completed (group 0 default_pg)"]
+    assert [g.text() for g in in_flight] == [
+        "all_reduce #11 ([1048576] Float) entered, #10 completed (group 0 default_pg)"
+    ]
 
 
 def test_a_dump_naming_any_global_is_refused_and_nothing_of_it_runs(tmp_path: Path) -> None:
