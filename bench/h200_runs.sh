@@ -21,6 +21,8 @@
 #                                      # (OUTDIR/fr), checkpoints with lasting pinned buffers, the mask's ratio
 #   bench/h200_runs.sh notice OUTDIR        # 1 GPU: a node's notice at step 35 of the 1.5B run (a save every 20
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
+#   bench/h200_runs.sh health OUTDIR  # 1 GPU: the bundled function with spec.health's timings, watchdog and flight
+#                                     # recorder off and on, interleaved (off, on, off, on), tokens/s of each
 #
 # Needs torch and transformers (no Ray, no install: the package is put on PYTHONPATH). Every run has
 # its own time limit, so one hang costs one row. Logs go to OUTDIR/logs; the tables to stdout.
@@ -201,6 +203,45 @@ nvidia-smi --query-gpu=name,memory.total,power.limit,driver_version --format=csv
 sockets=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 FSDP_TRAIN_RANKS_PER_NODE=1)
 gathered='"reshard_after_forward":false'
 slow='"seq_len":2048,"batch_size_per_rank":8,"grad_accum":4,"steps":3,"lr_schedule":"constant","compile":true,"probe_size_bytes":268435456'
+health_overhead() {  # ROUNDS (2) pairs of runs, one compile cache: health off, then on; tokens/s each and the mean
+    local cache="$out/compile-cache-health" cfg rounds=${ROUNDS:-2} log
+    rm -rf "$cache"
+    # SEQ, BATCH and COMPILE shrink it for a CPU smoke run of this script (with OVERRIDES).
+    cfg='{"seq_len":'${SEQ:-2048}',"batch_size_per_rank":'${BATCH:-8}',"steps":'${STEPS:-80}',"lr_schedule":"constant","compile":'${COMPILE:-true}',"reshard_after_forward":false,"probe_size_bytes":0,"compile_cache_dir":"'$cache'"}'
+    cfg=$(with_overrides "$cfg")
+    for round in $(seq 1 "$rounds"); do
+        for health in 0 1; do
+            local start=$SECONDS fr=0
+            [ "$health" = 1 ] && fr=2000
+            log="$out/logs/health-$health-$round.log"
+            echo "\$ FSDP_TRAIN_HEALTH=$health TORCH_FR_BUFFER_SIZE=$fr torchrun --nproc-per-node 1 -m fsdp_train --config-json '$cfg'" >"$log"
+            FSDP_TRAIN_HEALTH=$health TORCH_FR_BUFFER_SIZE=$fr timeout 400 "$py" -m torch.distributed.run --standalone \
+                --nproc-per-node 1 -m fsdp_train --config-json "$cfg" >>"$log" 2>&1
+            echo "(exit $?, $((SECONDS - start)) s)" >>"$log"
+        done
+    done
+    rm -rf "$cache"
+    "$py" - "$out"/logs/health-*.log <<'PY'
+import sys
+from collections import defaultdict
+from fsdp_train.events import Summary, parse_lines
+from fsdp_train.health_events import RankHealth
+rates = defaultdict(list)
+for path in sorted(sys.argv[1:]):
+    events = list(parse_lines(open(path, errors="replace")))
+    summary = next((e for e in events if isinstance(e, Summary) and e.rank == 0), None)
+    reports = sum(isinstance(e, RankHealth) for e in events)
+    mode = "on" if "/health-1-" in path else "off"
+    rate = summary.tokens_per_second if summary is not None else None
+    print(f"# health {mode:3} {path.rsplit('/', 1)[-1]}: {rate if rate is None else round(rate)} tokens/s, {reports} health reports")
+    if rate:
+        rates[mode].append(rate)
+if rates["off"] and rates["on"]:
+    off, on = sum(rates["off"]) / len(rates["off"]), sum(rates["on"]) / len(rates["on"])
+    print(f"# health overhead: off {off:.0f} tokens/s, on {on:.0f} tokens/s: {100 * (off - on) / off:+.2f} % (positive: slower with health on)")
+PY
+}
+
 case "$mode" in
 levers)
     bench levers-2048 2 250 --seq-len 2048 --batch 8 --warmup 3 --steps 8 \
@@ -296,6 +337,8 @@ round5-checkpoint)  # one GPU: asynchronous checkpoints of the 1.5B run, blocked
     ;;
 notice)  # one GPU: a node's notice during the 1.5B run (fsdp_train.notice): notice -> saved, blocked and total save
     notice_run
+health)  # one GPU: spec.health's overhead, off and on side by side
+    health_overhead
     ;;
 round5)  # both halves in one call (about 15 minutes)
     round5_speed

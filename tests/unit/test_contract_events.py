@@ -36,6 +36,7 @@ from fsdp_train.events import (
     Transport,
     parse_lines,
 )
+from fsdp_train.health_events import RankHealth, Stall
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 CRD = Path(__file__).resolve().parents[2] / "crds" / "fsdptrainingjob.yaml"
@@ -174,7 +175,31 @@ EVENTS: list[Event] = [
         node="ip-10-0-0-7",
         reason="preStop",
     ),
+    RankHealth(
+        rank=0,
+        time=8.0,
+        step=39,
+        steps=20,
+        step_seconds=1.23456,
+        data_seconds=0.01234,
+        collective_fraction=0.25,
+        samples=480,
+        hang_timeout_seconds=300.0,
+    ),
 ]
+
+# A stall ends the attempt (onHang): it is folded in a pass of its own, after the others.
+STALL = Stall(
+    rank=0,
+    time=9.0,
+    step=39,
+    seconds=31.5,
+    where="collective",
+    at="train.py:88 in step",
+    collective="all_reduce #12 ([1000] Float) entered, #11 completed (group 0 default_pg)",
+    stack="train.py:88 in step | distributed_c10d.py:3252 in all_reduce",
+    threads=3,
+)
 
 # event kind -> field -> where the status keeps it (dotted path), or None with the reason it is not kept.
 RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
@@ -284,6 +309,28 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
         "rank": (None, "only rank 0 reports its start"),
         "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
     },
+    "health": {
+        "rank": "health.ranks.0.rank",
+        "step": "health.ranks.0.step",
+        "steps": "health.ranks.0.steps",
+        "step_seconds": "health.ranks.0.stepSeconds",
+        "data_seconds": "health.ranks.0.dataSeconds",
+        "collective_fraction": "health.ranks.0.collectiveFraction",
+        "samples": (None, "how many stack samples the fraction is over: diagnostic, in the log"),
+        "hang_timeout_seconds": "health.ranks.0.timeoutSeconds",
+        "time": (None, "the later stall's time replaces it in health.ranks.0.reportedAt (orders a rank's lines)"),
+    },
+    "stall": {
+        "rank": "health.suspects.0.rank",
+        "step": "health.ranks.0.stalledAtStep",
+        "seconds": "health.ranks.0.stalledSeconds",
+        "where": "health.ranks.0.where",
+        "at": "health.ranks.0.at",
+        "collective": "health.ranks.0.collective",
+        "stack": "health.ranks.0.stack",
+        "threads": (None, "how many threads the stack covers: diagnostic, in the log (faulthandler's dump)"),
+        "time": "health.ranks.0.reportedAt",
+    },
     "failure": {
         "rank": "rankFailures.0.rank",
         "message": "rankFailures.0.message",
@@ -381,6 +428,21 @@ EXPECTED_VALUES: dict[str, Any] = {
     "interruptions.0.pod": "tiny-ray-cpu-workers-worker-00001",
     "interruptions.0.node": "ip-10-0-0-7",
     "interruptions.0.reason": "preStop",
+    "health.ranks.0.rank": 0,
+    "health.ranks.0.step": 39,
+    "health.ranks.0.steps": 20,
+    "health.ranks.0.stepSeconds": 1.2346,
+    "health.ranks.0.dataSeconds": 0.0123,
+    "health.ranks.0.collectiveFraction": 0.25,
+    "health.ranks.0.timeoutSeconds": 300.0,
+    "health.suspects.0.rank": 0,
+    "health.ranks.0.stalledAtStep": 39,
+    "health.ranks.0.stalledSeconds": 31.5,
+    "health.ranks.0.where": "collective",
+    "health.ranks.0.at": "train.py:88 in step",
+    "health.ranks.0.collective": "all_reduce #12 ([1000] Float) entered, #11 completed (group 0 default_pg)",
+    "health.ranks.0.stack": "train.py:88 in step | distributed_c10d.py:3252 in all_reduce",
+    "health.ranks.0.reportedAt": 9.0,
 }
 
 
@@ -421,7 +483,7 @@ def wire(events: list[Event]) -> list[str]:
 
 
 def test_every_event_kind_is_in_the_sample() -> None:
-    assert sorted(type(e).kind for e in EVENTS) == sorted([*EVENT_TYPES, "probe"])
+    assert sorted(type(e).kind for e in [*EVENTS, STALL]) == sorted([*EVENT_TYPES, "probe"])
 
 
 def test_every_event_field_is_accounted_for() -> None:
@@ -431,7 +493,7 @@ def test_every_event_field_is_accounted_for() -> None:
 
 
 def test_every_event_field_lands_where_the_table_says() -> None:
-    status = one_pass(wire(EVENTS))
+    status = one_pass(wire([*EVENTS, STALL]))
     paths = {p for fields in RECORDED.values() for p in fields.values() if isinstance(p, str)}
     assert paths == set(EXPECTED_VALUES)
     for path in sorted(paths):
@@ -458,6 +520,7 @@ def test_the_conditions_the_events_decide() -> None:
         "TransportVerified": ("True", "Verified"),
         "InterconnectHealthy": ("True", "Healthy"),  # 4.123 GB/s against the spec's floor of 3.5
         "JobSubmitted": ("True", "Accepted"),
+        "Progressing": ("True", "RanksProgressing"),  # rank 0's health report, no stall
     }
     assert status["interconnect"]["floorGBps"] == 3.5
     assert status["interconnect"]["allRanks"] == {

@@ -35,6 +35,9 @@ TINY_OVERRIDES = {
     "vocab_size": 512,
 }
 
+# spec.health's defaults as the ranks receive them (fsdp_train.health.HealthConfig).
+DEFAULT_HEALTH = {"enabled": True, "hang_timeout_seconds": None, "window_steps": 20}
+
 # What the loop runs for each example, written out in full (defaults included).
 EXPECTED: dict[str, RayJobConfig] = {
     "tiny-cpu.yaml": RayJobConfig(
@@ -70,6 +73,7 @@ EXPECTED: dict[str, RayJobConfig] = {
         max_failures=0,
         storage_path=None,
         name="tiny-cpu",
+        health=DEFAULT_HEALTH,
     ),
     "tiny-finetune.yaml": RayJobConfig(
         train=TrainConfig(
@@ -115,6 +119,7 @@ EXPECTED: dict[str, RayJobConfig] = {
         max_failures=0,
         storage_path="/tmp/fsdp-tiny-checkpoints",
         name="tiny-finetune",
+        health=DEFAULT_HEALTH,
     ),
     "qwen2.5-1.5b-efa.yaml": RayJobConfig(
         train=TrainConfig(
@@ -149,6 +154,7 @@ EXPECTED: dict[str, RayJobConfig] = {
         max_failures=0,
         storage_path=None,
         name="qwen25-1p5b-efa",
+        health=DEFAULT_HEALTH,
     ),
     "qwen2.5-1.5b-efa-tuned.yaml": RayJobConfig(
         train=TrainConfig(
@@ -183,6 +189,7 @@ EXPECTED: dict[str, RayJobConfig] = {
         max_failures=0,
         storage_path="s3://my-bucket/qwen25-1p5b",
         name="qwen25-1p5b-efa-tuned",
+        health=DEFAULT_HEALTH,
     ),
     "qwen2.5-1.5b-sft.yaml": RayJobConfig(
         train=TrainConfig(
@@ -228,11 +235,13 @@ EXPECTED: dict[str, RayJobConfig] = {
         max_failures=0,
         storage_path="s3://my-bucket/checkpoints/qwen25-1p5b-sft",
         name="qwen25-1p5b-sft",
+        health=DEFAULT_HEALTH,
     ),
 }
 
 # The runtime environment every submission carries, besides the job's own runtimeEnv.envVars.
 RUNTIME_ENV_VARS = {
+    "TORCH_FR_BUFFER_SIZE": "2000",
     "RAY_DEDUP_LOGS": "0",
     "RAY_TRAIN_ENABLE_PRINT_PATCH": "0",
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.1",

@@ -27,6 +27,10 @@ from collections.abc import Iterable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Literal, get_type_hints
 
+from fsdp_train.event_base import PREFIX as PREFIX
+from fsdp_train.event_base import SCHEMA_VERSION as SCHEMA_VERSION
+from fsdp_train.event_base import Event as Event
+from fsdp_train.health_events import RankHealth, Stall
 from fsdp_train.wire import MAX_COUNT as MAX_COUNT
 from fsdp_train.wire import MAX_EXTRA as MAX_EXTRA
 from fsdp_train.wire import MAX_EXTRA_KEY as MAX_EXTRA_KEY
@@ -35,12 +39,10 @@ from fsdp_train.wire import MAX_RANK as MAX_RANK
 from fsdp_train.wire import MAX_TEXT as MAX_TEXT
 from fsdp_train.wire import TEXT_LIMITS as TEXT_LIMITS
 from fsdp_train.wire import TRUNCATED as TRUNCATED
-from fsdp_train.wire import Refused, check_value, wire_value
+from fsdp_train.wire import Refused, check_value
 from fsdp_train.wire import clean_text as clean_text
 from fsdp_train.wire import safe_str as safe_str
 
-PREFIX = "FSDP_EVENT"
-SCHEMA_VERSION = 1
 KEY_ENV = "FSDP_EVENT_KEY"
 """The attempt's signing key (hex) as the operator hands it to the job; :func:`take_key` removes it."""
 _MAC_CONTEXT = b"fsdp-event-v1\n"
@@ -48,30 +50,6 @@ _MAC_CONTEXT = b"fsdp-event-v1\n"
 _MAC_HEX = 64
 
 TransportName = Literal["efa", "socket", "ib", "none", "init-failed", "unknown"]
-
-
-@dataclass(kw_only=True, slots=True)
-class Event:
-    """Fields every event carries."""
-
-    kind: ClassVar[str] = ""
-    rank: int
-    """Global rank of the process that emitted the event."""
-    time: float = field(default_factory=time.time)
-    """Unix time when the event was emitted."""
-
-    def to_line(self, signer: Signer | None = None) -> str:
-        """The event's log line; signed (with the next sequence number of this rank) when `signer` is given.
-
-        Never raises: a field holding something JSON cannot carry (an exception object in a ``reason``) goes out as
-        its ``str()``, and strings are cut to the bound the parser keeps, so the line stays within
-        :data:`MAX_LINE_CHARS` and is read back rather than skipped.
-        """
-        payload = {"v": SCHEMA_VERSION, "kind": self.kind}
-        payload.update((f.name, wire_value(f.name, getattr(self, f.name))) for f in fields(self))
-        if signer is None:
-            return f"{PREFIX} {json.dumps(payload, separators=(',', ':'), sort_keys=True)}"
-        return signer.line(payload)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -274,8 +252,20 @@ class Interruption(Event):
     message: str = ""
 
 
-_KINDS = (Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Timings, Failure, Interruption)
-EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in _KINDS}
+_DECLARED_HERE = (
+    Placement,
+    Transport,
+    Probe,
+    Step,
+    Evaluation,
+    Export,
+    Checkpoint,
+    Summary,
+    Timings,
+    Failure,
+    Interruption,
+)
+EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (*_DECLARED_HERE, RankHealth, Stall)}
 
 
 _DECODER = json.JSONDecoder()

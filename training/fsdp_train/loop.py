@@ -21,13 +21,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_train import preflight, report
+from fsdp_train import health, preflight, report
 from fsdp_train.attention import to_device
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
 from fsdp_train.config import RANDOM_DATA, TrainConfig
 from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
 from fsdp_train.events import Checkpoint, Evaluation, Export, Summary, as_dict, emit
 from fsdp_train.failures import failure_of
+from fsdp_train.fault_hooks import FaultHook
 from fsdp_train.feed import Collate, TrainFeed, eval_batches
 from fsdp_train.fingerprint import run_fingerprint
 from fsdp_train.loss import IGNORE_INDEX, use_chunked_loss
@@ -84,6 +85,7 @@ class Host:
     backends: list[Backend] = field(default_factory=list)
     env: MutableMapping[str, str] = field(default_factory=lambda: os.environ)
     prepare_data: PrepareData = prepare_torchrun
+    health: health.HealthConfig = field(default_factory=health.HealthConfig)
 
 
 def train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
@@ -91,6 +93,7 @@ def train(cfg: TrainConfig, topo: Topology, host: Host) -> dict[str, Any]:
     try:
         return _train(cfg, topo, host)
     except BaseException as e:
+        health.stop_monitors()  # a failed rank is no stalled one
         emit(failure_of(topo.rank, e))  # a reason only for the project's own errors; any message serialises
         raise
 
@@ -164,16 +167,21 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     steps = LaggedSteps(metrics, device, tokens_per_step)
     # A notice that a node goes away (fsdp_train.notice): looked for at every step boundary, agreed by all ranks.
     watch, interruption = Watch.from_env(env, topo.rank, topo.local_rank, resumed_from), {}
+    monitor = health.Monitor(topo.rank, host.health, flight=health.flight_for(device)).start()
+    hook = FaultHook.from_env(env, topo.rank)
     with collected_every(GC_EVERY_STEPS) as collect:
         for step in range(resumed_from + 1, cfg.steps + 1):
             collect(step)
             t0 = time.perf_counter()
             progress: dict[str, Any] = {}
+            with monitor.data():
+                hook.before_step(step, resumed_from)
             if feed is None:
                 loss_on_device = step_loss(cfg, topo, model, optimizer, step, sharding, device, config.vocab_size)
             else:
                 epoch = feed.position.epoch
-                batches, sample_ids = feed.next_step()
+                with monitor.data():
+                    batches, sample_ids = feed.next_step()
                 loss_on_device = step_loss(
                     cfg, topo, model, optimizer, step, sharding, device, config.vocab_size, batches
                 )
@@ -194,11 +202,13 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
             exported = bool(cfg.output_path) and (step == cfg.steps or (checkpointed and cfg.export_every_checkpoint))
             # The previous step's loss is read now, while this step runs: no host sync at a step's start.
             steps.launched(step, loss_on_device, t0, progress)
+            monitor.step(step)
             noticed = watch.check() if step < cfg.steps else None  # the last step ends the run anyway
             if noticed is not None:  # save now when it fits before the deadline; nothing else at this step
                 checkpointed, evaluated, exported = noticed.save and bool(cfg.checkpoint_path), False, False
             if not (first or evaluated or checkpointed or exported or always_sync or noticed or step == cfg.steps):
                 continue
+            monitor.begin_long()  # evaluation, checkpoint, export: many steps' time
             event = steps.finish()
             loss = event.loss
             if first:
@@ -231,22 +241,14 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
             if exported:
                 target = cfg.output_path if step == cfg.steps else f"{cfg.output_path.rstrip('/')}/step_{step:08d}"
                 t1 = time.perf_counter()
-                _export(
-                    cfg,
-                    topo,
-                    model,
-                    config,
-                    target,
-                    step,
-                    tokenizer_dir,
-                    model_dir,
-                    _check_batch(cfg, feed, validation, config.vocab_size),
-                    device,
-                )
+                check = _check_batch(cfg, feed, validation, config.vocab_size)
+                _export(cfg, topo, model, config, target, step, tokenizer_dir, model_dir, check, device)
                 export_seconds += time.perf_counter() - t1
             if fail_at and step == fail_at and resumed_from < fail_at:
                 raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
             _maybe_kill(env, topo.rank, step, resumed_from)
+            monitor.end_long()
+    monitor.stop()
 
     _report_save(topo, host.checkpointer.wait(), watch)
     if resumed_from >= cfg.steps and cfg.output_path:
@@ -589,4 +591,5 @@ def run_from_env(cfg: TrainConfig) -> dict[str, Any]:
         DirectoryCheckpoints(cfg.checkpoint_path, asynchronous=True) if cfg.checkpoint_path else NoCheckpoints()
     )
     host = Host(node_ip=report.guess_node_ip(os.environ), checkpointer=checkpointer)
+    host.health = health.HealthConfig(enabled=os.environ.get(health.ENABLED_ENV, "1") != "0")
     return train(cfg, topo, host)

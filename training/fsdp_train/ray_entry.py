@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # (../shared/notes/environment.md). Train V2 passes RAY_TRAIN_* variables from driver to workers.
 RAY_LOG_ENV = {"RAY_DEDUP_LOGS": "0", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 
-_TOP_KEYS = {"train", "scaling", "max_failures", "storage_path", "name", "function"}
+_TOP_KEYS = {"train", "scaling", "max_failures", "storage_path", "name", "function", "health"}
 _SCALING_KEYS = {"num_workers", "use_gpu", "resources_per_worker"}
 
 
@@ -45,6 +45,8 @@ class RayJobConfig:
     name: str = "fsdp-train"
     function: FunctionConfig | None = None
     """A user's Ray Train function to run instead of the bundled one (``fsdp_train.user_function``)."""
+    health: dict[str, Any] | None = None
+    """``fsdp_train.health.HealthConfig`` as a mapping (checked here, built on each rank)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RayJobConfig:
@@ -88,12 +90,19 @@ class RayJobConfig:
             storage_path=storage_path or None,
             name=name,
             function=FunctionConfig.from_dict(d["function"]) if d.get("function") is not None else None,
+            health=_health(d.get("health")),
         )
 
     @property
     def run_storage(self) -> str | None:
         """Where Ray keeps the run's checkpoints; None: Ray's default (``~/ray_results``)."""
         return self.storage_path or self.train.checkpoint_path or None
+
+
+def _health(raw: Any) -> dict[str, Any] | None:
+    from fsdp_train.health import HealthConfig
+
+    return HealthConfig.from_dict(raw).to_dict() if raw is not None else None
 
 
 def with_key(fn: Callable[[dict[str, Any]], Any], key_hex: str) -> Callable[[dict[str, Any]], Any]:
@@ -124,6 +133,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     use_bytecode_cache(str(loop_config["train"].get("compile_cache_dir", "")))  # before the heavy imports
     from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, RayCheckpoints
     from fsdp_train.data import prepare_from_ray
+    from fsdp_train.health import HealthConfig
     from fsdp_train.loop import Host, prepare_torchrun, train
 
     cfg = TrainConfig.from_dict(loop_config["train"])
@@ -132,6 +142,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     # With datasets the driver's Ray Data pipeline prepared the rows; without, the ranks read the source.
     prepare = prepare_from_ray if loop_config.get("ray_data") else prepare_torchrun
     host = Host(node_ip=node_ip, checkpointer=checkpointer, prepare_data=prepare)
+    host.health = HealthConfig.from_dict(loop_config.get("health"))
     return train(cfg, topo, host)
 
 
@@ -177,10 +188,12 @@ def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
             topo, node_ip=node_ip, device=device, env=os.environ, probe_size_bytes=function.probe_size_bytes
         )
 
+    from fsdp_train.health import HealthConfig, watching_reports
     from fsdp_train.notice import finish_user_function
 
     # After a notice (fsdp_train.notice.interrupted), the interruption is reported and marks rank 0's return value.
-    return finish_user_function(run_user_function(function, topo.rank, verify))
+    with watching_reports(topo.rank, HealthConfig.from_dict(loop_config.get("health"))):
+        return finish_user_function(run_user_function(function, topo.rank, verify))
 
 
 def reported_metrics_callback(storage: str | None, key_hex: str = "") -> Any:
@@ -252,6 +265,7 @@ def run(job: RayJobConfig) -> dict[str, Any]:
             "use_gpu": job.use_gpu,
             "ray_data": bool(datasets),
             **({"function": job.function.to_dict()} if job.function is not None else {}),
+            **({"health": job.health} if job.health is not None else {}),
         },
         datasets=datasets or None,
         # Every worker reads the packed rows whole and takes its samples in the sampler's order

@@ -17,7 +17,7 @@ MAX_COUNT = (1 << 53) - 1
 """Bound on any other integer field: JSON numbers above 2^53 lose precision in most readers."""
 MAX_TEXT = 256
 """Default bound on a string field, in characters (after control characters are removed)."""
-TEXT_LIMITS: dict[str, int] = {"evidence": 512, "source": 512, "path": 1024, "message": 1024}
+TEXT_LIMITS: dict[str, int] = {"evidence": 512, "source": 512, "path": 1024, "message": 1024, "stack": 2048}
 """Fields allowed more than :data:`MAX_TEXT`: an NCCL line, a checkpoint URI, a failure message."""
 MAX_EXTRA = 16
 """Most entries of a ``dict[str, float]`` field (``Step.extra``); a longer mapping is refused."""

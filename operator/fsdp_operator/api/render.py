@@ -476,6 +476,7 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
         "max_failures": spec.run_policy.max_worker_restarts,
         "storage_path": spec.training.checkpoint.storage or None,
         "name": job.name,
+        "health": spec.health.for_ranks(),
     }
     if spec.train_function is not None:
         config["function"] = user_function(spec)
@@ -483,6 +484,9 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
         json.dumps(config, separators=(",", ":"), sort_keys=True)
     )
     env_vars = {
+        # The flight recorder of each process group (NCCL's, and gloo's): a stalled rank's report names its last
+        # collectives (docs/health.md). First, so that runtimeEnv.envVars may set another size, or 0.
+        "TORCH_FR_BUFFER_SIZE": "2000",
         **spec.runtime_env.env_vars,
         # Last, so that these win even over a value the spec check missed: the event channel depends on them.
         # Per-rank lines must reach the job log unmerged and printed once (see docs/operations.md).

@@ -42,6 +42,7 @@ from fsdp_operator.api.env_rules import _env_rules, _refuse_control_plane
 from fsdp_operator.api.fields import Problems, Quantity, show, show_key
 from fsdp_operator.api.fields import field as declare
 from fsdp_operator.api.formats import parse_quantity
+from fsdp_operator.api.health_spec import Health
 from fsdp_operator.api.kube_types import INT32_MAX, EnvVar, ObjectMeta, Toleration
 from fsdp_operator.api.train_function import (
     TrainFunction,
@@ -385,6 +386,7 @@ class Spec:
     runtime_env: RuntimeEnv = declare(RuntimeEnv.__doc__ or "", factory=RuntimeEnv)
     train_function: TrainFunction | None = declare(TrainFunction.__doc__ or "")
     run_policy: RunPolicy = declare(RunPolicy.__doc__ or "", factory=RunPolicy)
+    health: Health = declare(Health.__doc__ or "", factory=Health)
     queue_name: str = declare(queueing.QUEUE_NAME_DOC, default="", grammar=formats.or_empty(queueing.QUEUE_NAME))
 
     @property

@@ -15,7 +15,8 @@ from fsdp_operator.api.schema import MESSAGE_LIMIT
 from fsdp_operator.decide.status import _visible
 
 # Fields that change with every training step; writes that only touch these are rate-limited.
-PROGRESS_FIELDS = frozenset({"progress", "logOffset", "skippedEvents"})
+# `health` too: the ranks' timing reports; a stall or a straggler also changes a condition, which is written at once.
+PROGRESS_FIELDS = frozenset({"progress", "logOffset", "skippedEvents", "health"})
 
 
 def progress_only(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:

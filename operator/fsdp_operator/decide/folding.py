@@ -27,6 +27,7 @@ from fsdp_train.events import (
 
 from fsdp_operator.api.spec import Job
 from fsdp_operator.api.training_spec import MAX_STEPS
+from fsdp_operator.decide import health as health_mod
 from fsdp_operator.decide import interruptions as interruptions_mod
 from fsdp_operator.decide import transport as transport_mod
 from fsdp_operator.decide.status import (
@@ -191,6 +192,7 @@ def fold_events(
     max_restarts = job.spec.run_policy.max_worker_restarts
     rejected = 0
     interrupted = status.interruptions
+    health_events: list[health_mod.HealthEvent] = []
 
     for event in events:
         if not _fits_world(event, world_size) or not _possible(event, total_steps):
@@ -345,6 +347,8 @@ def fold_events(
             ):
                 if seconds:
                     result[key] = _round(seconds, 2)
+        elif isinstance(event, health_mod.HealthEvent):
+            health_events.append(event)
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
             if event.reason:
@@ -368,6 +372,9 @@ def fold_events(
         worker_restarts=restarts,
         worker_group_start=group_start,
         interruptions=interrupted,
+        health=health_mod.fold(status.health, health_events, attempt=status.attempts, world_size=world_size)
+        if health_events or status.health
+        else {},
     )
     spec = job.spec
     conditions = new.conditions

@@ -302,3 +302,25 @@ def finalize_actions(
     if cluster is None or cluster.deleting:
         return actions
     return (*actions, DeleteRayCluster(namespace, status.ray_cluster_name or render.raycluster_name(name)))
+
+
+def _ray_unreachable(job: Job, status: JobStatus, obs: Observed, timeout: float) -> Decision:
+    """Ray's job API does not answer a submitted job: wait, but never longer than `timeout` (then Failed)."""
+    since = status.ray_unreachable_since or obs.now
+    silent = (obs.now - since).total_seconds()
+    # Why it does not answer, when KubeRay knows: the head pod is not ready (its Ray exited, it restarts).
+    head = (
+        f"; the Ray head pod is not ready ({obs.cluster.head_not_ready})"
+        if obs.cluster and obs.cluster.head_not_ready
+        else ""
+    )
+    if silent >= timeout:
+        message = f"Ray's job API did not answer for {silent:.0f}s (limit {timeout:g}s): {obs.ray_error}{head}"
+        return _finish(job, status, obs, Phase.FAILED, Reason.RAY_UNREACHABLE, message, stop_job=True)
+    new = replace(
+        status,
+        reason=Reason.RAY_UNREACHABLE,
+        message=f"Ray job API: {obs.ray_error}{head}",
+        ray_unreachable_since=since,
+    )
+    return Decision(new)

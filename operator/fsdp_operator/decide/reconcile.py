@@ -22,7 +22,7 @@ from fsdp_train.events import clean_text
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.capacity.plan import ZoneChoice
-from fsdp_operator.decide import failure, interruptions, queue
+from fsdp_operator.decide import failure, health, interruptions, queue
 from fsdp_operator.decide.folding import fold_events
 from fsdp_operator.decide.guards import (
     _check_deadline,
@@ -34,6 +34,7 @@ from fsdp_operator.decide.guards import (
     _left_by_namesake,
     _name_taken,
     _next_attempt,
+    _ray_unreachable,
     _submitted,
     _validation_failed,
     _with_identity,
@@ -461,6 +462,14 @@ def _track_job(
                 job, status, obs, Phase.FAILED, Reason.TRANSPORT_UNVERIFIED, folded.unverified_transport,
                 stop_job=running,
             )  # fmt: skip
+    running = obs.ray_job is not None and obs.ray_job.status not in RAY_TERMINAL
+    status = health.judge(job, status, now=obs.now)
+    if running and (stall := health.stall_to_act_on(job, status, now=obs.now)) is not None:
+        status = health.with_last_stall(status, stall, obs.now)  # the evidence, kept through the next attempt
+        if job.spec.health.on_hang == "Fail":
+            return _finish(job, status, obs, Phase.FAILED, Reason.RANK_STALLED, stall, stop_job=True)
+        decision = _attempt_failed(job, status, obs, Reason.RANK_STALLED, stall, security)
+        return replace(decision, actions=(StopJob(status.submission_id), *decision.actions))  # the hung ranks
     unreadable = _data_unavailable(status)
     if unreadable:
         # Not retried: another attempt would read the same source. The ranks still waiting stop now.
@@ -535,28 +544,6 @@ def _track_job(
     )
 
 
-def _ray_unreachable(job: Job, status: JobStatus, obs: Observed, timeout: float) -> Decision:
-    """Ray's job API does not answer a submitted job: wait, but never longer than `timeout` (then Failed)."""
-    since = status.ray_unreachable_since or obs.now
-    silent = (obs.now - since).total_seconds()
-    # Why it does not answer, when KubeRay knows: the head pod is not ready (its Ray exited, it restarts).
-    head = (
-        f"; the Ray head pod is not ready ({obs.cluster.head_not_ready})"
-        if obs.cluster and obs.cluster.head_not_ready
-        else ""
-    )
-    if silent >= timeout:
-        message = f"Ray's job API did not answer for {silent:.0f}s (limit {timeout:g}s): {obs.ray_error}{head}"
-        return _finish(job, status, obs, Phase.FAILED, Reason.RAY_UNREACHABLE, message, stop_job=True)
-    new = replace(
-        status,
-        reason=Reason.RAY_UNREACHABLE,
-        message=f"Ray job API: {obs.ray_error}{head}",
-        ray_unreachable_since=since,
-    )
-    return Decision(new)
-
-
 # --- events for transitions ---------------------------------------------------------------------------
 
 
@@ -588,9 +575,10 @@ def _with_transition_events(old: JobStatus, decision: Decision) -> Decision:
         events.append(PostEvent("Warning" if warning else "Normal", new.reason.value, text[:1024]))
     for condition in new.conditions:
         type_ = str(condition["type"])
-        turned_false = condition.get("status") == "False" and before.conditions.get(type_) != "False"
         rule = CONDITIONS.get(ConditionType(type_)) if type_ in ConditionType._value2member_map_ else None
-        if turned_false and rule is not None and rule.warning_when_false:
+        bad = "True" if rule is not None and rule.warning_when_true else "False"
+        turned_bad = condition.get("status") == bad and before.conditions.get(type_) != bad
+        if turned_bad and rule is not None and (rule.warning_when_false or rule.warning_when_true):
             reason, message = str(condition.get("reason", type_)), str(condition.get("message", ""))
             events.append(PostEvent("Warning", reason, message))
     if not events:

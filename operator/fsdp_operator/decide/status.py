@@ -82,6 +82,8 @@ class Reason(StrEnum):
     """Kueue evicted the admitted RayCluster (preempted, or another eviction reason, named in the message)."""
     INTERRUPTED = "Interrupted"
     """A worker's node went away (a drain, a Spot interruption): the ranks saved and the next attempt resumes."""
+    RANK_STALLED = "RankStalled"
+    """A rank made no progress for spec.health's hang timeout (status.health says which, and where each rank was)."""
 
 
 # Reasons posted as Warning events (everything in phase Failed is a Warning too). Waiting for workers
@@ -112,6 +114,8 @@ class ConditionType(StrEnum):
     """True while the operator's own passes over the job fail (the message names the error)."""
     ZONE_PLACED = "ZonePlaced"
     EVENTS_AUTHENTIC = "EventsAuthentic"
+    PROGRESSING = "Progressing"
+    STRAGGLER = "Straggler"
     """False once an event line of the current attempt failed the signature check (docs/reliability.md)."""
 
 
@@ -127,6 +131,8 @@ class ConditionRule:
     """Turning False posts a Warning event with the condition's reason and message."""
     set_once: bool = False
     """Once True, never changed or removed (batch/v1 Job's `Complete` and `Failed`)."""
+    warning_when_true: bool = False
+    """Turning True posts a Warning event (a condition that names a problem when True: `Straggler`)."""
     doc: str = ""
 
 
@@ -146,6 +152,7 @@ _FAILURE_REASONS = frozenset(
         Reason.TRANSPORT_FALLBACK,
         Reason.TRANSPORT_UNVERIFIED,
         Reason.DATA_UNAVAILABLE,
+        Reason.RANK_STALLED,
     }
 )
 
@@ -228,6 +235,21 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
         warning_when_false=True,
         doc="Every event line of the current attempt carried a valid signature of its emitter; False: some did "
         "not (printed by other code, or replayed), were never folded, and are counted in forgedEvents.",
+    ),
+    ConditionType.PROGRESSING: ConditionRule(
+        reasons=frozenset({"RanksProgressing", Reason.RANK_STALLED}),
+        resets_on_new_attempt=True,
+        warning_when_false=True,
+        doc="Every rank finishes steps; False (RankStalled): a rank made no progress for spec.health's hang "
+        "timeout, and status.health says which rank, on which node, and where each rank was (docs/health.md).",
+    ),
+    ConditionType.STRAGGLER: ConditionRule(
+        reasons=frozenset({"NoStraggler", "SlowRank"}),
+        resets_on_new_attempt=True,
+        warning_when_false=False,
+        warning_when_true=True,
+        doc="True (SlowRank): a rank's own work per step is spec.health.stragglerRatio times the median rank's "
+        "or more over its last window; the message names the rank and its ratio.",
     ),
 }
 
@@ -364,6 +386,8 @@ class JobStatus:
     queue: dict[str, Any] = field(default_factory=dict)
     """`queueName`: the LocalQueue, the Workload, the ClusterQueue that admitted it, seconds queued in all, and how
     often it was admitted and preempted (`decide/queue.py`)."""
+    health: dict[str, Any] = field(default_factory=dict)
+    """The ranks' step timings, stalls and stragglers (`decide/health.py`); `lastStall` outlives the attempt."""
 
     @property
     def terminal(self) -> bool:
@@ -407,6 +431,7 @@ class JobStatus:
             "queuedSince": format_time(self.queued_since) if self.queued_since else None,
             "queue": self.queue,
             "interruptions": self.interruptions,
+            "health": self.health,
         }
         # Empty and zero fields are left out, so a fresh status is small and `kubectl get -o yaml` readable.
         return copy.deepcopy({k: v for k, v in out.items() if v not in (None, "", [], {}, 0)})
@@ -465,6 +490,7 @@ class JobStatus:
             queued_since=parse_time(raw.get("queuedSince")),
             queue=mapping("queue"),
             interruptions=listing("interruptions"),
+            health=mapping("health"),
         )
 
 

@@ -71,6 +71,12 @@ class Metrics:
             ["call"],
             registry=r,
         )
+        self.health_verdicts = Counter(
+            "fsdp_rank_health_verdicts_total",
+            "Stalls acted on (RankStalled) and stragglers named (SlowRank, Straggler True), by reason",
+            ["reason"],
+            registry=r,
+        )
         self._phases: dict[tuple[str, str], str] = {}
 
     def serve(self, port: int, address: str = "0.0.0.0") -> WSGIServer:
@@ -97,6 +103,13 @@ class Metrics:
             self.transport_verdicts.labels(str(new.get("status")), str(new.get("reason"))).inc()
             if new.get("status") == "False":
                 self.transport_fallbacks.inc()
+        # A stall acted on leaves its evidence (a Restart clears the attempt's conditions in the same pass).
+        if _last_stall(after) and _last_stall(after) != _last_stall(before):
+            self.health_verdicts.labels("RankStalled").inc()
+        was = get_condition(before.conditions, ConditionType.STRAGGLER) or {}
+        slow = get_condition(after.conditions, ConditionType.STRAGGLER) or {}
+        if slow.get("status") == "True" and was.get("status") != "True":
+            self.health_verdicts.labels(str(slow.get("reason"))).inc()
         if after.phase == Phase.FAILED and before.phase != Phase.FAILED and after.reason is not None:
             self.failures.labels(after.reason.value).inc()
 
@@ -111,3 +124,8 @@ class Metrics:
         if phase:
             self._phases[key] = phase
             self.jobs.labels(phase).inc()
+
+
+def _last_stall(status: JobStatus) -> Any:
+    last = status.health.get("lastStall")
+    return last.get("time") if isinstance(last, Mapping) else None

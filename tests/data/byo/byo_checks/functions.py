@@ -3,7 +3,9 @@
 `train` trains a linear model on a fixed problem, all-reducing its gradients; it checkpoints every
 `checkpoint_every` steps and resumes from `ray.train.get_checkpoint()`. With `kill_rank`/`kill_at_step` that rank
 SIGKILLs itself once, in a run that did not resume; with `forge` every rank prints event lines of its own making.
-`fail` raises after its first report.
+With `stall_rank`/`stall_at_step` that rank blocks in its own code before the step's all-reduce (in a run that
+did not resume) while the others wait in it; `slow_rank`/`slow_seconds` make that rank slower by a fixed time
+per step. `fail` raises after its first report.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
         loss = torch.nn.functional.mse_loss(model(inputs), targets)
         optimizer.zero_grad()
         loss.backward()
+        if config.get("slow_rank") == rank:
+            time.sleep(float(config.get("slow_seconds", 0.0)))
+        if config.get("stall_rank") == rank and config.get("stall_at_step") == step and start == 0:
+            wait_for_a_lock_nobody_releases()
         for p in model.parameters():
             dist.all_reduce(p.grad)
             p.grad /= world
@@ -73,6 +79,13 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
             os.kill(os.getpid(), signal.SIGKILL)
     # What Ray can carry back may be no JSON (a set): it is the function's own, not the job's summary.
     return {"steps": steps, "ranks": {rank}}
+
+
+def wait_for_a_lock_nobody_releases() -> None:
+    """A user's code stuck (an hour, so that the stall is found long before it ends)."""
+    deadline = time.monotonic() + 3600
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
 
 
 def fail(config: dict[str, Any]) -> None:

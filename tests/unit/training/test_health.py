@@ -1,0 +1,266 @@
+"""The rank side of spec.health: where a stalled rank is (real gloo processes), the timing reports, the flight
+recorder's dumps (real files recorded by torch's gloo group, tests/fixtures/flight/)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import socket
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fsdp_train import flight
+from fsdp_train.events import parse_line
+from fsdp_train.health import DERIVED_TIMEOUT_FLOOR, HealthConfig, Monitor
+from fsdp_train.health_events import RankHealth, Stall
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "flight"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def a_user_reader_that_blocks(seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _rank(rank: int, port: int, out: Any) -> None:
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE="64")
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    from fsdp_train.health import flight_for
+
+    monitor = Monitor(rank, HealthConfig(hang_timeout_seconds=3.0), send=lambda e: out.put(e.to_line()))
+    monitor._flight = flight_for()
+    monitor.start()
+    t = torch.ones(8)
+    for step in range(1, 4):
+        dist.all_reduce(t)
+        monitor.step(step)
+    if rank == 1:
+        a_user_reader_that_blocks(8.0)
+    dist.all_reduce(t)
+    monitor.stop()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_rank_blocked_in_code_and_its_peer_waiting_in_all_reduce_each_say_where() -> None:
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    stalls: dict[int, Stall] = {}
+    while not out.empty():
+        event = parse_line(out.get())  # through the wire, as the operator reads it
+        if isinstance(event, Stall):
+            stalls.setdefault(event.rank, event)
+    assert sorted(stalls) == [0, 1], stalls
+    stuck, waiting = stalls[1], stalls[0]
+    assert (stuck.where, stuck.step) == ("code", 3)
+    assert stuck.at.startswith("test_health.py:") and stuck.at.endswith("in a_user_reader_that_blocks"), stuck.at
+    assert 3.0 <= stuck.seconds < 6.0
+    assert waiting.where == "collective" and waiting.at.startswith("test_health.py:") and "in _rank" in waiting.at
+    # gloo's flight recorder: the 4th all-reduce entered, the 3rd the last completed.
+    assert waiting.collective == "all_reduce #4 ([8] Float) entered, #3 completed (group 0 default_pg)"
+    assert "distributed_c10d.py" in waiting.stack and "in all_reduce" in waiting.stack
+    assert stuck.threads >= 2
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_timings_are_reported_per_window_and_not_more_often_than_the_interval() -> None:
+    clock, sent = Clock(), []
+    monitor = Monitor(0, HealthConfig(window_steps=5), clock=clock, send=sent.append)
+    monitor.step(1)  # the first step arms the monitor; its time (compilation) is no step's
+    for step in range(2, 40):
+        with monitor.data():
+            clock.now += 0.1
+        clock.now += 0.4
+        monitor.step(step)
+    reports = [e for e in sent if isinstance(e, RankHealth)]
+    # 0.5 s steps: a report every 10 s (20 steps), though a window is 5 steps.
+    assert [r.step for r in reports] == [21]
+    assert reports[0].steps == 20 and reports[0].step_seconds == pytest.approx(0.5)
+    assert reports[0].data_seconds == pytest.approx(0.1)
+    assert reports[0].hang_timeout_seconds == DERIVED_TIMEOUT_FLOOR
+
+
+def test_the_watchdog_reports_a_stall_once_per_timeout_and_never_before_the_first_step() -> None:
+    clock, sent = Clock(), []
+    monitor = Monitor(3, HealthConfig(hang_timeout_seconds=30.0), clock=clock, send=sent.append)
+    clock.now += 1000
+    monitor._tick()
+    assert sent == []  # not armed: start-up and compilation are not judged
+    monitor.step(1)
+    clock.now += 29.9
+    monitor._tick()
+    assert sent == []
+    clock.now += 0.2
+    monitor._tick()
+    monitor._tick()
+    assert [type(e) for e in sent] == [Stall] and sent[0].step == 1 and sent[0].rank == 3
+    clock.now += 30.0
+    monitor._tick()
+    assert len(sent) == 2  # said again after another timeout (a lost line is not the end of it)
+    monitor.begin_long()
+    assert monitor.timeout() == 600.0
+    monitor.end_long()
+
+
+def test_health_config_refuses_what_it_cannot_use() -> None:
+    assert HealthConfig.from_dict(None) == HealthConfig()
+    assert HealthConfig.from_dict(HealthConfig(hang_timeout_seconds=30.0).to_dict()).hang_timeout_seconds == 30.0
+    for bad in ({"hang_timeout_seconds": -1}, {"window_steps": 0}, {"enabled": "yes"}, {"other": 1}, []):
+        with pytest.raises(ValueError, match="health"):
+            HealthConfig.from_dict(bad)
+
+
+# --- the flight recorder ----------------------------------------------------------------------------------
+
+
+def test_the_recorded_dumps_say_which_collective_each_rank_entered_and_completed() -> None:
+    waiting = flight.summarize(flight.load((FIXTURES / "gloo-rank0-waiting-in-all_reduce.pkl").read_bytes()))
+    late = flight.summarize(flight.load((FIXTURES / "gloo-rank1-late.pkl").read_bytes()))
+    assert [g.text() for g in waiting] == ["all_reduce #5 ([1000] Float) entered, #4 completed (group 0 default_pg)"]
+    assert [g.text() for g in late] == ["all_gather #4 ([1000] Float) entered, #4 completed (group 0 default_pg)"]
+    # Rank 0 waits in #5, which rank 1 has not entered: rank 1 is the one to look at.
+    assert flight.stuck(waiting) == waiting[0] and waiting[0].entered and waiting[0].entered.seq == 5
+    assert flight.main([str(FIXTURES / "gloo-rank1-late.pkl")]) == 0
+    # NCCL on an H200: every collective finished, then an all-reduce dumped before it ran.
+    done = flight.summarize(flight.load((FIXTURES / "nccl-h200-completed.pkl").read_bytes()))
+    in_flight = flight.summarize(flight.load((FIXTURES / "nccl-h200-in-flight.pkl").read_bytes()))
+    assert [g.text() for g in done] == ["broadcast #10 ([1048576] Float) entered, #10 completed (group 0 default_pg)"]
+    assert [g.text() for g in in_flight] == [
+        "all_reduce #11 ([1048576] Float) entered, #10 completed (group 0 default_pg)"
+    ]
+
+
+def test_a_dump_naming_any_global_is_refused_and_nothing_of_it_runs(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    evil = b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
+    with pytest.raises(flight.NotADump, match=r"os\.system"):
+        flight.load(evil)
+    assert not marker.exists()
+    with pytest.raises(flight.NotADump):
+        flight.load(pickle.dumps({"entries": [], "when": datetime.now(UTC)}))  # any class, even a harmless one
+    with pytest.raises(flight.NotADump):
+        flight.load((FIXTURES / "gloo-rank1-late.pkl").read_bytes()[:100])  # cut short
+    assert flight.main([str(tmp_path / "absent.pkl")]) == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.binary(max_size=512))
+def test_any_bytes_are_a_dump_or_refused_never_an_error(data: bytes) -> None:
+    try:
+        dump = flight.load(data)
+    except flight.NotADump:
+        return
+    flight.summarize(dump)
+
+
+_plain = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=20), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "profiling_name": _plain | st.sampled_from(["nccl:all_reduce", "gloo:broadcast"]),
+                "collective_seq_id": _plain | st.integers(0, 100),
+                "input_sizes": _plain,
+                "input_dtypes": _plain,
+                "state": _plain | st.sampled_from(["scheduled", "started", "completed"]),
+                "retired": _plain,
+                "process_group": _plain | st.tuples(st.text(max_size=5), st.text(max_size=5)),
+                "is_p2p": _plain,
+            },
+        )
+        | _plain,
+        max_size=8,
+    )
+)
+def test_any_entries_summarize_without_error(entries: list[Any]) -> None:
+    dump = flight.load(pickle.dumps({"version": "2.10", "entries": entries}, protocol=2))
+    for group in flight.summarize(dump):
+        assert group.text()
+
+
+def test_a_user_function_progresses_by_its_ray_train_report_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ray.train
+    from fsdp_train.health import watching_reports
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr(ray.train, "report", lambda metrics, **_: seen.append(metrics))
+    original = ray.train.report
+    with watching_reports(5, HealthConfig(hang_timeout_seconds=60.0)) as monitor:
+        from ray.train import report  # as a user's module imports it, inside the function
+
+        assert monitor._last_progress is None  # not armed before the first report
+        report({"loss": 1.0})
+        ray.train.report({"loss": 0.5})
+        assert monitor._step == 2 and monitor._last_progress is not None
+        assert monitor._thread is not None and monitor._thread.is_alive()
+    assert seen == [{"loss": 1.0}, {"loss": 0.5}]
+    assert ray.train.report is original and monitor._thread is None
+
+
+def test_a_flight_recorder_that_hangs_or_raises_never_keeps_the_stall_from_being_reported() -> None:
+    import threading
+
+    from fsdp_train import health
+
+    never = threading.Event()
+
+    def hangs() -> str:
+        never.wait(30)
+        return "late"
+
+    def raises() -> str:
+        raise RuntimeError("no recorder")
+
+    started = time.monotonic()
+    assert health._within(0.2, hangs) == "" and time.monotonic() - started < 5
+    assert health._within(1.0, raises) == ""
+    assert health._within(5.0, lambda: "all_reduce #3 entered") == "all_reduce #3 entered"
+    never.set()
+
+
+@pytest.mark.parametrize("dump", sorted(p.name for p in FIXTURES.glob("*.pkl")))
+def test_every_recorded_dump_parses_into_numbered_collectives(dump: str) -> None:
+    """Each fixture, NCCL's (recorded on an H200) and gloo's: groups with a named, numbered last collective."""
+    groups = flight.summarize(flight.load((FIXTURES / dump).read_bytes()))
+    assert groups, dump
+    for group in groups:
+        assert group.entered is not None and group.entered.seq >= 1 and group.entered.name.isidentifier(), group
+        assert group.completed is None or group.completed.seq <= group.entered.seq
