@@ -460,6 +460,14 @@ def user_function(spec: Spec) -> dict[str, Any]:
     }
 
 
+DEFAULT_JOB_ENV = {
+    # The flight recorder of each process group (NCCL's, and gloo's): a stalled rank's report names its last
+    # collectives (docs/health.md). A default, not the operator's: runtimeEnv.envVars may set another size, or 0.
+    "TORCH_FR_BUFFER_SIZE": "2000",
+}
+"""What the job's runtime environment sets unless spec.runtimeEnv.envVars says otherwise."""
+
+
 def submission(job: Job, submission_id: str, training_package: str) -> Submission:
     """The Ray job for one attempt; `training_package` is the local path of `fsdp_train` to ship."""
     spec, workers = job.spec, job.spec.workers
@@ -484,9 +492,7 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
         json.dumps(config, separators=(",", ":"), sort_keys=True)
     )
     env_vars = {
-        # The flight recorder of each process group (NCCL's, and gloo's): a stalled rank's report names its last
-        # collectives (docs/health.md). First, so that runtimeEnv.envVars may set another size, or 0.
-        "TORCH_FR_BUFFER_SIZE": "2000",
+        **DEFAULT_JOB_ENV,  # first, so that runtimeEnv.envVars may set another value
         **spec.runtime_env.env_vars,
         # Last, so that these win even over a value the spec check missed: the event channel depends on them.
         # Per-rank lines must reach the job log unmerged and printed once (see docs/operations.md).
