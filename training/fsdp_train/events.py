@@ -23,7 +23,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Literal, get_type_hints
 
@@ -61,12 +61,8 @@ class Event:
     """Unix time when the event was emitted."""
 
     def to_line(self, signer: Signer | None = None) -> str:
-        """The event's log line; signed (with the next sequence number of this rank) when `signer` is given.
-
-        Never raises: a field holding something JSON cannot carry (an exception object in a ``reason``) goes out as
-        its ``str()``, and strings are cut to the bound the parser keeps, so the line stays within
-        :data:`MAX_LINE_CHARS` and is read back rather than skipped.
-        """
+        """The event's log line; signed (with the next sequence number of this rank) when `signer` is given. Never
+        raises: what JSON cannot carry goes out as its ``str()``, strings cut to the bound the parser keeps."""
         payload = {"v": SCHEMA_VERSION, "kind": self.kind}
         payload.update((f.name, wire_value(f.name, getattr(self, f.name))) for f in fields(self))
         if signer is None:
@@ -258,9 +254,19 @@ class Failure(Event):
     """A reason the operator maps to the job's (``DataUnavailable``); empty for any other error."""
 
 
+@dataclass(kw_only=True, slots=True)
+class Tracking(Event):
+    """The tracker's run and whether logging to it works (``fsdp_train.tracking``); ``problem`` empty: it does."""
+
+    kind: ClassVar[str] = "tracking"
+    run_id: str = ""
+    url: str = ""
+    problem: str = ""
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
-    for cls in (Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Timings, Failure)
+    for cls in (Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Timings, Failure, Tracking)
 }
 
 
@@ -564,15 +570,19 @@ _emitting = threading.Lock()
 order (the later number first), which the verifier would refuse as a replay."""
 
 
+LISTENERS: list[Callable[[Event], None]] = []
+"""Handed each event this process emits (``fsdp_train.tracking`` queues it); they never block and never raise."""
+
+
 def emit(event: Event) -> None:
     """Print one event on a line of its own (signed once :func:`take_key` found a key), flushed at once.
 
-    The emitter owns its line: the write starts with a newline, so text other code printed without one just before
-    (``print(..., end="")``, a progress bar) ends there and does not share the event's line. Newline, line and
-    newline go out in one write: ranks share one stdout pipe (torchrun, Ray), and with ``PYTHONUNBUFFERED=1``
-    ``print`` writes them separately, so lines of two ranks could interleave. The line is ASCII written as bytes
-    past the text layer, so a ``PYTHONIOENCODING`` cannot garble it.
+    The write starts with a newline, so text printed without one just before ends there. Newline, line and newline
+    go out in one write: ranks share one stdout pipe, whose lines could interleave otherwise. The line is ASCII
+    written as bytes past the text layer, so a ``PYTHONIOENCODING`` cannot garble it.
     """
+    for listener in list(LISTENERS):
+        listener(event)
     with _emitting:
         line = "\n" + event.to_line(_signer) + "\n"
         buffer = getattr(sys.stdout, "buffer", None)
