@@ -34,11 +34,13 @@ def test_every_condition_type_has_a_rule() -> None:
         "TransportVerified",
         "InterconnectHealthy",
         "EventsAuthentic",
+        "TrackingHealthy",
     }
     assert {t for t, rule in CONDITIONS.items() if rule.resets_on_new_attempt} == {
         "TransportVerified",
         "InterconnectHealthy",
         "EventsAuthentic",
+        "TrackingHealthy",
     }
 
 
@@ -89,7 +91,12 @@ def test_new_attempt_drops_exactly_the_conditions_the_table_resets() -> None:
         for t in ConditionType
     ]
     kept = {c["type"] for c in cleared_run_data(JobStatus(conditions=conditions)).conditions}
-    assert kept == {t.value for t in ConditionType} - {"TransportVerified", "InterconnectHealthy", "EventsAuthentic"}
+    assert kept == {t.value for t in ConditionType} - {
+        "TransportVerified",
+        "InterconnectHealthy",
+        "EventsAuthentic",
+        "TrackingHealthy",
+    }
 
 
 def test_waiting_for_workers_posts_normal_events() -> None:
