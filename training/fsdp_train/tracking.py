@@ -35,7 +35,7 @@ QUEUE_RECORDS = 100_000
 FLUSH_SECONDS = 1.0
 RETRY_SECONDS = 5.0
 """After a failed call, how long the sender waits before it tries again (records keep queueing meanwhile)."""
-CLOSE_SECONDS = 30.0
+CLOSE_SECONDS = 60.0
 UPLOAD_LIMIT_BYTES = 1 << 30
 """A local export larger than this is linked (its path as a tag), not uploaded into the run's artifacts."""
 # Bounded waits for each call the client makes; a user's own values (spec.env) win.
@@ -46,6 +46,10 @@ CLIENT_ENV = {
     # MLflow 3 keeps its file store in maintenance mode and refuses it without this (a server is the way ahead).
     "MLFLOW_ALLOW_FILE_STORE": "true",
 }
+NOT_INSTALLED = (
+    "the MLflow client is not installed where the job runs: add mlflow-skinny==3.17.2 to spec.runtimeEnv.pip, or "
+    "install it in the image (docs/tracking.md)"
+)
 UID_TAG, GENERATION_TAG, JOB_TAG, ATTEMPT_TAG = (
     "fsdp.dev/uid",
     "fsdp.dev/generation",
@@ -263,6 +267,10 @@ class Tracker:
     # --- the sender thread --------------------------------------------------------------------------------
 
     def _serve(self) -> None:
+        try:  # at once: importing MLflow and finding the run overlap the job's start-up, not its end
+            self._connect()
+        except Exception as e:  # the first batch tries again
+            self._say(_short(e))
         while True:
             batch = self._take()
             closing = _CLOSE in batch
@@ -311,7 +319,10 @@ class Tracker:
 
     def _connect(self) -> Any:
         if self._client is None:
-            from mlflow.tracking import MlflowClient
+            try:
+                from mlflow.tracking import MlflowClient
+            except ImportError as e:
+                raise RuntimeError(f"{NOT_INSTALLED} ({e})") from e
 
             self._client = MlflowClient(tracking_uri=self.settings.uri, registry_uri=self.settings.uri)
         if not self.run_id:

@@ -24,6 +24,8 @@ _CONTROL = re.compile(r"[\x00-\x20\x7f-\xa0\u1680\u180e\u2000-\u200f\u2028-\u202
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*\.?")
 TRACKING_SCHEMES = ("http", "https")
+# The IPv6 addresses of the instance metadata service and EKS Pod Identity's agent (not link-local addresses).
+_EC2_IPV6_SERVICES = (ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("fd00:ec2::23"))
 
 
 def _tracking_uri(value: str) -> str | None:
@@ -62,7 +64,9 @@ def _host(host: str) -> str | None:
         if not _HOST_NAME.fullmatch(host):
             return "has a host that is neither a DNS name nor an IP address"
         return None
-    if address.is_link_local or address in ipaddress.ip_network("fd00:ec2::/120"):
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # ::ffff:169.254.169.254 reaches 169.254.169.254
+    if address.is_link_local or address in _EC2_IPV6_SERVICES:
         # The instance metadata service and EKS Pod Identity's agent: the node's and roles' credentials.
         return "has a link-local host (where the instance metadata service answers); name the tracking server"
     if address.is_unspecified or address.is_multicast:
