@@ -70,7 +70,7 @@ def test_a_job_logs_its_settings_every_step_the_evaluation_and_the_export(server
     spec["data"] = {"source": str(corpus), "validationSplit": 0.1, "evalEverySteps": 5, "shuffleSeed": 1}
     spec["output"] = {"storage": str(tmp_path / "export")}
     spec["training"].update(steps=10, learningRate=0.01, lrSchedule="constant", warmupSteps=0, seqLen=64)
-    proc, job = run_local(write(manifest, tmp_path), tmp_path)
+    proc, job = run_local(write(manifest, tmp_path), tmp_path, timeout=800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     status = job["status"]
     assert status["phase"] == "Succeeded"
