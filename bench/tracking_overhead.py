@@ -35,8 +35,14 @@ def run(steps: int, tracking_uri: str | None, work: Path, index: int) -> dict[st
     path.write_text(yaml.safe_dump(manifest))
     status_file = work / f"{manifest['metadata']['name']}.json"
     fsdpctl = Path(sys.executable).with_name("fsdpctl")
-    subprocess.run([str(fsdpctl), "run-local", "-f", str(path), "--status-out", str(status_file)], check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    for attempt in range(3):  # on a loaded machine a Ray node may fail to start: run it again
+        proc = subprocess.run([str(fsdpctl), "run-local", "-f", str(path), "--status-out", str(status_file)],
+                              capture_output=True, text=True, check=False)  # fmt: skip
+        if proc.returncode == 0:
+            break
+        print(f"run-local failed ({attempt + 1} of 3):\n{proc.stdout[-1500:]}", file=sys.stderr, flush=True)
+    else:
+        raise SystemExit("run-local failed three times")
     status = json.loads(status_file.read_text())["status"]
     result = status["result"]
     step_ms = 1000 * result["stepSeconds"] / (steps - 1)
