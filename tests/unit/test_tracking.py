@@ -10,6 +10,7 @@ import time
 from contextlib import redirect_stdout
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from fsdp_operator.api import render
@@ -18,6 +19,8 @@ from fsdp_operator.decide import tracking as tracking_status
 from fsdp_operator.decide.summary import summary_lines
 from fsdp_train import events, tracking
 from fsdp_train.events import Tracking, parse_line
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 BASE: dict[str, Any] = {
     "apiVersion": "fsdp.dev/v1alpha1",
@@ -255,3 +258,28 @@ def test_now_is_not_used_for_times_no_clock_shows() -> None:
     event = events.Evaluation(rank=0, step=1, loss=1.0, time=float("nan"))
     (record,) = tracking.records_of(event)
     assert isinstance(record, tracking._Metric) and record.timestamp_ms > datetime(2020, 1, 1, tzinfo=UTC).timestamp()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=80),
+        st.builds(
+            lambda s, rest: s + rest,
+            st.sampled_from(["http://", "https://", "file://", "/", "HTTP://"]),
+            st.text(max_size=60),
+        ),
+    )
+)
+def test_any_tracking_uri_is_accepted_clean_or_refused_naming_the_field(uri: str) -> None:
+    try:
+        job = parse_job(job_with({"trackingUri": uri}))
+    except SpecError as e:
+        assert e.problems and all(p.startswith("spec.") for p in e.problems), e.problems
+        return
+    mlflow = job.spec.tracking.mlflow
+    assert mlflow is not None
+    accepted = mlflow.tracking_uri
+    assert accepted.startswith(("http://", "https://", "file:///", "/"))
+    assert "@" not in urlsplit(accepted).netloc and not urlsplit(accepted).query  # no credentials, no query
+    assert not any(c.isspace() or ord(c) < 32 for c in accepted) and ".." not in accepted.split("/")
