@@ -13,7 +13,15 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[operator,training,dev]'
+	$(MAKE) $(MLFLOW_SERVER)
 	touch $(STAMP)
+
+# The MLflow tracking server the tests start (`mlflow server`, SQLite store): full mlflow pins pyarrow<26, older
+# than the training extra's, so it lives in a virtualenv of its own, outside the project's (pyproject.toml).
+MLFLOW_SERVER := .tools/mlflow-server/bin/mlflow
+$(MLFLOW_SERVER):
+	test -x .tools/mlflow-server/bin/python || $(PYTHON) -m venv .tools/mlflow-server
+	.tools/mlflow-server/bin/python -m pip install --quiet mlflow==3.17.2
 
 lint: setup
 	$(BIN)/ruff check operator training tests bench

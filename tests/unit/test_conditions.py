@@ -35,6 +35,7 @@ def test_every_condition_type_has_a_rule() -> None:
         "InterconnectHealthy",
         "EventsAuthentic",
         "Progressing",
+        "TrackingHealthy",
     }
     assert {t for t, rule in CONDITIONS.items() if rule.warning_when_true} == {"Straggler"}
     assert {t for t, rule in CONDITIONS.items() if rule.resets_on_new_attempt} == {
@@ -43,6 +44,7 @@ def test_every_condition_type_has_a_rule() -> None:
         "EventsAuthentic",
         "Progressing",
         "Straggler",
+        "TrackingHealthy",
     }
 
 
@@ -93,7 +95,14 @@ def test_new_attempt_drops_exactly_the_conditions_the_table_resets() -> None:
         for t in ConditionType
     ]
     kept = {c["type"] for c in cleared_run_data(JobStatus(conditions=conditions)).conditions}
-    dropped = {"TransportVerified", "InterconnectHealthy", "EventsAuthentic", "Progressing", "Straggler"}
+    dropped = {
+        "TransportVerified",
+        "InterconnectHealthy",
+        "EventsAuthentic",
+        "Progressing",
+        "Straggler",
+        "TrackingHealthy",
+    }
     assert kept == {t.value for t in ConditionType} - dropped
 
 

@@ -33,6 +33,7 @@ from fsdp_train.events import (
     Step,
     Summary,
     Timings,
+    Tracking,
     Transport,
     parse_lines,
 )
@@ -157,6 +158,13 @@ EVENTS: list[Event] = [
         first_step_seconds=14.2156,
         compile_cache="cold",
     ),
+    Tracking(
+        rank=0,
+        time=6.2,
+        run_id="0a1b2c3d4e5f",
+        url="http://mlflow.example:5000/#/experiments/1/runs/0a1b2c3d4e5f",
+        problem="ConnectionError: connection refused (3 records not logged so far)",
+    ),
     Failure(
         rank=0,
         time=7.5,
@@ -252,6 +260,13 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
         "samples_digest": (None, "a fingerprint of the step's samples, for checking resumes in the log"),
         "extra": "progress.metrics.grad_norm",
         "rank": (None, "only rank 0 reports steps"),
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+    "tracking": {
+        "run_id": "tracking.runId",
+        "url": "tracking.url",
+        "problem": "tracking.problem",
+        "rank": (None, "one process of the job logs to the tracker"),
         "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
     },
     "evaluation": {
@@ -354,6 +369,9 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
 
 # The values at those paths, written down (rounded as the status rounds them).
 EXPECTED_VALUES: dict[str, Any] = {
+    "tracking.runId": "0a1b2c3d4e5f",
+    "tracking.url": "http://mlflow.example:5000/#/experiments/1/runs/0a1b2c3d4e5f",
+    "tracking.problem": "ConnectionError: connection refused (3 records not logged so far)",
     "ranks.0.rank": 0,
     "ranks.0.localRank": 0,
     "ranks.0.nodeRank": 0,
@@ -521,6 +539,7 @@ def test_the_conditions_the_events_decide() -> None:
         "InterconnectHealthy": ("True", "Healthy"),  # 4.123 GB/s against the spec's floor of 3.5
         "JobSubmitted": ("True", "Accepted"),
         "Progressing": ("True", "RanksProgressing"),  # rank 0's health report, no stall
+        "TrackingHealthy": ("False", "TrackerUnreachable"),  # a tracker that fails never fails the job
     }
     assert status["interconnect"]["floorGBps"] == 3.5
     assert status["interconnect"]["allRanks"] == {

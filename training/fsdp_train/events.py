@@ -23,7 +23,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Literal, get_type_hints
 
@@ -252,20 +252,20 @@ class Interruption(Event):
     message: str = ""
 
 
-_DECLARED_HERE = (
-    Placement,
-    Transport,
-    Probe,
-    Step,
-    Evaluation,
-    Export,
-    Checkpoint,
-    Summary,
-    Timings,
-    Failure,
-    Interruption,
-)
-EVENT_TYPES: dict[str, type[Event]] = {cls.kind: cls for cls in (*_DECLARED_HERE, RankHealth, Stall)}
+@dataclass(kw_only=True, slots=True)
+class Tracking(Event):
+    """The tracker's run and whether logging to it works (``fsdp_train.tracking``); ``problem`` empty: it does."""
+
+    kind: ClassVar[str] = "tracking"
+    run_id: str = ""
+    url: str = ""
+    problem: str = ""
+
+
+_DECLARED_HERE = (Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Timings, Failure)
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.kind: cls for cls in (*_DECLARED_HERE, Interruption, Tracking, RankHealth, Stall)
+}
 
 
 _DECODER = json.JSONDecoder()
@@ -567,13 +567,19 @@ _emitting = threading.Lock()
 """Signing and writing are one step: two threads cannot write lines against their ``seq`` order (a replay)."""
 
 
+LISTENERS: list[Callable[[Event], None]] = []
+"""Handed each event this process emits (``fsdp_train.tracking`` queues it); they never block and never raise."""
+
+
 def emit(event: Event) -> None:
     """Print one event on a line of its own (signed once :func:`take_key` found a key), flushed at once.
 
-    The write starts with a newline (text printed before without one ends there), and newline, line and newline go
-    out in one write (ranks share one stdout pipe: with ``PYTHONUNBUFFERED=1`` ``print`` would write them apart and
-    two ranks' lines could interleave), as ASCII bytes past the text layer that no ``PYTHONIOENCODING`` garbles.
+    The write starts with a newline, so text printed without one just before ends there. Newline, line and newline
+    go out in one write: ranks share one stdout pipe, whose lines could interleave otherwise. The line is ASCII
+    written as bytes past the text layer, so a ``PYTHONIOENCODING`` cannot garble it.
     """
+    for listener in list(LISTENERS):
+        listener(event)
     with _emitting:
         line = "\n" + event.to_line(_signer) + "\n"
         buffer = getattr(sys.stdout, "buffer", None)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fsdp_train.config import TrainConfig
+from fsdp_train.tracking import Settings
 from fsdp_train.user_function import FunctionConfig
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 # (../shared/notes/environment.md). Train V2 passes RAY_TRAIN_* variables from driver to workers.
 RAY_LOG_ENV = {"RAY_DEDUP_LOGS": "0", "RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}
 
-_TOP_KEYS = {"train", "scaling", "max_failures", "storage_path", "name", "function", "health"}
+_TOP_KEYS = {"train", "scaling", "max_failures", "storage_path", "name", "function", "health", "tracking"}
 _SCALING_KEYS = {"num_workers", "use_gpu", "resources_per_worker"}
 
 
@@ -47,6 +48,8 @@ class RayJobConfig:
     """A user's Ray Train function to run instead of the bundled one (``fsdp_train.user_function``)."""
     health: dict[str, Any] | None = None
     """``fsdp_train.health.HealthConfig`` as a mapping (checked here, built on each rank)."""
+    tracking: dict[str, Any] | None = None
+    """Where rank 0 (or, for a user function, Ray Train's controller) logs the run (``fsdp_train.tracking``)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RayJobConfig:
@@ -91,6 +94,7 @@ class RayJobConfig:
             name=name,
             function=FunctionConfig.from_dict(d["function"]) if d.get("function") is not None else None,
             health=_health(d.get("health")),
+            tracking=Settings.from_dict(d["tracking"]).to_dict() if d.get("tracking") is not None else None,
         )
 
     @property
@@ -143,7 +147,31 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     prepare = prepare_from_ray if loop_config.get("ray_data") else prepare_torchrun
     host = Host(node_ip=node_ip, checkpointer=checkpointer, prepare_data=prepare)
     host.health = HealthConfig.from_dict(loop_config.get("health"))
-    return train(cfg, topo, host)
+    tracker = tracking_for_rank(loop_config, topo, cfg)
+    try:
+        summary = train(cfg, topo, host)
+    except BaseException:
+        if tracker is not None:
+            tracker.close("FAILED")
+        raise
+    if tracker is not None:
+        tracker.close("FINISHED")
+    return summary
+
+
+def tracking_for_rank(loop_config: dict[str, Any], topo: Topology, cfg: TrainConfig) -> Any:
+    """Rank 0's MLflow tracker (``fsdp_train.tracking``) when the job names one; None otherwise."""
+    from fsdp_train import tracking
+
+    raw, train = loop_config.get("tracking"), loop_config["train"]
+    return tracking.start(
+        raw,
+        train,
+        world_size=topo.world_size,
+        rank=topo.rank,
+        learning_rate=cfg.learning_rate_at,
+        fingerprint=lambda: tracking.data_fingerprint(train, topo.world_size),
+    )
 
 
 def ray_worker(use_gpu: bool) -> tuple[Topology, str]:
@@ -196,7 +224,7 @@ def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
         return finish_user_function(run_user_function(function, topo.rank, verify))
 
 
-def reported_metrics_callback(storage: str | None, key_hex: str = "") -> Any:
+def reported_metrics_callback(storage: str | None, key_hex: str = "", job: RayJobConfig | None = None) -> Any:
     """A ``ray.train.UserCallback``: in Ray Train's controller, each ``ray.train.report`` of a user function
     becomes signed events (``user_function.events_from_report``), under the controller's own emitter name, with the
     attempt's key `key_hex` the callback carries there (pickled with it; not in the job's runtime environment)."""
@@ -214,6 +242,12 @@ def reported_metrics_callback(storage: str | None, key_hex: str = "") -> Any:
                 # The controller is a process of its own: the key came with this callback.
                 events.take_key()
                 events.use_key(key_hex, emitter=events.CONTROLLER)
+                if job is not None and job.tracking is not None and job.function is not None:
+                    # Each report goes to the job's run from here (the tracker lives as long as the controller).
+                    from fsdp_train import tracking
+
+                    params = {"function": job.function.to_dict()}
+                    tracking.start(job.tracking, params, world_size=job.num_workers, rank=0)
             self.reports += 1
             path = checkpoint_uri(storage, str(checkpoint.path)) if checkpoint is not None else None
             for event in events_from_report(
@@ -256,7 +290,7 @@ def run(job: RayJobConfig) -> dict[str, Any]:
     from fsdp_train.events import signing_key
 
     key = signing_key()  # taken by `main` from the environment, before `ray.init` could hand it to every worker
-    callbacks = [reported_metrics_callback(job.run_storage, key)] if job.function is not None else []
+    callbacks = [reported_metrics_callback(job.run_storage, key, job)] if job.function is not None else []
     trainer = TorchTrainer(
         # Train V2 hands rank 0's return value back
         with_key(train_fn_per_worker if job.function is None else user_fn_per_worker, key),
@@ -264,6 +298,7 @@ def run(job: RayJobConfig) -> dict[str, Any]:
             "train": job.train.to_dict(),
             "use_gpu": job.use_gpu,
             "ray_data": bool(datasets),
+            "tracking": job.tracking,
             **({"function": job.function.to_dict()} if job.function is not None else {}),
             **({"health": job.health} if job.health is not None else {}),
         },
@@ -289,6 +324,10 @@ def run(job: RayJobConfig) -> dict[str, Any]:
     finally:
         # Disconnect first, so that Ray's own shutdown chatter comes before the job's last line.
         ray.shutdown()
+    if job.function is not None and job.tracking is not None:
+        from fsdp_train.tracking import finish_run
+
+        finish_run(Settings.from_dict(job.tracking), "FAILED" if result.error is not None else "FINISHED")
     if result.error is not None:
         raise result.error
     summary = getattr(result, "return_value", None)

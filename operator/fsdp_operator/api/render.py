@@ -14,7 +14,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_operator.api import cluster_rules, queueing, schema
+from fsdp_operator.api import cluster_rules, queueing, schema, tracking_entry
 from fsdp_operator.api import spec as spec_mod
 from fsdp_operator.api.spec import Job, Spec
 
@@ -146,16 +146,15 @@ def _egress(job: Job, own_pods: dict[str, Any]) -> list[dict[str, Any]]:
         return [{"ipBlock": {"cidr": cidr}} for cidr in cidrs]
 
     http = [{"protocol": "TCP", "port": 80}]
+    anywhere = [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": [LINK_LOCAL[0]]}},
+        {"ipBlock": {"cidr": "::/0", "except": [LINK_LOCAL[1], INSTANCE_METADATA[1], POD_IDENTITY_AGENT[1]]}},
+    ]
     rules: list[dict[str, Any]] = [
         {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
         {"to": [own_pods]},
-        {
-            "to": [
-                {"ipBlock": {"cidr": "0.0.0.0/0", "except": [LINK_LOCAL[0]]}},
-                {"ipBlock": {"cidr": "::/0", "except": [LINK_LOCAL[1], INSTANCE_METADATA[1], POD_IDENTITY_AGENT[1]]}},
-            ],
-            "ports": [{"protocol": "TCP", "port": 443}],
-        },
+        {"to": anywhere, "ports": [{"protocol": "TCP", "port": 443}]},
+        *tracking_entry.egress(job, anywhere),  # the tracking server's own port (spec.tracking)
     ]
     if job.spec.network.allow_instance_metadata:
         rules.append({"to": blocks(*INSTANCE_METADATA), "ports": http})
@@ -488,6 +487,8 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
     }
     if spec.train_function is not None:
         config["function"] = user_function(spec)
+    if (tracking := tracking_entry.entry(job, submission_id)) is not None:
+        config["tracking"] = tracking
     entrypoint = "python -m fsdp_train.ray_entry --config-json " + shlex.quote(
         json.dumps(config, separators=(",", ":"), sort_keys=True)
     )

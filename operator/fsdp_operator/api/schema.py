@@ -237,6 +237,11 @@ STATUS_SCHEMA: Schema = {
             "startupSeconds, probeSeconds, buildSeconds (model, sharding, weights) and firstStepSeconds (compilation "
             "included); compileCache: cold or warm when spec.training.compileCacheDir is set.",
         ),
+        "tracking": _free(
+            "object",
+            "spec.tracking: the MLflow run of the job's current generation (runId, url) and, while records do not "
+            "reach the tracker, the problem (condition TrackingHealthy).",
+        ),
         "failureLog": {
             "type": "string",
             "description": "The end of a failed Ray job's output (the detail behind the one-line message); "

@@ -44,6 +44,7 @@ from fsdp_operator.api.fields import field as declare
 from fsdp_operator.api.formats import parse_quantity
 from fsdp_operator.api.health_spec import Health
 from fsdp_operator.api.kube_types import INT32_MAX, EnvVar, ObjectMeta, Toleration
+from fsdp_operator.api.tracking_spec import Tracking, tracking_rules
 from fsdp_operator.api.train_function import (
     TrainFunction,
     bundled_fields_despite_a_malformed_function,
@@ -86,9 +87,6 @@ class SpecError(ValueError):
 
 class NotAJobError(ValueError):
     """The document is not an FSDPTrainingJob at all (wrong apiVersion or kind, or not a mapping)."""
-
-
-# --- declarations: pieces of a PodSpec ----------------------------------------------------------------
 
 
 # --- declarations: the spec -----------------------------------------------------------------------------
@@ -387,6 +385,7 @@ class Spec:
     train_function: TrainFunction | None = declare(TrainFunction.__doc__ or "")
     run_policy: RunPolicy = declare(RunPolicy.__doc__ or "", factory=RunPolicy)
     health: Health = declare(Health.__doc__ or "", factory=Health)
+    tracking: Tracking = declare(Tracking.__doc__ or "", factory=Tracking)
     queue_name: str = declare(queueing.QUEUE_NAME_DOC, default="", grammar=formats.or_empty(queueing.QUEUE_NAME))
 
     @property
@@ -432,6 +431,7 @@ class Spec:
         for group in ("head", "workers"):
             _refuse_control_plane(s[group], f"{path}.{group}", problems)
         _env_rules(s, path, problems)
+        tracking_rules(s, path, problems)
         check_bundled_fields_unset(s, Spec, path, problems)
 
 

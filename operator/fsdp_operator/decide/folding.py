@@ -21,6 +21,7 @@ from fsdp_train.events import (
     Step,
     Summary,
     Timings,
+    Tracking,
     Transport,
     TransportName,
 )
@@ -29,6 +30,7 @@ from fsdp_operator.api.spec import Job
 from fsdp_operator.api.training_spec import MAX_STEPS
 from fsdp_operator.decide import health as health_mod
 from fsdp_operator.decide import interruptions as interruptions_mod
+from fsdp_operator.decide import tracking as tracking_mod
 from fsdp_operator.decide import transport as transport_mod
 from fsdp_operator.decide.status import (
     RANK_FAILURES_KEPT,
@@ -179,6 +181,7 @@ def fold_events(
     checkpoint = dict(status.checkpoint)
     output = dict(status.output)
     timings = dict(status.timings)
+    tracking, tracker_problem = dict(status.tracking), None
     probes = [dict(p) for p in status.probes]
     # A dict keyed by the failure itself: dedup in constant time, insertion order kept, at most a bound kept.
     failures: dict[tuple[Any, ...], dict[str, Any]] = {_failure_key(f): dict(f) for f in status.rank_failures}
@@ -349,6 +352,9 @@ def fold_events(
                     result[key] = _round(seconds, 2)
         elif isinstance(event, health_mod.HealthEvent):
             health_events.append(event)
+        elif isinstance(event, Tracking):
+            tracking = tracking_mod.fold(tracking, event)
+            tracker_problem = event.problem
         elif isinstance(event, Failure):
             failure = {"rank": event.rank, "message": event.message[:1000]}
             if event.reason:
@@ -367,6 +373,7 @@ def fold_events(
         checkpoint=checkpoint,
         output=output,
         timings=timings,
+        tracking=tracking,
         probes=probes,
         rank_failures=list(failures.values())[-RANK_FAILURES_KEPT:],
         worker_restarts=restarts,
@@ -402,6 +409,8 @@ def fold_events(
             "bundled training function, or replayed); none was folded into this status"
         )
         conditions = _apply(conditions, {**authentic, "message": message}, now=now, generation=job.generation)
+    if tracker_problem is not None:
+        conditions = _apply(conditions, tracking_mod.condition(tracker_problem), now=now, generation=job.generation)
     skipped = status.skipped_events + rejected
     new = replace(new, conditions=conditions, skipped_events=skipped, forged_events=status.forged_events + forged)
     return Folded(new, verdict, rejected, unverified)

@@ -117,6 +117,7 @@ class ConditionType(StrEnum):
     PROGRESSING = "Progressing"
     STRAGGLER = "Straggler"
     """False once an event line of the current attempt failed the signature check (docs/reliability.md)."""
+    TRACKING_HEALTHY = "TrackingHealthy"
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,8 +249,13 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
         resets_on_new_attempt=True,
         warning_when_false=False,
         warning_when_true=True,
-        doc="True (SlowRank): a rank's own work per step is spec.health.stragglerRatio times the median rank's "
-        "or more over its last window; the message names the rank and its ratio.",
+        doc="True (SlowRank): a rank's own work per step is spec.health.stragglerRatio times the median or more.",
+    ),
+    ConditionType.TRACKING_HEALTHY: ConditionRule(
+        reasons=frozenset({"Logging", "TrackerUnreachable"}),
+        resets_on_new_attempt=True,
+        warning_when_false=True,  # never a failed job: training goes on without the records (docs/tracking.md)
+        doc="spec.tracking: the run's records reach the tracker; False: some did not, and the message says why.",
     ),
 }
 
@@ -371,6 +377,8 @@ class JobStatus:
     """The exported Hugging Face directory: path, step, seconds (spec.output)."""
     timings: dict[str, Any] = field(default_factory=dict)
     """Where the time to the first step went (rank 0's ``timings`` event)."""
+    tracking: dict[str, Any] = field(default_factory=dict)
+    """spec.tracking: the MLflow run (runId, url) of the job's current generation."""
     rank_failures: list[dict[str, Any]] = field(default_factory=list)
     failure_log: str = ""
     """The end of a failed Ray job's output (Ray's "last available logs"): the detail behind a one-line `message`."""
@@ -424,6 +432,7 @@ class JobStatus:
             "checkpoint": self.checkpoint,
             "output": self.output,
             "timings": self.timings,
+            "tracking": self.tracking,
             "rankFailures": self.rank_failures,
             "failureLog": self.failure_log,
             "workerRestarts": self.worker_restarts,
@@ -483,6 +492,7 @@ class JobStatus:
             checkpoint=mapping("checkpoint"),
             output=mapping("output"),
             timings=mapping("timings"),
+            tracking=mapping("tracking"),
             rank_failures=listing("rankFailures"),
             failure_log=str(raw.get("failureLog") or ""),
             worker_restarts=integer("workerRestarts"),

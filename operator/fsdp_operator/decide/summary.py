@@ -67,6 +67,10 @@ def summary_lines(status: Mapping[str, Any], *, saved_to: str = "", message: boo
         lines.append(f"tokens/s   {'; '.join(figures)}{mfu}")
     if status.get("dashboardURL"):
         lines.append(f"dashboard  {status['dashboardURL']}")
+    tracking = status.get("tracking") or {}
+    if tracking.get("runId"):
+        problem = f" (not logging: {tracking['problem']})" if tracking.get("problem") else ""
+        lines.append(f"tracking   MLflow run {tracking['runId']} {tracking.get('url', '')}".rstrip() + problem)
     if saved_to:
         lines.append(f"status     {saved_to}")
     return lines

@@ -1,0 +1,169 @@
+"""spec.tracking end to end: `fsdpctl run-local` jobs logging to a real MLflow tracking server on loopback.
+
+What the run holds is read back through MLflow's own client and compared with the status the operator wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support.mlflow_server import Server, mlflow_server
+from support.ray_cluster import RAY_TESTS
+from test_run_local import EXAMPLE, assert_nothing_left, run_local
+
+pytestmark = [pytest.mark.e2e, RAY_TESTS]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with mlflow_server(tmp_path / "mlflow") as running:
+        yield running
+
+
+def client(server: Server) -> Any:
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=server.uri, registry_uri=server.uri)
+
+
+def tracked_job(tmp_path: Path, name: str, server: Server, **tracking: str) -> dict[str, Any]:
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"]["name"] = name
+    manifest["spec"]["tracking"] = {"mlflow": {"trackingUri": server.uri, "experiment": "tests", **tracking}}
+    manifest["spec"]["sharedVolume"] = {"claimName": "shared", "mountPath": str(tmp_path)}  # one machine
+    return manifest
+
+
+def write(manifest: dict[str, Any], tmp_path: Path) -> Path:
+    path = tmp_path / f"{manifest['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    return path
+
+
+def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def history(mlflow: Any, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in mlflow.get_metric_history(run_id, key))
+
+
+@pytest.mark.timeout(900)  # a model to make, an MLflow server to start, a whole run-local, on a loaded machine
+def test_a_job_logs_its_settings_every_step_the_evaluation_and_the_export(server: Server, tmp_path: Path) -> None:
+    from support.tiny_hf import documents, save_tiny_model, write_jsonl
+
+    model_dir = save_tiny_model(tmp_path / "model")
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"text": d} for d in documents(120)])
+    manifest = tracked_job(tmp_path, "tiny-tracked", server, registeredModel="tiny-qwen")
+    spec = manifest["spec"]
+    spec["model"] = {"name": str(model_dir), "init": "pretrained"}
+    spec["data"] = {"source": str(corpus), "validationSplit": 0.1, "evalEverySteps": 5, "shuffleSeed": 1}
+    spec["output"] = {"storage": str(tmp_path / "export")}
+    spec["training"].update(steps=10, learningRate=0.01, lrSchedule="constant", warmupSteps=0, seqLen=64)
+    proc, job = run_local(write(manifest, tmp_path), tmp_path, timeout=800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = job["status"]
+    assert status["phase"] == "Succeeded"
+    assert conditions(status)["TrackingHealthy"] == ("True", "Logging")
+    run_id = status["tracking"]["runId"]
+    assert status["tracking"]["url"] == f"{server.uri}/#/experiments/1/runs/{run_id}"
+    assert f"MLflow run {run_id}" in proc.stdout  # run-local's summary, as `fsdpctl status` prints it
+
+    mlflow = client(server)
+    run = mlflow.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "default/tiny-tracked attempt 1"
+    params = run.data.params
+    assert params["train.steps"] == "10" and params["train.seq_len"] == "64" and params["world_size"] == "4"
+    assert params["model"] == str(model_dir) and params["data.source"] == str(corpus)
+    assert len(params["fingerprint"]) == 16 and params["operator_version"]
+    # Every step's loss, the same figures as the status's loss history (which keeps them to 4 digits).
+    losses = history(mlflow, run_id, "loss")
+    assert [step for step, _ in losses] == list(range(1, 11))
+    recorded = dict(losses)
+    for step, loss in status["progress"]["lossHistory"]:
+        assert math.isclose(recorded[step], loss, abs_tol=1e-4), (step, recorded[step], loss)
+    assert [step for step, _ in history(mlflow, run_id, "learning_rate")] == list(range(1, 11))
+    evals = history(mlflow, run_id, "eval_loss")
+    assert [step for step, _ in evals] == [5, 10]
+    assert math.isclose(evals[-1][1], status["progress"]["evalLoss"], abs_tol=1e-4)
+    assert history(mlflow, run_id, "time_to_first_step_seconds")
+    assert run.data.tags["nccl.transport.rank0"] == "socket"
+    # The export, uploaded, and registered as a version pointing at it; the final summary as a document.
+    exported = {a.path for a in mlflow.list_artifacts(run_id, "export")}
+    assert {"export/config.json", "export/model.safetensors"} <= exported, exported
+    assert run.data.tags["export.uri"] == str(tmp_path / "export")
+    (version,) = mlflow.search_model_versions("name='tiny-qwen'")
+    assert version.run_id == run_id and version.source == f"{run.info.artifact_uri}/export"
+    summary = json.loads(Path(mlflow.download_artifacts(run_id, "summary.json", str(tmp_path))).read_text())
+    assert summary["steps"] == 10 and math.isclose(summary["final_loss"], status["result"]["finalLoss"], abs_tol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_retried_attempt_continues_the_same_run(server: Server, tmp_path: Path) -> None:
+    """Attempt 1 checkpoints at step 12 and fails right after it; attempt 2 resumes there, in the same run."""
+    manifest = tracked_job(tmp_path, "tiny-retried", server)
+    spec = manifest["spec"]
+    spec["training"].update(steps=20, checkpoint={"storage": str(tmp_path / "ckpt"), "intervalSteps": 4})
+    spec["runtimeEnv"] = {"envVars": {"FSDP_TRAIN_FAIL_AT_STEP": "12"}}
+    spec["runPolicy"] = {"maxWorkerRestarts": 0, "backoffLimit": 1}
+    proc, job = run_local(write(manifest, tmp_path), tmp_path, timeout=800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = job["status"]
+    assert status["phase"] == "Succeeded" and status["attempts"] == 2 and status["result"]["resumedFromStep"] == 12
+    mlflow = client(server)
+    (experiment,) = [e for e in mlflow.search_experiments() if e.name == "tests"]
+    (run,) = mlflow.search_runs([experiment.experiment_id])  # one run for both attempts
+    assert run.info.run_id == status["tracking"]["runId"] and run.info.status == "FINISHED"
+    assert run.data.tags["fsdp.dev/attempt"] == "2"
+    steps = [step for step, _ in history(mlflow, run.info.run_id, "loss")]
+    # Attempt 1 logged 1..12 (step 12's loss may be its last record), attempt 2 went on from 13: no restart at 1.
+    assert steps[0] == 1 and steps[-1] == 20 and set(steps) == set(range(1, 21)) and steps.count(1) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_tracker_stopped_mid_run_leaves_the_job_succeeded_with_a_warning(server: Server, tmp_path: Path) -> None:
+    manifest = tracked_job(tmp_path, "tiny-untracked", server)
+    manifest["spec"]["training"].update(steps=400)
+    status_file = tmp_path / "job.json"
+    fsdpctl = Path(sys.executable).with_name("fsdpctl")
+    command = [str(fsdpctl), "run-local", "-f", str(write(manifest, tmp_path)), "--status-out", str(status_file)]
+    started = time.monotonic()
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as proc:
+        mlflow = client(server)
+        logged: list[Any] = []
+        while proc.poll() is None and not logged and time.monotonic() - started < 600:
+            runs = [
+                r
+                for e in mlflow.search_experiments()
+                if e.name == "tests"
+                for r in mlflow.search_runs([e.experiment_id])
+            ]
+            logged = [r for r in runs if mlflow.get_metric_history(r.info.run_id, "loss")]
+            time.sleep(0.5)
+        assert logged, "no step reached the tracker"
+        server.stop()  # mid-run: the job goes on
+        output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-4000:]
+    assert_nothing_left(output)
+    status = json.loads(status_file.read_text())["status"]
+    assert status["phase"] == "Succeeded" and status["progress"]["step"] == 400
+    assert conditions(status)["TrackingHealthy"] == ("False", "TrackerUnreachable")
+    assert status["tracking"]["runId"] == logged[0].info.run_id and status["tracking"]["problem"]
