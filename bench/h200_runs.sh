@@ -19,6 +19,7 @@
 #   WHEELS=DIR bench/h200_runs.sh round5 OUTDIR  # both (longer than one device call allows: run the halves)
 #   bench/h200_runs.sh round6 OUTDIR   # 1 GPU: varlen attention with grouped key/value heads, flight-recorder dumps
 #                                      # (OUTDIR/fr), checkpoints with lasting pinned buffers, the mask's ratio
+#   bench/h200_runs.sh mask OUTDIR     # 1 GPU: round5-data's mask ratio alone (random tokens, then Python sources)
 #   bench/h200_runs.sh notice OUTDIR        # 1 GPU: a node's notice at step 35 of the 1.5B run (a save every 20
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
 #   bench/h200_runs.sh health OUTDIR  # 1 GPU: the bundled function with spec.health's timings, watchdog and flight
@@ -329,6 +330,9 @@ round6)  # one GPU: varlen attention's grouped heads, flight-recorder dumps, che
     CKPT_STEPS=${CKPT_STEPS:-100} CKPT_EVERY=${CKPT_EVERY:-30} round5_checkpoint
     round5_data_runs
     ;;
+mask)  # one GPU: the document mask with compile on Python sources against random tokens (their Summary ratio)
+    round5_data_runs
+    ;;
 round5-data)  # one GPU: the document mask with compile on a real corpus against random tokens; async checkpoints
     round5_data
     ;;
@@ -337,6 +341,7 @@ round5-checkpoint)  # one GPU: asynchronous checkpoints of the 1.5B run, blocked
     ;;
 notice)  # one GPU: a node's notice during the 1.5B run (fsdp_train.notice): notice -> saved, blocked and total save
     notice_run
+    ;;
 health)  # one GPU: spec.health's overhead, off and on side by side
     health_overhead
     ;;
