@@ -63,6 +63,8 @@ def assert_the_stall_is_named(last: dict[str, Any], code_at: str) -> None:
     assert "wait in" in last["message"], last["message"]
 
 
+# behind `slow` for now: minutes of Ray start-ups, over `make test`'s budget (docs/testing.md)
+@pytest.mark.slow
 def test_a_stalled_rank_is_named_and_restart_resumes_and_a_slow_rank_is_a_straggler(tmp_path: Path) -> None:
     health = {"hangTimeoutSeconds": HANG_TIMEOUT, "onHang": "Restart", "stragglerWindowSteps": 5}
     slow_rank = 0  # two ranks: rank 1 stalls, rank 0 is the slow one

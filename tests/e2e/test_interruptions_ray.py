@@ -70,6 +70,8 @@ def between_checkpoints(s: Status) -> bool:
     return checkpointed >= INTERVAL and checkpointed + 3 <= step and step % INTERVAL not in (0, INTERVAL - 1)
 
 
+# behind `slow` for now: minutes of Ray start-ups, over `make test`'s budget (docs/testing.md)
+@pytest.mark.slow
 def test_a_worker_pod_deleted_mid_training_checkpoints_and_the_next_attempt_resumes_there(tmp_path: Path) -> None:
     name = "tiny-drain"
 

@@ -58,6 +58,8 @@ def history(mlflow: Any, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in mlflow.get_metric_history(run_id, key))
 
 
+# behind `slow` for now: minutes of Ray start-ups, over `make test`'s budget (docs/testing.md)
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # a model to make, an MLflow server to start, a whole run-local, on a loaded machine
 def test_a_job_logs_its_settings_every_step_the_evaluation_and_the_export(server: Server, tmp_path: Path) -> None:
     from support.tiny_hf import documents, save_tiny_model, write_jsonl

@@ -119,6 +119,12 @@ SAMPLES: dict[str, tuple[list[Any], list[Any]]] = {
         ["/opt/code", "s3://bucket/code.zip", "gs://bkt/c/code.zip"],
         ["rel/code", "/a/../b", "s3://b/code"],
     ),
+    "MLflow name (at most 500 characters) or empty": (["", "team-a", "qwen fine-tune"], [" lead", "a\nb"]),
+    "MLflow name (at most 250 characters) or empty": (["", "qwen-ft attempt 2"], [" lead", "a\tb"]),
+    "tracking URI": (
+        ["http://mlflow.mlops.svc:5000", "https://mlflow.example.com/team", "/mnt/mlruns", "file:///mnt/mlruns"],
+        ["http://user:pw@mlflow:5000", "ftp://mlflow", "http://169.254.169.254/", "file:relative", "http://h/a/../b"],
+    ),
     "LocalQueue name (DNS-1123 subdomain of at most 63 characters) or empty": (
         ["", "team-a", "q.gpu"],
         ["Team", "q" * 64],

@@ -87,12 +87,11 @@ def _causal_varlen(
         kwargs["is_causal"] = True
     else:
         kwargs["window_size"] = (-1, 0)
-    if key.shape[1] != query.shape[1]:
-        if "enable_gqa" in params:
-            kwargs["enable_gqa"] = True
-        else:
-            groups = query.shape[1] // key.shape[1]
-            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    if key.shape[1] != query.shape[1] and "enable_gqa" in params:
+        kwargs["enable_gqa"] = True
+    # Otherwise (torch 2.9-2.11) key and value go to the flash kernel as they are: flash attention shares each
+    # key/value head among its group of query heads itself (and sums their gradients), where copying them per
+    # query head costs memory traffic forward and a reduction backward (bench/varlen_gqa.py compares both).
     out = varlen_attn(query, key, value, bounds, bounds, max_len, max_len, **kwargs)
     attended: torch.Tensor = out[0] if isinstance(out, tuple) else out
     return attended
