@@ -10,8 +10,9 @@ the weights (a step pre-hook), so what is written is the state after the checkpo
 flight at a time; a snapshot counts once DCP wrote its ``.metadata``, which it does last. Ray Train's store
 stays synchronous (``ray.train.report`` takes finished files). Pinning 19 GB of host memory at 1.5B takes
 6.5-8.8 s on an H200, which held the step after each save while a stager was made per save; now the
-host buffers are pinned once (``HostStager``, in the background after the first optimizer step) and reused by
-every save, so a save holds the loop only for the copy into them: docs/performance.md.
+host buffers are pinned once (``HostStager``: one block pinned in the background from before the first step,
+carved into buffers after it) and reused by every save, so a save holds the loop only for the copy into them:
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
+
+from fsdp_train.staging import HostStager, state_bytes
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 KEEP_LAST = 2
@@ -164,115 +167,6 @@ class _InFlight:
     staged: Future[Any] | None
     written: Future[Any]
     finished: list[float] = field(default_factory=list)
-
-
-def host_buffers(state: Any, pin: bool) -> Any:
-    """Empty host tensors shaped like ``state``'s tensors (pinned when ``pin``), in the same structure.
-
-    Not torch's ``_create_cpu_state_dict``: for a DTensor it first copies the whole tensor to host memory
-    (``DTensor.to("cpu")``), from whatever thread calls it and on that thread's stream, where only the
-    allocation is wanted here. A DTensor's buffer keeps its spec (mesh, placements, global shape).
-    """
-    import torch
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(state, DTensor):
-        make: Any = DTensor  # its constructor is untyped
-        return make(host_buffers(state._local_tensor, pin), state._spec, requires_grad=False)
-    if isinstance(state, torch.Tensor):
-        return torch.empty(state.shape, dtype=state.dtype, pin_memory=pin and state.numel() > 0)
-    if isinstance(state, dict):
-        return {key: host_buffers(value, pin) for key, value in state.items()}
-    if isinstance(state, list | tuple):
-        values = [host_buffers(value, pin) for value in state]
-        return tuple(values) if isinstance(state, tuple) else values
-    return state  # a number, a string, None: copied from the state at each save, not buffered
-
-
-class HostStager:
-    """DCP's ``AsyncStager``: the state copied into host buffers that live as long as the run.
-
-    Written here because torch's ``DefaultStager`` cannot be reused across saves in torch 2.11 (its second
-    ``stage`` failed inside it on an H200), and a stager per save pins its host memory anew each time: 6.5-8.8 s
-    for 19 GB, which the step after the save waited for. The buffers (``_create_cpu_state_dict``, pinned on
-    CUDA, ``host_buffers``) are made once, by ``prepare`` in a background thread, and every save copies into them with
-    ``_copy_state_dict`` on a side stream; the future it returns is done once the copy is.
-    """
-
-    _synchronize_after_execute = False
-
-    def __init__(self) -> None:
-        import torch
-
-        cuda: Any = torch.cuda  # Stream and Event are untyped
-        self._cuda = cuda.is_available()
-        self._stream: Any = cuda.Stream() if self._cuda else None
-        self._buffers: Future[dict[str, Any]] | None = None
-        self._executor: Any = None
-
-    @property
-    def should_synchronize_after_execute(self) -> bool:
-        return False  # the optimizer's pre-hook waits for the copy instead (DirectoryCheckpoints._wait_staged)
-
-    def _pool(self) -> Any:
-        if self._executor is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsdp-ckpt-stage")
-        return self._executor
-
-    @property
-    def prepared(self) -> bool:
-        return self._buffers is not None
-
-    def prepare(self, state_dict: dict[str, Any]) -> None:
-        """Allocate (and pin) the host buffers for ``state_dict``'s shapes in the background, once."""
-        if self._buffers is None:
-            self._buffers = self._pool().submit(host_buffers, state_dict, self._cuda)
-
-    def stage(self, state_dict: dict[str, Any], retried: bool = False) -> Future[dict[str, Any]]:
-        import torch
-        from torch.distributed._state_dict_utils import CompanionMismatch, _copy_state_dict
-
-        self.prepare(state_dict)
-        assert self._buffers is not None
-        buffers = self._buffers.result()
-        try:
-            if self._stream is None:
-                staged = _copy_state_dict(state_dict, buffers, type_check=False)
-                done: Future[dict[str, Any]] = Future()
-                done.set_result(staged)
-                return done
-            # The copies run on a side stream, after what the training stream has queued (the step's update).
-            self._stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._stream):
-                staged = _copy_state_dict(state_dict, buffers, non_blocking=True, type_check=False)
-                cuda: Any = torch.cuda
-                copied = cuda.Event()
-                copied.record(self._stream)
-        except (CompanionMismatch, RuntimeError):
-            # The state's layout or a shape changed since the buffers were made: make them anew, once.
-            if retried:
-                raise
-            self._buffers = None
-            return self.stage(state_dict, retried=True)
-
-        def when_copied(source: dict[str, Any]) -> dict[str, Any]:
-            # ``source`` keeps the copied tensors referenced until the copy is done: their memory is not reused first.
-            copied.synchronize()
-            return staged
-
-        staging: Future[dict[str, Any]] = self._pool().submit(when_copied, state_dict)
-        return staging
-
-    def synchronize_staging(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        self._buffers = None
 
 
 @dataclass(slots=True)
@@ -420,13 +314,15 @@ class DirectoryCheckpoints:
 
     def _hook(self, model: nn.Module, optimizer: Optimizer, extra: Extra | None) -> None:
         """Optimizer hooks, once per optimizer: the next step waits for the staging copy (it reads the weights
-        and moments the step changes), and after the first step the host buffers are made in the background
-        (the optimizer's moments exist only from then on), so that the first save finds them pinned."""
+        and moments the step changes), and after the first step the host buffers are carved in the background
+        (the optimizer's moments exist only from then on) from a block pinned from now on, so that the first
+        save finds them ready and no step waits for the pinning."""
         if id(optimizer) in self._hooked:
             return
         self._hooked.add(id(optimizer))
         optimizer.register_step_pre_hook(lambda *_: self._wait_staged())
         stager = self._host_stager()
+        stager.reserve(state_bytes(model, optimizer))
 
         def prepare(*_: Any) -> None:
             if not stager.prepared:

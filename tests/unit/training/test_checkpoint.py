@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,11 +14,11 @@ from fsdp_train.checkpoint import (
     FINGERPRINT_FILE,
     CheckpointMismatch,
     DirectoryCheckpoints,
-    HostStager,
     app_state,
     load_into,
     restore_ray_checkpoint,
 )
+from fsdp_train.staging import HostArena, HostStager, state_bytes
 from ray.train import Checkpoint
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
@@ -92,11 +93,14 @@ def test_a_snapshot_in_a_new_folder_gets_its_fingerprint_and_resumes(
 def test_asynchronous_saves_reuse_one_set_of_host_buffers_and_write_each_steps_state(
     one_rank: None, tmp_path: Path
 ) -> None:
-    """The host buffers are made once (after the first optimizer step) and every save copies into them: each
-    snapshot holds the weights of its own step, not the first save's, and no save allocates them anew."""
+    """The host buffers are made once (after the first optimizer step, from the block reserved before it) and
+    every save copies into them: each snapshot holds the weights of its own step, not the first save's, and no
+    save allocates them anew."""
     store = DirectoryCheckpoints(str(tmp_path / "ckpt"), asynchronous=True)
     model, optimizer = trained(0)
     assert store.restore(model, optimizer) == 0
+    assert store._stager is not None and store._stager._arena is not None  # reserved before the first step
+    block = store._stager._arena.result()._block
     weights = {}
     for step in (1, 2):
         model(torch.randn(2, 4)).sum().backward()
@@ -104,6 +108,11 @@ def test_asynchronous_saves_reuse_one_set_of_host_buffers_and_write_each_steps_s
         stager = store._stager
         assert stager is not None and stager.prepared
         buffers = stager._buffers
+        assert buffers is not None
+        carved = [t for t in _tensors(buffers.result()) if t.numel()]
+        # Every buffer (weights, both moments, the step counter) lies in the reserved block.
+        base, end = block.data_ptr(), block.data_ptr() + block.numel()
+        assert carved and all(base <= t.data_ptr() and t.data_ptr() + t.nbytes <= end for t in carved)
         store.save(model, optimizer, step, {})
         assert stager._buffers is buffers  # reused, not made again
         weights[step] = model.weight.detach().clone()
@@ -114,6 +123,33 @@ def test_asynchronous_saves_reuse_one_set_of_host_buffers_and_write_each_steps_s
         restored, restored_optimizer = trained(5)
         load_into(restored, restored_optimizer, str(tmp_path / "ckpt" / f"step_{step:08d}"))
         assert torch.equal(restored.weight, weights[step])
+
+
+def _tensors(state: object) -> list[torch.Tensor]:
+    if isinstance(state, torch.Tensor):
+        return [state]
+    if isinstance(state, dict):
+        return [t for value in state.values() for t in _tensors(value)]
+    if isinstance(state, list | tuple):
+        return [t for value in state for t in _tensors(value)]
+    return []
+
+
+def test_the_reserved_block_fits_adamws_state_and_a_block_too_small_falls_back_to_one_buffer_each() -> None:
+    model = torch.nn.Linear(5, 3)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 5)).sum().backward()
+    optimizer.step()
+    state = {"model": model.state_dict(), "optim": optimizer.state_dict()}
+    wanted = sum(t.nbytes for t in _tensors(state))
+    assert wanted <= state_bytes(model, optimizer) <= wanted + 64 * 3 * len(_tensors(state))
+    arena = HostArena(state_bytes(model, optimizer), pin=False)
+    carved = [arena.take(t.shape, t.dtype) for t in _tensors(state)]
+    ranges = sorted((c.data_ptr(), c.data_ptr() + c.nbytes) for c in carved if c is not None)
+    assert len(ranges) == len(carved)
+    assert all(end <= next_start for (_, end), (next_start, _) in itertools.pairwise(ranges))
+    small = HostArena(64, pin=False)
+    assert small.take((4,), torch.float32) is not None and small.take((64,), torch.float32) is None
 
 
 def test_host_buffers_are_made_anew_when_the_state_changes_layout() -> None:
