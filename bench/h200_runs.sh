@@ -24,6 +24,9 @@
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
 #   bench/h200_runs.sh health OUTDIR  # 1 GPU: the bundled function with spec.health's timings, watchdog and flight
 #                                     # recorder off and on, interleaved (off, on, off, on), tokens/s of each
+#   WHEELS=DIR bench/h200_runs.sh headline OUTDIR  # 1 GPU, one call (~8 min): torchtitan, the bench's best recipe
+#                                     # and the training function itself side by side (one MFU formula), the document
+#                                     # mask's ratio with compile on, a checkpoint's blocked and total time
 #
 # Needs torch and transformers (no Ray, no install: the package is put on PYTHONPATH). Every run has
 # its own time limit, so one hang costs one row. Logs go to OUTDIR/logs; the tables to stdout.
@@ -341,6 +344,12 @@ round5-checkpoint)  # one GPU: asynchronous checkpoints of the 1.5B run, blocked
     ;;
 notice)  # one GPU: a node's notice during the 1.5B run (fsdp_train.notice): notice -> saved, blocked and total save
     notice_run
+    ;;
+headline)  # one GPU, one call: the three figures of docs/performance.md's headline, side by side
+    titan titan-native 170 --training.steps 30 --x.warmup 10
+    bench headline-speed 1 170 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window --recipes "${RECIPES:-ours-r5}"
+    round5_data_runs
+    CKPT_STEPS=${CKPT_STEPS:-60} CKPT_EVERY=${CKPT_EVERY:-30} round5_checkpoint
     ;;
 health)  # one GPU: spec.health's overhead, off and on side by side
     health_overhead
