@@ -167,8 +167,8 @@ round5_data_runs() {  # the document mask with compile on Python sources against
     local assets=${ASSETS:-/tmp/fsdp-python-sources} base
     TORCH_LOGS=recompiles "$py" bench/data_pipeline.py python-sources "$assets" 2>&1 | tee "$out/logs/assets.log"
     base='"seq_len":2048,"batch_size_per_rank":8,"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":2e-5'"${R5_EXTRA:-}"
-    TORCH_LOGS=recompiles fn1 r5-random 150 "{$base,\"steps\":${STEPS:-30},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\"}"
-    TORCH_LOGS=recompiles fn1 r5-python 170 "{$base,\"steps\":${STEPS:-30},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\",\"data\":\"$assets/corpus\",\"tokenizer\":\"$assets/tokenizer\",\"shuffle_seed\":1}"
+    TORCH_LOGS=recompiles fn1 r5-random "${MASK_LIMIT:-150}" "{$base,\"steps\":${STEPS:-30},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\"}"
+    TORCH_LOGS=recompiles fn1 r5-python "${MASK_LIMIT:-170}" "{$base,\"steps\":${STEPS:-30},\"model\":\"Qwen/Qwen2.5-1.5B\",\"model_init\":\"random\",\"data\":\"$assets/corpus\",\"tokenizer\":\"$assets/tokenizer\",\"shuffle_seed\":1}"
     ratio r5-random r5-python
 }
 
