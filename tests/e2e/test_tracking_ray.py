@@ -1,12 +1,13 @@
 """spec.tracking end to end: `fsdpctl run-local` jobs logging to a real MLflow tracking server on loopback.
 
-What the run holds is read back through MLflow's own client and compared with the status the operator wrote.
+What the run holds is read back through MLflow's own client and compared with the status the operator wrote. The
+representative case, a tracked data job (settings, every step's loss, the evaluations, the export registered, one
+run across a drained attempt and its resumption), is `test_run_local.py`'s data job; the cases here are `slow`.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -56,58 +57,6 @@ def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 def history(mlflow: Any, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in mlflow.get_metric_history(run_id, key))
-
-
-# behind `slow` for now: minutes of Ray start-ups, over `make test`'s budget (docs/testing.md)
-@pytest.mark.slow
-@pytest.mark.timeout(900)  # a model to make, an MLflow server to start, a whole run-local, on a loaded machine
-def test_a_job_logs_its_settings_every_step_the_evaluation_and_the_export(server: Server, tmp_path: Path) -> None:
-    from support.tiny_hf import documents, save_tiny_model, write_jsonl
-
-    model_dir = save_tiny_model(tmp_path / "model")
-    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"text": d} for d in documents(120)])
-    manifest = tracked_job(tmp_path, "tiny-tracked", server, registeredModel="tiny-qwen")
-    spec = manifest["spec"]
-    spec["model"] = {"name": str(model_dir), "init": "pretrained"}
-    spec["data"] = {"source": str(corpus), "validationSplit": 0.1, "evalEverySteps": 5, "shuffleSeed": 1}
-    spec["output"] = {"storage": str(tmp_path / "export")}
-    spec["training"].update(steps=10, learningRate=0.01, lrSchedule="constant", warmupSteps=0, seqLen=64)
-    proc, job = run_local(write(manifest, tmp_path), tmp_path, timeout=800)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    status = job["status"]
-    assert status["phase"] == "Succeeded"
-    assert conditions(status)["TrackingHealthy"] == ("True", "Logging")
-    run_id = status["tracking"]["runId"]
-    assert status["tracking"]["url"] == f"{server.uri}/#/experiments/1/runs/{run_id}"
-    assert f"MLflow run {run_id}" in proc.stdout  # run-local's summary, as `fsdpctl status` prints it
-
-    mlflow = client(server)
-    run = mlflow.get_run(run_id)
-    assert run.info.status == "FINISHED" and run.info.run_name == "default/tiny-tracked attempt 1"
-    params = run.data.params
-    assert params["train.steps"] == "10" and params["train.seq_len"] == "64" and params["world_size"] == "4"
-    assert params["model"] == str(model_dir) and params["data.source"] == str(corpus)
-    assert len(params["fingerprint"]) == 16 and params["operator_version"]
-    # Every step's loss, the same figures as the status's loss history (which keeps them to 4 digits).
-    losses = history(mlflow, run_id, "loss")
-    assert [step for step, _ in losses] == list(range(1, 11))
-    recorded = dict(losses)
-    for step, loss in status["progress"]["lossHistory"]:
-        assert math.isclose(recorded[step], loss, abs_tol=1e-4), (step, recorded[step], loss)
-    assert [step for step, _ in history(mlflow, run_id, "learning_rate")] == list(range(1, 11))
-    evals = history(mlflow, run_id, "eval_loss")
-    assert [step for step, _ in evals] == [5, 10]
-    assert math.isclose(evals[-1][1], status["progress"]["evalLoss"], abs_tol=1e-4)
-    assert history(mlflow, run_id, "time_to_first_step_seconds")
-    assert run.data.tags["nccl.transport.rank0"] == "socket"
-    # The export, uploaded, and registered as a version pointing at it; the final summary as a document.
-    exported = {a.path for a in mlflow.list_artifacts(run_id, "export")}
-    assert {"export/config.json", "export/model.safetensors"} <= exported, exported
-    assert run.data.tags["export.uri"] == str(tmp_path / "export")
-    (version,) = mlflow.search_model_versions("name='tiny-qwen'")
-    assert version.run_id == run_id and version.source == f"{run.info.artifact_uri}/export"
-    summary = json.loads(Path(mlflow.download_artifacts(run_id, "summary.json", str(tmp_path))).read_text())
-    assert summary["steps"] == 10 and math.isclose(summary["final_loss"], status["result"]["finalLoss"], abs_tol=1e-4)
 
 
 @pytest.mark.slow
