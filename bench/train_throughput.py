@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from fsdp_train import loop
 from fsdp_train import loss as loss_module
 from fsdp_train.config import TrainConfig
-from fsdp_train.loop import build, step_loss, train_step
+from fsdp_train.loop import build, step_figures, train_step
 from fsdp_train.metrics import flops_per_token, mfu, peak_flops
 from fsdp_train.model import build_meta_model, hf_config, init_weights
 from fsdp_train.parallelize import Topology, parallelize
@@ -455,7 +455,7 @@ def _timed_steps(
                 _sync(device)
                 start = time.perf_counter()
             if lazy:
-                queued.append(step_loss(cfg, topo, model, optimizer, step, "full", device, config.vocab_size))
+                queued.append(step_figures(cfg, topo, model, optimizer, step, "full", device, config.vocab_size)[0])
                 if len(queued) > 1:
                     losses.append(float(queued.pop(0).item()))
             else:

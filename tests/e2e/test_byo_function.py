@@ -3,7 +3,10 @@
 The default case is the whole contract in one run (docs/byo-function.md): the ranks' placement, transport and
 probe, the step and loss the function reported with `ray.train.report`, and its checkpoint surviving a worker
 SIGKILLed mid-run (the restarted group resumes from `ray.train.get_checkpoint()`), while every rank prints
-forged event lines that change nothing. The raising function and the example package run with `make test-all`;
+forged event lines that change nothing; then, with `spec.health` (docs/health.md), a rank of the restarted group
+blocked in the user's code is named with its `file:line` while the others wait in the all-reduce, `onHang:
+Restart` starts an attempt that resumes from the latest checkpoint, and a rank slower than the others by a
+fixed time per step is named a straggler. The raising function and the example package run with `make test-all`;
 their ground is covered fast by tests/unit/training/test_user_function.py and tests/unit/test_train_function.py.
 """
 
@@ -23,7 +26,9 @@ pytestmark = [pytest.mark.e2e, RAY_TESTS]
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ROOT / "tests" / "data" / "byo"
 EXAMPLE = ROOT / "examples" / "byo-function"
-STEPS, CHECKPOINT_EVERY, KILL_RANK, KILL_AT_STEP = 8, 3, 1, 4
+STEPS, CHECKPOINT_EVERY, KILL_RANK, KILL_AT_STEP = 16, 3, 1, 4
+STALL_RANK, STALL_AT_STEP, SLOW_RANK, SLOW_SECONDS = 1, 7, 2, 0.5
+HANG_TIMEOUT = 30
 
 
 def function_job(tmp_path: Path, name: str, function: dict[str, Any]) -> Path:
@@ -44,11 +49,24 @@ def function_job(tmp_path: Path, name: str, function: dict[str, Any]) -> Path:
     return path
 
 
-def test_a_user_function_is_verified_reports_progress_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.timeout(1200)  # three groups of Ray Train workers and a stall to wait out, on a loaded machine
+def test_a_user_function_is_verified_reports_progress_resumes_and_a_stalled_or_slow_rank_is_named(
+    tmp_path: Path,
+) -> None:
+    """Group 1 checkpoints at step 3 and loses rank 1 (SIGKILL) after step 4; group 2 resumes from step 3,
+    checkpoints at 6 and rank 1 blocks before step 7; the stall Restarts the attempt, whose group resumes from step
+    6 and finishes. Rank 2 is SLOW_SECONDS slower per step throughout."""
     config = {"steps": STEPS, "checkpoint_every": CHECKPOINT_EVERY, "kill_rank": KILL_RANK,
-              "kill_at_step": KILL_AT_STEP, "forge": True}  # fmt: skip
+              "kill_at_step": KILL_AT_STEP, "forge": True, "stall_rank": STALL_RANK, "stall_at_step": STALL_AT_STEP,
+              "stall_when_resumed_from": CHECKPOINT_EVERY, "slow_rank": SLOW_RANK,
+              "slow_seconds": SLOW_SECONDS}  # fmt: skip
     function = {"callable": "byo_checks.functions:train", "code": str(CHECKS), "config": config}
-    proc, job = run_local(function_job(tmp_path, "byo-train", function), tmp_path)
+    path = function_job(tmp_path, "byo-train", function)
+    manifest = yaml.safe_load(path.read_text())
+    manifest["spec"]["health"] = {"hangTimeoutSeconds": HANG_TIMEOUT, "onHang": "Restart", "stragglerWindowSteps": 5}
+    manifest["spec"]["runPolicy"] = {"maxWorkerRestarts": 1, "backoffLimit": 1}
+    path.write_text(yaml.safe_dump(manifest))
+    proc, job = run_local(path, tmp_path, timeout=1100)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     status = job["status"]
     assert status["phase"] == "Succeeded", status.get("message")
@@ -65,25 +83,46 @@ def test_a_user_function_is_verified_reports_progress_and_resumes_from_its_check
     assert status["interconnect"]["allRanks"]["ranks"] == 4 and status["interconnect"]["crossNode"]["ranks"] == 2
     assert status["interconnect"]["crossNode"]["allreduceBusbwGBps"] > 0
 
-    # What the function reported with ray.train.report.
+    # What the function reported with ray.train.report; the progress is the last attempt's, from step 7 on.
     progress = status["progress"]
     assert (progress["step"], progress["totalSteps"], progress["stepOfTotal"]) == (STEPS, STEPS, f"{STEPS}/{STEPS}")
     assert progress["tokensSeen"] == STEPS * 64 * 4
     history = progress["lossHistory"]
-    assert [step for step, _ in history] == list(range(1, STEPS + 1))
+    assert [step for step, _ in history] == list(range(2 * CHECKPOINT_EVERY + 1, STEPS + 1))
     assert all(math.isfinite(loss) for _, loss in history) and history[-1][1] < history[0][1]
     assert progress["loss"] == history[-1][1]
 
-    # The kill after step 4 restarted the group once; it resumed from the step-3 checkpoint.
+    # The kill after step 4 restarted the group once, from the step-3 checkpoint; the stall before step 7 cost
+    # the attempt, and the next one resumed from the step-6 checkpoint.
     assert status["workerRestarts"] == 1
-    assert progress["metrics"] == {"resumed_from": float(CHECKPOINT_EVERY)}
+    assert status["attempts"] == 2 and status["failedAttempts"] == 1
+    assert progress["metrics"] == {"resumed_from": float(2 * CHECKPOINT_EVERY)}
     checkpoint = status["checkpoint"]
-    assert checkpoint["step"] == 6
+    assert checkpoint["step"] == STEPS // CHECKPOINT_EVERY * CHECKPOINT_EVERY
     assert Path(checkpoint["path"]).parent == tmp_path / "checkpoints" / "byo-train"
     assert Path(checkpoint["path"], "state.pt").is_file()
 
-    # Every rank printed forged lines, in both groups: counted and refused, nothing of them in the status.
-    assert status["forgedEvents"] == 3 * 4 * 2
+    # The stall, named: rank 1 in the user's code at file:line, the others waiting in the all-reduce.
+    last = status["health"]["lastStall"]
+    assert last["attempt"] == 1 and [s["rank"] for s in last["suspects"]] == [STALL_RANK], last
+    suspect = last["suspects"][0]
+    assert suspect["reason"] == "RankStalled" and suspect["node"] and suspect["pod"], suspect
+    by_rank = {r["rank"]: r for r in last["ranks"]}
+    assert by_rank[STALL_RANK]["where"] == "code" and "functions.py:" in by_rank[STALL_RANK]["at"], by_rank
+    assert HANG_TIMEOUT <= by_rank[STALL_RANK]["stalledSeconds"] < HANG_TIMEOUT + 30, by_rank
+    assert all("all_reduce" in r["collective"] for rank, r in by_rank.items() if rank != STALL_RANK), by_rank
+    assert f"rank {STALL_RANK} (" in last["message"] and "wait_for_a_lock_nobody_releases" in last["message"]
+    # The slow rank, named a straggler; nobody stalled at the end.
+    conditions = {c["type"]: c for c in status["conditions"]}
+    straggler = conditions["Straggler"]
+    assert (straggler["status"], straggler["reason"]) == ("True", "SlowRank"), straggler
+    assert f"rank {SLOW_RANK} (" in straggler["message"], straggler["message"]
+    slow = [s for s in status["health"]["suspects"] if s["reason"] == "SlowRank"]
+    assert [s["rank"] for s in slow] == [SLOW_RANK] and slow[0]["ratio"] >= 1.5, status["health"]
+    assert conditions["Progressing"]["status"] == "True", conditions["Progressing"]
+
+    # Every rank printed forged lines, in every group: counted and refused, nothing of them in the status.
+    assert status["forgedEvents"] % (3 * 4) == 0 and status["forgedEvents"] >= 3 * 4 * 2, status["forgedEvents"]
     authentic = next(c for c in status["conditions"] if c["type"] == "EventsAuthentic")
     assert (authentic["status"], authentic["reason"]) == ("False", "UnsignedLines")
     assert all("forged" not in f["message"] and f.get("reason") != "DataUnavailable" for f in status["rankFailures"])

@@ -351,6 +351,12 @@ def test_a_tracked_data_job_drained_mid_epoch_resumes_learns_evaluates_and_expor
     assert tokenizer.decode(int(got[0, -1].argmax())).strip() == "lazy"  # it learned the phrase
 
 
+def progress_metrics_grad_norm(status: dict[str, Any]) -> float:
+    norm = status["progress"]["metrics"]["grad_norm"]
+    assert isinstance(norm, float) and norm > 0, status["progress"]
+    return norm
+
+
 def assert_tracked(uri: str, status: dict[str, Any], tmp_path: Path, model_dir: Path, corpus: Path) -> None:
     """What MLflow's own client reads back: one run for both attempts, the settings, every step's loss once (the
     status's figures), the evaluations, the export uploaded and registered, the final summary."""
@@ -378,6 +384,8 @@ def assert_tracked(uri: str, status: dict[str, Any], tmp_path: Path, model_dir: 
     recorded = dict(losses)
     for step, loss in status["progress"]["lossHistory"]:  # kept to 4 digits in the status
         assert math.isclose(recorded[step], loss, abs_tol=1e-4), (step, recorded[step], loss)
+    assert [step for step, _ in history("grad_norm")] == list(range(1, 41))
+    assert math.isclose(progress_metrics_grad_norm(status), history("grad_norm")[-1][1], rel_tol=1e-3, abs_tol=1e-4)
     evals = history("eval_loss")
     assert [step for step, _ in evals] == [10, 20, 30, 40]
     assert math.isclose(evals[-1][1], status["progress"]["evalLoss"], abs_tol=1e-4)

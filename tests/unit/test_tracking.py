@@ -190,11 +190,13 @@ def test_tracking_events_fold_into_the_status_and_the_summary() -> None:
 
 def test_each_event_becomes_records_of_the_run() -> None:
     step = events.Step(
-        rank=0, step=7, total_steps=9, loss=2.5, tokens_per_second=100.0, tokens_per_second_per_device=25.0, mfu=0.5
-    )
+        rank=0, step=7, total_steps=9, loss=2.5, tokens_per_second=100.0, tokens_per_second_per_device=25.0, mfu=0.5,
+        extra={"grad_norm": 0.25},
+    )  # fmt: skip
     records = tracking.records_of(step, learning_rate=lambda s: s / 100)
     metrics = {r.key: (r.value, r.step) for r in records if isinstance(r, tracking._Metric)}
     assert metrics["loss"] == (2.5, 7) and metrics["learning_rate"] == (0.07, 7) and metrics["mfu"] == (0.5, 7)
+    assert metrics["grad_norm"] == (0.25, 7)  # the bundled function's, before clipping
     diverged = events.Step(
         rank=0, step=8, total_steps=9, loss=None, tokens_per_second=None, tokens_per_second_per_device=None
     )

@@ -130,8 +130,8 @@ class Step(Event):
     samples_digest: str = ""
     """A fingerprint of this step's sample ids in order (``fsdp_train.packing.samples_digest``)."""
     extra: dict[str, float] = field(default_factory=dict)
-    """A user function's other numeric metrics of the step (``fsdp_train.user_function``), at most
-    :data:`MAX_EXTRA` of them; empty for the bundled function."""
+    """Other numeric metrics of the step, at most :data:`MAX_EXTRA` of them: a user function's
+    (``fsdp_train.user_function``); the bundled function's ``grad_norm`` (before clipping)."""
 
 
 @dataclass(kw_only=True, slots=True)

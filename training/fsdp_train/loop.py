@@ -177,12 +177,12 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
             with monitor.data():
                 hook.before_step(step, resumed_from)
             if feed is None:
-                loss_on_device = step_loss(cfg, topo, model, optimizer, step, sharding, device, config.vocab_size)
+                on_device = step_figures(cfg, topo, model, optimizer, step, sharding, device, config.vocab_size)
             else:
                 epoch = feed.position.epoch
                 with monitor.data():
                     batches, sample_ids = feed.next_step()
-                loss_on_device = step_loss(
+                on_device = step_figures(
                     cfg, topo, model, optimizer, step, sharding, device, config.vocab_size, batches
                 )
                 feed.finish_step()
@@ -201,7 +201,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
             )
             exported = bool(cfg.output_path) and (step == cfg.steps or (checkpointed and cfg.export_every_checkpoint))
             # The previous step's loss is read now, while this step runs: no host sync at a step's start.
-            steps.launched(step, loss_on_device, t0, progress)
+            steps.launched(step, on_device, t0, progress)
             monitor.step(step)
             noticed = watch.check() if step < cfg.steps else None  # the last step ends the run anyway
             if noticed is not None:  # save now when it fits before the deadline; nothing else at this step
@@ -527,12 +527,12 @@ def train_step(
     """One optimizer step over ``grad_accum`` micro-batches; returns the loss averaged over all ranks.
 
     ``batches``: this rank's micro-batches from the data pipeline; None draws random tokens. Waits for
-    the step to finish (the loss is read back); the loop uses ``step_loss`` and reads it a step later.
+    the step to finish (the loss is read back); the loop uses ``step_figures`` and reads them a step later.
     """
-    return float(step_loss(cfg, topo, model, optimizer, step, sharding, device, vocab, batches).item())
+    return float(step_figures(cfg, topo, model, optimizer, step, sharding, device, vocab, batches)[0].item())
 
 
-def step_loss(
+def step_figures(
     cfg: TrainConfig,
     topo: Topology,
     model: nn.Module,
@@ -543,10 +543,9 @@ def step_loss(
     vocab: int,
     batches: Sequence[Mapping[str, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
-    """``train_step`` without the wait: the rank-averaged loss stays on the device (a 0-dim tensor).
-
-    Nothing here reads a device value back, so the host queues the next step while this one runs.
-    """
+    """``train_step`` without the wait, and with the gradients' total norm before clipping (NaN when
+    ``max_grad_norm`` is 0: not computed): ``[loss, grad norm]`` on the device. Nothing here reads a device value
+    back, so the host queues the next step while this one runs; one tensor, so reading it later is one wait."""
     lr = cfg.learning_rate_at(step)
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -572,14 +571,18 @@ def step_loss(
         loss = model(**inputs).loss / cfg.grad_accum
         loss.backward()
         total += loss.detach()
+    grad_norm = torch.full((), math.nan, device=device)
     if cfg.max_grad_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        # Sharded gradients give a DTensor whose value is still a partial one: the whole norm, as every rank has it.
+        full = getattr(norm, "full_tensor", None)
+        grad_norm = (full() if full is not None else norm).detach().float()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     dist.all_reduce(total, op=dist.ReduceOp.AVG if device.type == "cuda" else dist.ReduceOp.SUM)
     if device.type != "cuda":
         total /= topo.world_size  # gloo has no AVG
-    return total
+    return torch.stack([total, grad_norm])
 
 
 def run_from_env(cfg: TrainConfig) -> dict[str, Any]:

@@ -82,6 +82,8 @@ class StepMetrics:
     samples_seen: int = 0
     tokens_seen: int = 0
     samples_digest: str = ""
+    grad_norm: float | None = None
+    """The gradients' total norm before clipping; None when not computed (clipping off)."""
 
 
 class Backend(Protocol):
@@ -131,6 +133,8 @@ class Metrics:
             samples_seen=m.samples_seen,
             tokens_seen=m.tokens_seen,
             samples_digest=m.samples_digest,
+            # Step's `extra`: a figure beside the loss, kept in status.progress.metrics and sent to the tracker.
+            extra={"grad_norm": m.grad_norm} if m.grad_norm is not None and math.isfinite(m.grad_norm) else {},
         )
         if self._steps == 0:
             self.first_loss = loss

@@ -13,6 +13,7 @@ for the loop and collects the young generations every N steps instead, as torcht
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +52,8 @@ class LaggedSteps:
     _last_read: float = 0.0
 
     def launched(self, step: int, loss: torch.Tensor, started: float, progress: dict[str, Any]) -> Step | None:
-        """Queue ``step`` (its loss still on the device) and log the step before it, if one is waiting."""
+        """Queue ``step`` (its loss, or ``[loss, grad norm]``, still on the device) and log the step before it, if
+        one is waiting."""
         event = self.finish() if self._queued else None
         self._queued.append(_Queued(step, loss, started, progress))
         return event
@@ -59,12 +61,14 @@ class LaggedSteps:
     def finish(self) -> Step:
         """Read back the oldest queued step's loss (waiting for the device) and log it."""
         queued = self._queued.pop(0)
-        loss = float(queued.loss.item())
+        loss, *rest = queued.loss.reshape(-1).tolist()  # one wait for the loss and the grad norm
+        grad_norm = float(rest[0]) if rest else None
         now = time.perf_counter()
         seconds = now - max(self._last_read, queued.started)
         self._last_read = now
         peak = torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
-        return self.metrics.log(StepMetrics(queued.step, loss, seconds, self.tokens_per_step, peak, **queued.progress))
+        figures = StepMetrics(queued.step, float(loss), seconds, self.tokens_per_step, peak, grad_norm=grad_norm)
+        return self.metrics.log(dataclasses.replace(figures, **queued.progress))
 
     @property
     def pending(self) -> int:

@@ -157,9 +157,8 @@ def records_of(event: Event, learning_rate: Callable[[int], float] | None = None
         metric("peak_memory_bytes", event.peak_memory_bytes or None, event.step)
         if event.samples_seen:
             metric("epoch", event.epoch, event.step)
-        for name, value in sorted(event.extra.items()):
-            if learning_rate is None:  # a user function's own metrics, under their own names
-                metric(name, value, event.step)
+        for name, value in sorted(event.extra.items()):  # a user function's own, the bundled one's grad_norm
+            metric(name, value, event.step)
     elif isinstance(event, events.Evaluation):
         metric("eval_loss", event.loss, event.step)
     elif isinstance(event, events.Timings):

@@ -179,22 +179,25 @@ def test_two_nodes_probe_the_link_and_pick_hybrid(tmp_path: Path) -> None:
 
 
 def test_losses_read_a_step_late_are_each_steps_own(one_rank: Topology, capsys: pytest.CaptureFixture[str]) -> None:
-    """The loop reads each step's loss only after queueing the next step: the logged numbers must still be
-    each step's own, as ``train_step`` (which waits for every step) gives them."""
+    """The loop reads each step's loss and grad norm only after queueing the next step: the logged numbers must
+    still be each step's own, as a step read back at once gives them."""
     import torch
-    from fsdp_train.loop import build, train_step
+    from fsdp_train.loop import build, step_figures
 
     cfg = TrainConfig.from_dict({**TRAIN, "steps": 5})
+    assert cfg.max_grad_norm > 0
     train(cfg, one_rank, Host(node_ip="10.1.2.3", env={}))
-    logged = [(s.step, s.loss) for s in of(Step, printed(capsys))]
+    logged = [(s.step, s.loss, s.extra["grad_norm"]) for s in of(Step, printed(capsys))]
     model, optimizer, config = build(cfg, one_rank, "full", torch.device("cpu"))
     waited = [
-        (step, train_step(cfg, one_rank, model, optimizer, step, "full", torch.device("cpu"), config.vocab_size))
+        step_figures(cfg, one_rank, model, optimizer, step, "full", torch.device("cpu"), config.vocab_size).tolist()
         for step in range(1, 6)
     ]
-    assert [s for s, _ in logged] == [1, 2, 3, 4, 5]
-    assert [loss for _, loss in logged] == pytest.approx([loss for _, loss in waited], abs=1e-6)
-    assert len({loss for _, loss in logged}) == 5  # the steps really differ: a shifted read would show
+    assert [s for s, _, _ in logged] == [1, 2, 3, 4, 5]
+    assert [loss for _, loss, _ in logged] == pytest.approx([loss for loss, _ in waited], abs=1e-6)
+    assert [norm for _, _, norm in logged] == pytest.approx([norm for _, norm in waited], rel=1e-5)
+    assert len({loss for _, loss, _ in logged}) == 5  # the steps really differ: a shifted read would show
+    assert all(norm > 0 for _, _, norm in logged)
 
 
 def test_an_asynchronous_checkpoint_resumes_exactly(

@@ -51,3 +51,20 @@ def test_lagged_steps_log_each_loss_with_its_own_step() -> None:
     assert (second.step, second.loss, second.epoch) == (2, 2.0, 1)
     assert steps.pending == 0 and second.step_seconds > 0
     assert metrics.first_loss == 3.0 and metrics.last is second
+
+
+def test_the_grad_norm_read_with_the_loss_goes_into_the_steps_extra_and_an_unknown_one_does_not() -> None:
+    metrics = Metrics(rank=0, world_size=1, total_steps=3, flops_per_token=1.0, peak=None)
+    steps = LaggedSteps(metrics, torch.device("cpu"), tokens_per_step=10)
+    logged = [
+        steps.launched(1, torch.tensor([3.0, 0.75]), 0.0, {}),
+        steps.launched(2, torch.tensor([2.0, float("nan")]), 0.0, {}),  # clipping off: no norm computed
+        steps.launched(3, torch.tensor([1.0, float("inf")]), 0.0, {}),
+        steps.finish(),
+    ]
+    assert logged[0] is None and steps.pending == 0
+    assert [(e.step, e.loss, e.extra) for e in logged[1:] if e is not None] == [
+        (1, 3.0, {"grad_norm": 0.75}),
+        (2, 2.0, {}),
+        (3, 1.0, {}),  # an infinite norm is unknown, never sent
+    ]

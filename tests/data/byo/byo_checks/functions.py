@@ -4,8 +4,8 @@
 `checkpoint_every` steps and resumes from `ray.train.get_checkpoint()`. With `kill_rank`/`kill_at_step` that rank
 SIGKILLs itself once, in a run that did not resume; with `forge` every rank prints event lines of its own making.
 With `stall_rank`/`stall_at_step` that rank blocks in its own code before the step's all-reduce (in a run that
-did not resume) while the others wait in it; `slow_rank`/`slow_seconds` make that rank slower by a fixed time
-per step. `fail` raises after its first report.
+did not resume, or that resumed from step `stall_when_resumed_from`) while the others wait in it;
+`slow_rank`/`slow_seconds` make that rank slower by a fixed time per step. `fail` raises after its first report.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def train(config: dict[str, Any]) -> dict[str, Any]:
         loss.backward()
         if config.get("slow_rank") == rank:
             time.sleep(float(config.get("slow_seconds", 0.0)))
-        if config.get("stall_rank") == rank and config.get("stall_at_step") == step and start == 0:
+        stalls = config.get("stall_rank") == rank and config.get("stall_at_step") == step
+        if stalls and start == int(config.get("stall_when_resumed_from", 0)):
             wait_for_a_lock_nobody_releases()
         for p in model.parameters():
             dist.all_reduce(p.grad)
