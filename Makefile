@@ -40,8 +40,9 @@ COVERAGE := --cov --cov-report=term
 DURATIONS := --durations=15
 # pytest-xdist: most tests wait (on processes, sockets, an operator's next pass) rather than compute, so more
 # workers than cores pay off; 4 on 2 cores. `--dist loadgroup` spreads tests one by one, except the groups
-# that tests/conftest.py keeps on one worker: every test that starts Ray (one Ray cluster at a time), and the
-# tests of a module sharing a module-scoped fixture (built once). PYTEST_WORKERS=0 runs in this process.
+# that tests/conftest.py keeps on one worker: every test that starts a Ray cluster (one at a time; the `ray.init`
+# ones in a second lane), and the tests of a module sharing a module-scoped fixture (built once).
+# PYTEST_WORKERS=0 runs in this process.
 PYTEST_WORKERS ?= 4
 PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 from fsdp_train.events import Verifier, attempt_key, parse_log
-from support.ray_cluster import RAY_TESTS, ray_available, ray_env
+from support.ray_cluster import LOCAL_RAY_TESTS, ray_available, ray_env
 
-pytestmark = [pytest.mark.e2e, RAY_TESTS]
+pytestmark = [pytest.mark.e2e, LOCAL_RAY_TESTS]
 
 TRAINING = Path(__file__).resolve().parents[2] / "training"
 DRIVER = """

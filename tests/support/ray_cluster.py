@@ -24,6 +24,12 @@ after the other, so a run never holds two of its Ray clusters at once (about 3.8
 127.0.0.N addresses, which the tests' clusters share)."""
 
 
+LOCAL_RAY_TESTS = pytest.mark.xdist_group("ray-local")
+"""Mark of the tests that start a one-node Ray of their own with `ray.init` (its own temp dir and ports, no
+127.0.0.N address, about 1 GiB): a second lane beside `RAY_TESTS`, one of them at a time (their agents' default
+port is fixed)."""
+
+
 def ray_available() -> bool:
     return (BIN / "ray").exists()
 
