@@ -92,10 +92,10 @@ def test_a_user_function_is_verified_reports_progress_resumes_and_a_stalled_or_s
     assert all(math.isfinite(loss) for _, loss in history) and history[-1][1] < history[0][1]
     assert progress["loss"] == history[-1][1]
 
-    # The kill after step 4 restarted the group once, from the step-3 checkpoint; the stall before step 7 cost
-    # the attempt, and the next one resumed from the step-6 checkpoint.
-    assert status["workerRestarts"] == 1
-    assert status["attempts"] == 2 and status["failedAttempts"] == 1
+    # The kill after step 4 restarted the group, from the step-3 checkpoint (only such a group stalls, below); the
+    # stall before step 7 cost the attempt, and the next one resumed from the step-6 checkpoint. The status's
+    # per-attempt figures (workerRestarts, forgedEvents) are the last attempt's.
+    assert status["attempts"] == 2 and status["failedAttempts"] == 1 and "workerRestarts" not in status
     assert progress["metrics"] == {"resumed_from": float(2 * CHECKPOINT_EVERY)}
     checkpoint = status["checkpoint"]
     assert checkpoint["step"] == STEPS // CHECKPOINT_EVERY * CHECKPOINT_EVERY
@@ -105,6 +105,7 @@ def test_a_user_function_is_verified_reports_progress_resumes_and_a_stalled_or_s
     # The stall, named: rank 1 in the user's code at file:line, the others waiting in the all-reduce.
     last = status["health"]["lastStall"]
     assert last["attempt"] == 1 and [s["rank"] for s in last["suspects"]] == [STALL_RANK], last
+    assert {r["stalledAtStep"] for r in last["ranks"]} == {STALL_AT_STEP - 1}, last  # the step it reported, not a count
     suspect = last["suspects"][0]
     assert suspect["reason"] == "RankStalled" and suspect["node"] and suspect["pod"], suspect
     by_rank = {r["rank"]: r for r in last["ranks"]}
@@ -121,8 +122,8 @@ def test_a_user_function_is_verified_reports_progress_resumes_and_a_stalled_or_s
     assert [s["rank"] for s in slow] == [SLOW_RANK] and slow[0]["ratio"] >= 1.5, status["health"]
     assert conditions["Progressing"]["status"] == "True", conditions["Progressing"]
 
-    # Every rank printed forged lines, in every group: counted and refused, nothing of them in the status.
-    assert status["forgedEvents"] % (3 * 4) == 0 and status["forgedEvents"] >= 3 * 4 * 2, status["forgedEvents"]
+    # Every rank printed forged lines: counted (this attempt's one group) and refused, nothing of them in the status.
+    assert status["forgedEvents"] == 3 * 4
     authentic = next(c for c in status["conditions"] if c["type"] == "EventsAuthentic")
     assert (authentic["status"], authentic["reason"]) == ("False", "UnsignedLines")
     assert all("forged" not in f["message"] and f.get("reason") != "DataUnavailable" for f in status["rankFailures"])

@@ -403,8 +403,12 @@ class Monitor:
 
 
 @contextlib.contextmanager
-def watching_reports(rank: int, config: HealthConfig) -> Iterator[Monitor]:
-    """A user function's progress is its ``ray.train.report`` calls: inside, each call is a step of the monitor.
+def watching_reports(
+    rank: int, config: HealthConfig, step_of: Callable[[Any, int], int] | None = None
+) -> Iterator[Monitor]:
+    """A user function's progress is its ``ray.train.report`` calls: inside, each call is a step of the monitor,
+    numbered by ``step_of(metrics, reports so far)`` (the step the function reported, so that a resumed group's
+    stall says "after step 6", not its own third report), else by the count of reports.
 
     ``ray.train.report`` is replaced by a wrapper for the time of the function (looked up at call time, as
     ``ray.train.report(...)`` does; a ``from ray.train import report`` made inside the function gets it too).
@@ -421,7 +425,8 @@ def watching_reports(rank: int, config: HealthConfig) -> Iterator[Monitor]:
             return original(*args, **kwargs)
         finally:
             reports += 1
-            monitor.step(reports)
+            metrics = args[0] if args else kwargs.get("metrics")
+            monitor.step(step_of(metrics, reports) if step_of is not None else reports)
 
     ray.train.report = report
     try:

@@ -218,9 +218,10 @@ def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
 
     from fsdp_train.health import HealthConfig, watching_reports
     from fsdp_train.notice import finish_user_function
+    from fsdp_train.user_function import reported_step
 
     # After a notice (fsdp_train.notice.interrupted), the interruption is reported and marks rank 0's return value.
-    with watching_reports(topo.rank, HealthConfig.from_dict(loop_config.get("health"))):
+    with watching_reports(topo.rank, HealthConfig.from_dict(loop_config.get("health")), reported_step):
         return finish_user_function(run_user_function(function, topo.rank, verify))
 
 

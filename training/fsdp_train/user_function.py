@@ -167,6 +167,13 @@ def _count(value: Any) -> int | None:
     return int(number)
 
 
+def reported_step(metrics: Any, reports: int) -> int:
+    """The step a report names: ``step``, else ``iteration``, else the count of reports (`reports`)."""
+    if not isinstance(metrics, Mapping):
+        return reports
+    return next((s for key in STEP_KEYS if (s := _count(metrics.get(key))) is not None and s >= 1), reports)
+
+
 def events_from_report(
     metrics: Mapping[str, Any], *, reports: int, world_size: int, checkpoint_path: str | None
 ) -> list[Event]:
@@ -177,7 +184,7 @@ def events_from_report(
     to :data:`MAX_EXTRA` of them in name order, into ``Step.extra``. A checkpoint adds a ``Checkpoint``.
     Non-numbers are left out; nothing raises, whatever the metrics hold.
     """
-    step = next((s for key in STEP_KEYS if (s := _count(metrics.get(key))) is not None and s >= 1), reports)
+    step = reported_step(metrics, reports)
     loss = _number(metrics.get("loss"))
     total = _count(metrics.get("total_steps"))
     rate = _number(metrics.get("tokens_per_second"))

@@ -219,6 +219,7 @@ def test_any_entries_summarize_without_error(entries: list[Any]) -> None:
 def test_a_user_function_progresses_by_its_ray_train_report_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray.train
     from fsdp_train.health import watching_reports
+    from fsdp_train.user_function import reported_step
 
     seen: list[dict[str, Any]] = []
     monkeypatch.setattr(ray.train, "report", lambda metrics, **_: seen.append(metrics))
@@ -232,6 +233,14 @@ def test_a_user_function_progresses_by_its_ray_train_report_calls(monkeypatch: p
         assert monitor._step == 2 and monitor._last_progress is not None
         assert monitor._thread is not None and monitor._thread.is_alive()
     assert seen == [{"loss": 1.0}, {"loss": 0.5}]
+    assert ray.train.report is original and monitor._thread is None
+    # A group resumed from step 6: its reports name steps 7, 8; a stall after them is "after step 8", not 2.
+    with watching_reports(5, HealthConfig(hang_timeout_seconds=60.0), reported_step) as monitor:
+        ray.train.report({"step": 7, "loss": 1.0})
+        ray.train.report(metrics={"step": 8.0})
+        assert monitor._step == 8
+        ray.train.report({"loss": 0.5})  # no step: the count of reports
+        assert monitor._step == 3
     assert ray.train.report is original and monitor._thread is None
 
 
