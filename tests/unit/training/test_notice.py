@@ -31,7 +31,13 @@ def train_config(ckpt: Path) -> dict[str, Any]:
 
 
 def run_two_ranks(
-    tmp: Path, name: str, ckpt: Path, notices: Path, ray_storage: Path | None = None, ray_poll_seconds: float = 1.0
+    tmp: Path,
+    name: str,
+    ckpt: Path,
+    notices: Path,
+    ray_storage: Path | None = None,
+    ray_poll_seconds: float = 1.0,
+    train: dict[str, Any] | None = None,
 ) -> list[tuple[list[Any], dict[str, Any]]]:
     ctx = multiprocessing.get_context("spawn")
     store = tmp / f"{name}.store"
@@ -39,7 +45,8 @@ def run_two_ranks(
     ray = (str(ray_storage), ray_poll_seconds) if ray_storage is not None else ()
     procs = [
         ctx.Process(target=run_rank_with_notices,
-                    args=(rank, 2, 1, str(store), train_config(ckpt), str(outs[rank]), str(notices), str(ckpt), *ray))
+                    args=(rank, 2, 1, str(store), train or train_config(ckpt), str(outs[rank]), str(notices), str(ckpt),
+                          *ray))
         for rank in range(2)
     ]  # fmt: skip
     for p in procs:
@@ -90,6 +97,42 @@ def test_a_notice_stops_every_rank_after_the_same_step_with_its_checkpoint_and_t
     assert min(losses(resumed)) == step + 1
     for s, loss in losses(resumed).items():
         assert loss == pytest.approx(losses(whole)[s], rel=1e-5), s
+
+
+def test_a_data_run_resumed_from_a_notice_save_trains_the_samples_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    """A shuffled JSONL corpus over two epochs: the notice stops both ranks after step 1, mid-epoch; the notice's
+    save holds the data position with the weights, and the next attempt trains, step by step, the samples of a run
+    never interrupted (their digest), through the next epoch's new order, with its losses."""
+    from support.tiny_hf import documents, train_tokenizer, write_jsonl
+
+    tokenizer = tmp_path / "tokenizer"
+    train_tokenizer(tokenizer)
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"text": d} for d in documents(40)])
+
+    def data_run(ckpt: Path) -> dict[str, Any]:
+        return {**train_config(ckpt), "model_overrides": {**TINY, "vocab_size": 512}, "tokenizer": str(tokenizer),
+                "data": str(corpus), "shuffle_seed": 3, "steps": 1000, "epochs": 2}  # fmt: skip
+
+    ckpt, notices = tmp_path / "ckpt", tmp_path / "notices"
+    write_notice(notices / "node1", grace=60, future=True)
+    (first, result), _ = run_two_ranks(tmp_path, "a", ckpt, notices, train=data_run(ckpt))
+    assert result["interrupted"]["saved"] is True and result["interrupted"]["step"] == 1
+    (notices / "node1" / NOTICE_FILE).unlink()
+    (resumed, result), _ = run_two_ranks(tmp_path, "b", ckpt, notices, train=data_run(ckpt))
+    assert "interrupted" not in result and result["resumed_from_step"] == 1
+    whole_ckpt = tmp_path / "ckpt-whole"
+    (whole, _), _ = run_two_ranks(tmp_path, "c", whole_ckpt, tmp_path / "none", train=data_run(whole_ckpt))
+
+    def steps(events: list[Any]) -> dict[int, Step]:
+        return {e.step: e for e in events if isinstance(e, Step)}
+
+    before, after, uninterrupted = steps(first), steps(resumed), steps(whole)
+    assert sorted(before) == [1] and sorted(after) == list(range(2, max(uninterrupted) + 1))
+    assert {e.epoch for e in after.values()} == {0, 1}  # mid-epoch at the notice, through the next epoch
+    for step, event in {**before, **after}.items():
+        same = uninterrupted[step]
+        assert (event.samples_digest, event.samples_seen) == (same.samples_digest, same.samples_seen), step
+        assert event.loss == pytest.approx(same.loss, rel=1e-5), step
 
 
 def test_under_ray_train_the_hook_is_released_only_once_the_controller_recorded_the_notices_checkpoint(
