@@ -287,11 +287,9 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     return {**as_dict(summary), **interruption}
 
 
-def _report_save(topo: Topology, times: SaveTimes | None, watch: Watch) -> bool:
-    """Whether the save is complete (the next attempt finds it); a notice's watch learns of one that is not."""
+def _report_save(topo: Topology, times: SaveTimes | None, watch: Watch) -> bool:  # complete: the next attempt has it
     if times is not None:
-        watch.measured(times.total_seconds)
-        watch.incomplete = watch.incomplete or (0 if times.complete else times.step)
+        watch.measured(times.total_seconds, incomplete=0 if times.complete else times.step)
         if topo.rank == 0:
             print(f"fsdp_train: checkpoint of step {times.step} written in {times.total_seconds:.1f} s; the loop "
                   f"was blocked {times.blocked_seconds:.2f} s by it and waited {times.waited_seconds:.2f} s for its "

@@ -152,9 +152,11 @@ class Watch:
         """Until when (``time.time()``) a save for the agreed notice may take to complete; None: no notice."""
         return None if self.agreed is None else self.agreed.notice.deadline - EXIT_SECONDS
 
-    def measured(self, seconds: float) -> None:
+    def measured(self, seconds: float, incomplete: int = 0) -> None:
+        """A save took `seconds`; `incomplete`: its step, when the store did not complete it by the deadline."""
         if math.isfinite(seconds) and seconds > self.longest_save:
             self.longest_save = seconds
+        self.incomplete = self.incomplete or incomplete
 
     def local(self) -> Notice | None:
         return read_notice(self.directory) if self.directory else None
