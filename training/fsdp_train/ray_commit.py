@@ -22,15 +22,15 @@ def committed_by_ray(name: str | None, deadline: float | None = None) -> bool:
     ``ray.train.get_checkpoint()``) is among the checkpoints the controller recorded."""
     import ray.train
 
-    if name is None:
-        latest = ray.train.get_checkpoint()
-        if latest is None:
-            return False
-        name = _name_of(latest.path)
     timeout = None if deadline is None else max(deadline - time.time(), 0.0)
     reported = ray.train.get_all_reported_checkpoints(
         consistency_mode=ray.train.CheckpointConsistencyMode.COMMITTED, timeout_s=timeout
     )
+    if name is None:  # after the wait: a report uploading in the background (ASYNC) is this rank's latest by then
+        latest = ray.train.get_checkpoint()
+        if latest is None:
+            return False
+        name = _name_of(latest.path)
     return any(_name_of(r.checkpoint.path) == name for r in reported)
 
 
