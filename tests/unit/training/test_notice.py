@@ -230,6 +230,34 @@ def test_a_user_function_polls_interrupted_and_the_wrapper_reports_and_marks_ran
     assert (tmp_path / DONE_FILE).exists()
 
 
+def test_a_user_function_under_ray_train_releases_the_hook_once_the_controller_recorded_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wrapper writes `done` only after Ray Train's controller took in the function's report (a report still
+    waiting for the controller's poll when the hook returns goes with the pod: `support.ray_controller`)."""
+    import ray.train
+    from fsdp_train import notice
+    from ray.train.v2._internal.execution.train_fn_utils import set_train_fn_utils
+    from support.ray_controller import ControllerStandIn, recorded
+
+    storage, notices, staged = tmp_path / "storage", tmp_path / "notices", tmp_path / "staged"
+    monkeypatch.setattr(notice, "_USER_WATCH", None)
+    monkeypatch.setenv("FSDP_NOTICE_DIR", str(notices))
+    write_notice(notices, grace=60, future=True)
+    staged.mkdir()
+    (staged / "weights").write_text("the function's own files")
+    ControllerStandIn(str(storage), 0, 0, 1, str(notices), poll_seconds=0.5).install()
+    try:
+        assert notice.interrupted() is True
+        checkpoint = ray.train.Checkpoint.from_directory(str(staged))
+        ray.train.report({"step": 7}, checkpoint=checkpoint, checkpoint_dir_name="step_00000007")
+        marked = notice.finish_user_function(None)
+    finally:
+        set_train_fn_utils(None)
+    assert marked["interrupted"]["saved"] is True and (notices / DONE_FILE).exists()
+    assert recorded(storage, 1) == ["step_00000007"]
+
+
 def test_a_declared_save_time_counts_until_a_longer_one_is_measured() -> None:
     from fsdp_train.notice import SAVE_SECONDS_ENV, Watch
 
