@@ -2,7 +2,8 @@
 
 `run_rank_with_notices` joins a gloo group through a `FileStore`, runs `fsdp_train.loop.train` with a directory
 checkpointer and `FSDP_NOTICE_DIR` set to its node's folder (as the worker pod's environment sets it), and writes
-the events it printed and its return value to files.
+the events it printed and its return value to files. With `ray_storage`, Ray Train's checkpoints instead, in a rank
+process without a cluster (`support.ray_controller`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def run_rank_with_notices(
     out: str,
     notices: str,
     ckpt: str,
+    ray_storage: str = "",
+    ray_poll_seconds: float = 1.0,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -44,7 +47,16 @@ def run_rank_with_notices(
         env={},
     )
     env = {"FSDP_NOTICE_DIR": str(Path(notices) / f"node{node}"), "POD_NAME": f"pod-{node}", "NODE_NAME": f"n{node}"}
-    host = Host(node_ip=f"127.0.0.{2 + node}", checkpointer=DirectoryCheckpoints(ckpt), env=env)
+    checkpointer: Any = DirectoryCheckpoints(ckpt)
+    if ray_storage:  # Ray Train's checkpoints, its controller's bookkeeping stood in for (support.ray_controller)
+        from fsdp_train.checkpoint import RayCheckpoints
+
+        from support.ray_controller import ControllerStandIn
+
+        notice_dir = env["FSDP_NOTICE_DIR"]
+        ControllerStandIn(ray_storage, rank, rank % ranks_per_node, world_size, notice_dir, ray_poll_seconds).install()
+        checkpointer = RayCheckpoints()
+    host = Host(node_ip=f"127.0.0.{2 + node}", checkpointer=checkpointer, env=env)
     printed = io.StringIO()
     result: dict[str, Any] = {}
     try:

@@ -118,8 +118,10 @@ class Checkpointer(Protocol):
         An asynchronous store returns once the state is staged; ``wait`` finishes the write."""
         ...
 
-    def wait(self) -> SaveTimes | None:
-        """Finish the save in flight, if any (its times), so that the snapshot is complete on return."""
+    def wait(self, deadline: float | None = None) -> SaveTimes | None:
+        """Finish the save in flight, if any (its times), so that the snapshot is complete on return: the next
+        attempt finds it. ``deadline`` (``time.time()``): a store that can stop waiting then says so
+        (``SaveTimes.complete`` False); a directory's write cannot be abandoned and is waited out."""
         ...
 
 
@@ -134,6 +136,8 @@ class SaveTimes:
     """From the start of ``save`` to the last file written."""
     waited_seconds: float = 0.0
     """How long ``wait`` waited for the write to finish (at the next save, or at the end of training)."""
+    complete: bool = True
+    """False: ``wait`` stopped at its deadline before the store had the snapshot; the next attempt may not find it."""
 
 
 @dataclass(slots=True)
@@ -154,7 +158,7 @@ class NoCheckpoints:
     ) -> str:
         return ""
 
-    def wait(self) -> SaveTimes | None:
+    def wait(self, deadline: float | None = None) -> SaveTimes | None:
         return None
 
 
@@ -339,7 +343,7 @@ class DirectoryCheckpoints:
             flight.staged.result()
             flight.blocked_seconds += time.perf_counter() - started
 
-    def wait(self) -> SaveTimes | None:
+    def wait(self, deadline: float | None = None) -> SaveTimes | None:
         flight = self._in_flight
         if flight is None:
             return None
@@ -363,10 +367,27 @@ class DirectoryCheckpoints:
 
 
 @dataclass(slots=True)
+class _Reported:
+    step: int
+    path: str
+    started: float
+    blocked_seconds: float
+
+
+@dataclass(slots=True)
 class RayCheckpoints:
     """Ray Train's checkpoint API: every rank writes its DCP shard to a local staging directory and
     reports it; Ray merges the ranks' files into one checkpoint in the run's storage and hands the
-    latest back through ``ray.train.get_checkpoint()`` after a worker-group restart."""
+    latest back through ``ray.train.get_checkpoint()`` after a worker-group restart, or to the next run of the same
+    name from the record Ray Train's controller keeps in that storage.
+
+    ``ray.train.report`` returns once this rank's files are in storage, before the controller has taken the
+    checkpoint in: it does so only once it has collected the report of every rank (each from its rank's result
+    queue, polled), and only then writes it into its record. A rank whose process ends right after its report (its
+    node goes away: ``fsdp_train.notice``) takes its report with it, and the checkpoint is never recorded: ``wait``
+    waits until the controller has taken in every report of this rank (``fsdp_train.ray_commit``)."""
+
+    _reported: _Reported | None = field(default=None, repr=False)
 
     def restore(
         self, model: nn.Module, optimizer: Optimizer, extra: Extra | None = None, fingerprint: Fingerprint | None = None
@@ -387,6 +408,7 @@ class RayCheckpoints:
     ) -> str:
         import ray.train
 
+        started = time.perf_counter()
         with _staging() as staging:
             if fingerprint is not None and dist.get_rank() == 0:
                 (Path(staging) / FINGERPRINT_FILE).write_text(json.dumps(dict(fingerprint), sort_keys=True))
@@ -397,10 +419,27 @@ class RayCheckpoints:
                 checkpoint_dir_name=step_dir_name(step),
             )
         storage = ray.train.get_context().get_storage()
-        return str(storage.build_checkpoint_path_from_name(step_dir_name(step)))
+        path = str(storage.build_checkpoint_path_from_name(step_dir_name(step)))
+        self._reported = _Reported(step, path, started, time.perf_counter() - started)
+        return path
 
-    def wait(self) -> SaveTimes | None:
-        return None  # Ray's report returns once the checkpoint is in storage
+    def wait(self, deadline: float | None = None) -> SaveTimes | None:
+        reported, self._reported = self._reported, None
+        if reported is None:
+            return None
+        from fsdp_train.ray_commit import committed_by_ray
+
+        started = time.perf_counter()
+        complete = committed_by_ray(step_dir_name(reported.step), deadline)
+        now = time.perf_counter()
+        return SaveTimes(
+            reported.step,
+            reported.path,
+            blocked_seconds=reported.blocked_seconds + now - started,
+            total_seconds=now - reported.started,
+            waited_seconds=now - started,
+            complete=complete,
+        )
 
 
 def restore_ray_checkpoint(

@@ -233,8 +233,8 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
                 if topo.rank == 0:  # seconds: how long the loop was held (the write may go on in the background)
                     emit(Checkpoint(rank=0, step=step, path=where, seconds=time.perf_counter() - t1))
                 if always_sync or noticed:  # an injected failure or the end of the attempt follows: complete it
-                    _report_save(topo, host.checkpointer.wait(), watch)
-                watch.last_checkpoint = step
+                    checkpointed = _report_save(topo, host.checkpointer.wait(watch.deadline), watch)
+                watch.last_checkpoint = step if checkpointed else watch.last_checkpoint
             if noticed is not None:
                 interruption = watch.finish(step, saved=bool(checkpointed))
                 break
@@ -287,13 +287,14 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     return {**as_dict(summary), **interruption}
 
 
-def _report_save(topo: Topology, times: SaveTimes | None, watch: Watch) -> None:
+def _report_save(topo: Topology, times: SaveTimes | None, watch: Watch) -> bool:  # complete: the next attempt has it
     if times is not None:
-        watch.measured(times.total_seconds)
+        watch.measured(times.total_seconds, incomplete=0 if times.complete else times.step)
         if topo.rank == 0:
             print(f"fsdp_train: checkpoint of step {times.step} written in {times.total_seconds:.1f} s; the loop "
                   f"was blocked {times.blocked_seconds:.2f} s by it and waited {times.waited_seconds:.2f} s for its "
                   "end", flush=True)  # fmt: skip
+    return times is None or times.complete
 
 
 def _fetch_model(cfg: TrainConfig, topo: Topology) -> str | None:

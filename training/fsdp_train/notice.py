@@ -120,6 +120,10 @@ class Watch:
     last_checkpoint: int = 0
     """The newest complete checkpoint's step known to this run (resumed from, or saved)."""
     agreed: Agreed | None = None
+    ray_train: bool = False
+    """A Ray Train worker: a save counts once Ray Train's controller recorded it (``fsdp_train.ray_commit``)."""
+    incomplete: int = 0
+    """The step of a save the store did not complete (record) by the notice's deadline; 0: none."""
     _group: Any = field(default=None, repr=False)
 
     @classmethod
@@ -143,9 +147,16 @@ class Watch:
                 pass  # notices are still read; the hook just does not wait for this rank
         return watch
 
-    def measured(self, seconds: float) -> None:
+    @property
+    def deadline(self) -> float | None:
+        """Until when (``time.time()``) a save for the agreed notice may take to complete; None: no notice."""
+        return None if self.agreed is None else self.agreed.notice.deadline - EXIT_SECONDS
+
+    def measured(self, seconds: float, incomplete: int = 0) -> None:
+        """A save took `seconds`; `incomplete`: its step, when the store did not complete it by the deadline."""
         if math.isfinite(seconds) and seconds > self.longest_save:
             self.longest_save = seconds
+        self.incomplete = self.incomplete or incomplete
 
     def local(self) -> Notice | None:
         return read_notice(self.directory) if self.directory else None
@@ -185,7 +196,7 @@ class Watch:
         self.agreed = Agreed(notice, save, values[3], why)
         return self.agreed
 
-    def finish(self, step: int, saved: bool) -> dict[str, Any]:
+    def finish(self, step: int, saved: bool, why: str = "") -> dict[str, Any]:
         """After the save (or without one): report, release the hook, and say what rank 0's return value carries."""
         from fsdp_train.events import Interruption, emit
 
@@ -208,7 +219,7 @@ class Watch:
                         pod=self.pod,
                         node=self.node,
                         reason=agreed.notice.reason,
-                        message=agreed.why or ("" if saved else "the job has no checkpoint storage: nothing to save"),
+                        message=agreed.why or why or ("" if saved else self._unsaved()),
                     )
                 )
         return {
@@ -219,6 +230,12 @@ class Watch:
                 "seconds": round(seconds, 3),
             }
         }
+
+    def _unsaved(self) -> str:
+        if self.incomplete:
+            return (f"the checkpoint of step {self.incomplete} was not complete by the notice's deadline "
+                    "(the store had not recorded it): the next attempt resumes from the one before")  # fmt: skip
+        return "the job has no checkpoint storage: nothing to save"
 
 
 # --- a user's function (spec.trainFunction) ------------------------------------------------------------------
@@ -238,13 +255,15 @@ def interrupted() -> bool:
 
         rank = dist.get_rank() if dist.is_initialized() else 0
         local = int(os.environ.get("LOCAL_RANK", "0") or 0)
+        ray_train = False
         try:
             import ray.train
 
-            local = ray.train.get_context().get_local_rank()
+            local, ray_train = ray.train.get_context().get_local_rank(), True
         except Exception:  # not under Ray Train (a test, torchrun): LOCAL_RANK as torchrun sets it
             pass
         _USER_WATCH = Watch.from_env(os.environ, rank, local)
+        _USER_WATCH.ray_train = ray_train
     return _USER_WATCH.check() is not None
 
 
@@ -254,5 +273,13 @@ def finish_user_function(result: Any) -> Any:
     watch = _USER_WATCH
     if watch is None or watch.agreed is None:
         return result
+    saved, why = True, ""
+    if watch.ray_train:
+        # Before the hook is told `done` (and this rank's process ends): the function's report is recorded by Ray
+        # Train's controller, or the next attempt would not resume from it (fsdp_train.ray_commit).
+        from fsdp_train.ray_commit import committed_by_ray
+
+        saved = committed_by_ray(None, watch.deadline)
+        why = "" if saved else "Ray Train's controller had recorded no checkpoint of this rank by the notice's deadline"
     # The step is the one the function reported with its checkpoint (the operator reads it from that report).
-    return watch.finish(step=0, saved=True)
+    return watch.finish(step=0, saved=saved, why=why)

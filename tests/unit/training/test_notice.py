@@ -30,13 +30,23 @@ def train_config(ckpt: Path) -> dict[str, Any]:
             "probe_size_bytes": 4096, "checkpoint_path": str(ckpt), "checkpoint_interval": 100}  # fmt: skip
 
 
-def run_two_ranks(tmp: Path, name: str, ckpt: Path, notices: Path) -> list[tuple[list[Any], dict[str, Any]]]:
+def run_two_ranks(
+    tmp: Path,
+    name: str,
+    ckpt: Path,
+    notices: Path,
+    ray_storage: Path | None = None,
+    ray_poll_seconds: float = 1.0,
+    train: dict[str, Any] | None = None,
+) -> list[tuple[list[Any], dict[str, Any]]]:
     ctx = multiprocessing.get_context("spawn")
     store = tmp / f"{name}.store"
     outs = [tmp / f"{name}.{rank}.out" for rank in range(2)]
+    ray = (str(ray_storage), ray_poll_seconds) if ray_storage is not None else ()
     procs = [
         ctx.Process(target=run_rank_with_notices,
-                    args=(rank, 2, 1, str(store), train_config(ckpt), str(outs[rank]), str(notices), str(ckpt)))
+                    args=(rank, 2, 1, str(store), train or train_config(ckpt), str(outs[rank]), str(notices), str(ckpt),
+                          *ray))
         for rank in range(2)
     ]  # fmt: skip
     for p in procs:
@@ -47,9 +57,11 @@ def run_two_ranks(tmp: Path, name: str, ckpt: Path, notices: Path) -> list[tuple
     return [(list(parse_lines(o.read_text().splitlines())), json.loads(Path(f"{o}.json").read_text())) for o in outs]
 
 
-def write_notice(directory: Path, grace: float, reason: str = "preStop") -> None:
+def write_notice(directory: Path, grace: float, reason: str = "preStop", future: bool = False) -> None:
+    """`future`: dated an hour ahead, so that it counts from when a rank first reads it (`read_notice`), however
+    long the ranks take to start on a loaded machine."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / NOTICE_FILE).write_text(f"{time.time():.3f} {grace:g} {reason}\n")
+    (directory / NOTICE_FILE).write_text(f"{time.time() + (3600 if future else 0):.3f} {grace:g} {reason}\n")
 
 
 def losses(events: list[Any]) -> dict[int, float]:
@@ -60,7 +72,7 @@ def test_a_notice_stops_every_rank_after_the_same_step_with_its_checkpoint_and_t
     tmp_path: Path,
 ) -> None:
     ckpt, notices = tmp_path / "ckpt", tmp_path / "notices"
-    write_notice(notices / "node1", grace=60)  # the second node is going away; the first has no notice
+    write_notice(notices / "node1", grace=60, future=True)  # the second node is going away; the first has no notice
     (rank0, result0), (rank1, result1) = run_two_ranks(tmp_path, "a", ckpt, notices)
 
     stopped = result0["interrupted"]
@@ -85,6 +97,85 @@ def test_a_notice_stops_every_rank_after_the_same_step_with_its_checkpoint_and_t
     assert min(losses(resumed)) == step + 1
     for s, loss in losses(resumed).items():
         assert loss == pytest.approx(losses(whole)[s], rel=1e-5), s
+
+
+def test_a_data_run_resumed_from_a_notice_save_trains_the_samples_of_an_uninterrupted_run(tmp_path: Path) -> None:
+    """A shuffled JSONL corpus over two epochs: the notice stops both ranks after step 1, mid-epoch; the notice's
+    save holds the data position with the weights, and the next attempt trains, step by step, the samples of a run
+    never interrupted (their digest), through the next epoch's new order, with its losses."""
+    from support.tiny_hf import documents, train_tokenizer, write_jsonl
+
+    tokenizer = tmp_path / "tokenizer"
+    train_tokenizer(tokenizer)
+    corpus = write_jsonl(tmp_path / "corpus.jsonl", [{"text": d} for d in documents(40)])
+
+    def data_run(ckpt: Path) -> dict[str, Any]:
+        return {**train_config(ckpt), "model_overrides": {**TINY, "vocab_size": 512}, "tokenizer": str(tokenizer),
+                "data": str(corpus), "shuffle_seed": 3, "steps": 1000, "epochs": 2}  # fmt: skip
+
+    ckpt, notices = tmp_path / "ckpt", tmp_path / "notices"
+    write_notice(notices / "node1", grace=60, future=True)
+    (first, result), _ = run_two_ranks(tmp_path, "a", ckpt, notices, train=data_run(ckpt))
+    assert result["interrupted"]["saved"] is True and result["interrupted"]["step"] == 1
+    (notices / "node1" / NOTICE_FILE).unlink()
+    (resumed, result), _ = run_two_ranks(tmp_path, "b", ckpt, notices, train=data_run(ckpt))
+    assert "interrupted" not in result and result["resumed_from_step"] == 1
+    whole_ckpt = tmp_path / "ckpt-whole"
+    (whole, _), _ = run_two_ranks(tmp_path, "c", whole_ckpt, tmp_path / "none", train=data_run(whole_ckpt))
+
+    def steps(events: list[Any]) -> dict[int, Step]:
+        return {e.step: e for e in events if isinstance(e, Step)}
+
+    before, after, uninterrupted = steps(first), steps(resumed), steps(whole)
+    assert sorted(before) == [1] and sorted(after) == list(range(2, max(uninterrupted) + 1))
+    assert {e.epoch for e in after.values()} == {0, 1}  # mid-epoch at the notice, through the next epoch
+    for step, event in {**before, **after}.items():
+        same = uninterrupted[step]
+        assert (event.samples_digest, event.samples_seen) == (same.samples_digest, same.samples_seen), step
+        assert event.loss == pytest.approx(same.loss, rel=1e-5), step
+
+
+def test_under_ray_train_the_hook_is_released_only_once_the_controller_recorded_the_notices_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Ray Train records a checkpoint only once its controller took in every rank's report, some time after
+    ``ray.train.report`` returned on the ranks; the pod of the node going away is stopped as soon as its hook reads
+    ``done``, and a report not yet taken in goes with it (``support.ray_controller``). The ranks write ``done`` only
+    after the controller recorded the notice's checkpoint, and the next attempt resumes from it."""
+    from support.ray_controller import recorded
+
+    ckpt, notices, storage = tmp_path / "unused", tmp_path / "notices", tmp_path / "ray-storage"
+    write_notice(notices / "node1", grace=60, future=True)
+    (_, result0), (_, result1) = run_two_ranks(tmp_path, "a", ckpt, notices, storage)
+
+    stopped = result0["interrupted"]
+    step = stopped["step"]
+    assert stopped["saved"] is True and result1["interrupted"]["saved"] is True and 1 <= step < STEPS
+    assert (notices / "node1" / DONE_FILE).read_text().split()[1:] == [str(step), "1"]
+    assert recorded(storage, 2) == [f"step_{step:08d}"]  # recorded, though the node's pod was gone at `done`
+
+    (notices / "node1" / NOTICE_FILE).unlink()
+    (notices / "node1" / DONE_FILE).unlink()
+    (resumed, result), _ = run_two_ranks(tmp_path, "b", ckpt, notices, storage)
+    assert "interrupted" not in result and result["resumed_from_step"] == step
+    assert min(losses(resumed)) == step + 1
+
+
+def test_under_ray_train_a_checkpoint_the_controller_did_not_record_by_the_deadline_is_not_called_saved(
+    tmp_path: Path,
+) -> None:
+    from support.ray_controller import recorded
+
+    ckpt, notices, storage = tmp_path / "unused", tmp_path / "notices", tmp_path / "ray-storage"
+    # The save fits (none measured yet: 1 s); the controller polls late.
+    write_notice(notices / "node1", grace=6, future=True)
+    (_, result0), (rank1, result1) = run_two_ranks(tmp_path, "a", ckpt, notices, storage, ray_poll_seconds=60)
+
+    assert result0["interrupted"]["saved"] is False and result1["interrupted"]["saved"] is False
+    assert result0["interrupted"]["checkpoint_step"] == 0  # the next attempt starts over: nothing recorded
+    assert recorded(storage, 2) == []
+    (report,) = [e for e in rank1 if isinstance(e, Interruption)]
+    assert report.saved is False and "was not complete by the notice's deadline" in report.message
 
 
 def test_a_notice_too_short_for_the_save_skips_it_and_says_so(tmp_path: Path) -> None:
@@ -137,6 +228,34 @@ def test_a_user_function_polls_interrupted_and_the_wrapper_reports_and_marks_ran
     (report,) = [e for e in parse_lines(capsys.readouterr().out.splitlines()) if isinstance(e, Interruption)]
     assert (report.pod, report.saved, report.step) == ("w-1", True, 0)  # the step: the function's own report
     assert (tmp_path / DONE_FILE).exists()
+
+
+def test_a_user_function_under_ray_train_releases_the_hook_once_the_controller_recorded_its_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wrapper writes `done` only after Ray Train's controller took in the function's report (a report still
+    waiting for the controller's poll when the hook returns goes with the pod: `support.ray_controller`)."""
+    import ray.train
+    from fsdp_train import notice
+    from ray.train.v2._internal.execution.train_fn_utils import set_train_fn_utils
+    from support.ray_controller import ControllerStandIn, recorded
+
+    storage, notices, staged = tmp_path / "storage", tmp_path / "notices", tmp_path / "staged"
+    monkeypatch.setattr(notice, "_USER_WATCH", None)
+    monkeypatch.setenv("FSDP_NOTICE_DIR", str(notices))
+    write_notice(notices, grace=60, future=True)
+    staged.mkdir()
+    (staged / "weights").write_text("the function's own files")
+    ControllerStandIn(str(storage), 0, 0, 1, str(notices), poll_seconds=0.5).install()
+    try:
+        assert notice.interrupted() is True
+        checkpoint = ray.train.Checkpoint.from_directory(str(staged))
+        ray.train.report({"step": 7}, checkpoint=checkpoint, checkpoint_dir_name="step_00000007")
+        marked = notice.finish_user_function(None)
+    finally:
+        set_train_fn_utils(None)
+    assert marked["interrupted"]["saved"] is True and (notices / DONE_FILE).exists()
+    assert recorded(storage, 1) == ["step_00000007"]
 
 
 def test_a_declared_save_time_counts_until_a_longer_one_is_measured() -> None:
