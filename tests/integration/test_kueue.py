@@ -154,6 +154,12 @@ def test_a_preempted_job_is_queued_again_and_resumes_from_its_checkpoint(apiserv
         async with w.operator():
             w.apply(queued("low", runPolicy={"backoffLimit": 0}))
             await eventually(lambda: w.checkpoints.storage.get("low") == 3, message="low never checkpointed step 3")
+            # The operator knows of that checkpoint only from the job's log, read by a pass while Ray runs: preempted
+            # before a pass read it, the job would record the one before (the next attempt finds the newer anyway).
+            await eventually(
+                lambda: (w.status("low").get("checkpoint") or {}).get("step") == 3,
+                message="the operator never recorded the checkpoint of step 3",
+            )
             urgent = queued("urgent")
             urgent["metadata"]["labels"] = {"kueue.x-k8s.io/priority-class": "high"}
             w.apply(urgent)

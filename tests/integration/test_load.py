@@ -54,6 +54,13 @@ TICK = 1.0
 """The fake KubeRay's period (it lists every RayCluster each tick, in the operator's process: kept cheap)."""
 CONFIG = OperatorConfig()
 """The operator's defaults (a 5 s re-observe interval, at most one progress write per 5 s per job)."""
+P95_TARGET = 1.0
+"""Seconds from creation to RayCluster for 95 of 100 jobs of 300 created at once (docs/reliability.md)."""
+QUIET_LOAD = (os.cpu_count() or 2) / 2
+"""A machine whose 1-minute load average is under this (half a runnable process per core) when the test starts is
+quiet (the test's own processes raise it during the run): the latency target is asserted there. On a shared machine
+others' work takes the operator's CPU (it is CPU-bound during the burst), and the latency says more about them than
+about the operator: it is reported, not judged."""
 
 
 @dataclass
@@ -131,6 +138,7 @@ async def run_load(count: int, rbac: list[dict[str, Any]], creator: Creator = cr
 
     The API server enforces `rbac` (the chart's, as `helm template` renders it): the operator runs as the chart's
     ServiceAccount, the test and the KubeRay double as a cluster admin."""
+    load_at_start = os.getloadavg()[0]
     with ApiServerProcess(rbac=rbac) as api:
         ray = FakeRay(script=LoadScript())
         kuberay = FakeKubeRay(api.url, ray)
@@ -188,6 +196,7 @@ async def run_load(count: int, rbac: list[dict[str, Any]], creator: Creator = cr
         "requests": {" ".join(k): n for k, n in sorted(requests.items())},
         "status_writes_per_job": {"mean": sum(writes.values()) / count, "max": max(writes.values())},
         "cpu_s_per_job": cpu / count,
+        "load_average_start": load_at_start,
         "load_average": os.getloadavg()[0],
         "peak_rss_mb": peak_kib / 1024,
         "baseline_rss_mb": baseline_kib / 1024,
@@ -250,7 +259,7 @@ def report(figures: dict[str, Any]) -> str:
         f"{w['mean']:.1f}, max {w['max']}; peak RSS {figures['peak_rss_mb']:.0f} MB (baseline "
         f"{figures['baseline_rss_mb']:.0f} MB); event-loop lag p99 {lag['p99']:.0f} ms, max {lag['max']:.0f} ms; "
         f"{figures['cpu_s_per_job']:.3f} CPU-s/job in the operator's process; machine load average "
-        f"{figures['load_average']:.1f}"
+        f"{figures['load_average_start']:.1f} at the start, {figures['load_average']:.1f} at the end"
     )
 
 
@@ -282,9 +291,14 @@ def test_load_300_jobs_at_once() -> None:
     for key in sorted(figures["requests"]):
         print(f"  {key}: {figures['requests'][key]}")
     _check(figures)
-    # The load-independent targets are asserted; the latency target (p95 under 1 s) is reported in
-    # docs/reliability.md with the machine's load, and here only starvation is checked: no job waits for its
-    # RayCluster much longer than the slowest twentieth of them.
+    # The load-independent targets are asserted everywhere, and so is starvation: no job waits for its RayCluster
+    # much longer than the slowest twentieth of them. The latency target (p95 under 1 s) is asserted on a quiet
+    # machine (`QUIET_LOAD`); elsewhere it is reported (docs/reliability.md gives it with the machine's load).
     assert figures["peak_rss_mb"] < 300, report(figures)
     latency = figures["create_to_cluster_s"]
     assert latency["max"] <= 2 * latency["p95"] + 1.0, report(figures)
+    if figures["load_average_start"] < QUIET_LOAD:
+        assert latency["p95"] < P95_TARGET, report(figures)
+    else:
+        start = figures["load_average_start"]
+        print(f"LOAD latency not judged: load average {start:.1f} at the start, over {QUIET_LOAD:g}")

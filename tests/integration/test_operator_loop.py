@@ -241,6 +241,45 @@ def test_a_raycluster_is_created_only_after_what_it_needs(apiserver: ThreadedApi
     w.assert_no_duplicates()
 
 
+class MeetsAtCreates(AioKube):
+    """The real client; the Secret's and the NetworkPolicy's creates each wait until the other one has started."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, headers=dict(OPERATOR_AUTH), timeout=FAST.kube_timeout)
+        self.started = {"secret": asyncio.Event(), "networkpolicy": asyncio.Event()}
+        self.met = False
+
+    async def _meet(self, kind: str, other: str) -> None:
+        self.started[kind].set()
+        await asyncio.wait_for(self.started[other].wait(), 20)  # made one after the other: never, and this fails
+        self.met = True
+
+    async def create_secret(self, manifest: dict[str, Any]) -> bool:
+        await self._meet("secret", "networkpolicy")
+        return await super().create_secret(manifest)
+
+    async def create_network_policy(self, manifest: dict[str, Any]) -> bool:
+        await self._meet("networkpolicy", "secret")
+        return await super().create_network_policy(manifest)
+
+
+def test_a_clusters_secret_and_network_policy_are_created_at_once(apiserver: ThreadedApiServer) -> None:
+    """Neither needs the other: a first pass asks for both together, a round trip fewer before the RayCluster (with
+    many jobs created at once each request waits its turn at the API server: docs/reliability.md, "Load")."""
+    w = World(apiserver)
+    kube = MeetsAtCreates(apiserver.url)
+    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+
+    async def main() -> None:
+        w.apply(manifest())
+        await loop.pass_once()
+        await kube.close()
+
+    asyncio.run(main())
+    assert kube.met, w.status()
+    assert w.api.store.find("secrets") and w.api.store.find("networkpolicies") and w.clusters()
+
+
 def test_only_a_404_that_names_the_object_reads_as_absent(apiserver: ThreadedApiServer) -> None:
     """A 404 for a resource type the server does not serve (here: no RayCluster CRD yet) says nothing of the cluster."""
 

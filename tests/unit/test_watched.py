@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from fsdp_operator.decide.observed import ApplyNetworkPolicy, CreateAuthSecret, CreateRayCluster, PostEvent, together
 from fsdp_operator.runtime.provisioning import EVENTS_EVERY, WhyWaiting
 from fsdp_operator.runtime.settings import OperatorConfig
 from fsdp_operator.runtime.shared import Runtime
@@ -132,3 +133,40 @@ def test_events_are_read_only_when_they_can_tell_something_and_at_most_once_per_
         assert kube.calls[1:] == ["involvedObject.kind=Pod,reason=FailedScheduling"]
 
     asyncio.run(main())
+
+
+def test_an_event_is_news_unless_only_versions_field_managers_or_finalizers_changed() -> None:
+    """The loop's own status write (its answer held first, then the same object from the watch) and kopf's finalizer
+    wake no loop; anything a pass decides from does."""
+    w = watched()
+    assert w.job("ns", "j", job("5"))  # first delivery
+    assert not w.job("ns", "j", job("5"))  # the same object again: the watch event of the loop's own write
+    bumped = job("6")
+    bumped["metadata"].update(finalizers=["fsdp.dev/finalizer"], managedFields=[{"manager": "kopf"}])
+    assert not w.job("ns", "j", bumped)  # kopf added its finalizer
+    assert w.job("ns", "j", job("7", phase="Failed"))  # another writer's status
+    spec = job("8", phase="Failed")
+    spec["spec"] = {"suspend": True}
+    assert w.job("ns", "j", spec)
+    labelled = job("9", phase="Failed")
+    labelled["spec"] = {"suspend": True}
+    labelled["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
+    assert w.job("ns", "j", labelled)
+    assert not w.job("ns", "j", job("4", phase="Failed"))  # older than what is held: kept out, no news
+    assert w.job("ns", "j", job("10", uid="u2"))  # a new object under the name
+    assert w.job("ns", "j", job("11", uid="u2"), deleted=True)
+    cluster = {"metadata": {"name": "c", "resourceVersion": "1"}, "status": {"state": ""}}
+    assert w.cluster("ns", "c", cluster)
+    assert not w.cluster("ns", "c", {**cluster, "metadata": {"name": "c", "resourceVersion": "2"}})
+    assert w.cluster("ns", "c", {**cluster, "status": {"state": "ready"}})
+    assert w.cluster("ns", "c", None)
+
+
+def test_a_clusters_prerequisites_are_taken_together_and_nothing_else_is() -> None:
+    secret = CreateAuthSecret(manifest={})
+    policy = ApplyNetworkPolicy(manifest={})
+    cluster = CreateRayCluster(manifest={})
+    event = PostEvent("Normal", "Creating", "m")
+    assert list(together((secret, policy, cluster, event))) == [[secret, policy], [cluster], [event]]
+    assert list(together((cluster, secret, event, policy))) == [[cluster], [secret], [event], [policy]]
+    assert list(together(())) == []

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -51,6 +50,7 @@ from fsdp_operator.local.kuberay import (
     kill_marked,
     now_rfc3339,
 )
+from fsdp_operator.local.watching import list_then_watch
 
 log = logging.getLogger(__name__)
 
@@ -81,30 +81,14 @@ class LocalKubelet:
 
     async def run(self) -> None:
         """Watch pods until cancelled; reconnect when a watch ends."""
-        resource_version = ""
-        while True:
-            try:
-                if not resource_version:
-                    listing = await self.kuberay._request("GET", PODS)
-                    resource_version = listing["metadata"]["resourceVersion"]
-                    for item in listing.get("items", []):
-                        self._on_pod(item)
-                url = f"{self.kuberay.api_url}{PODS}?watch=true&resourceVersion={resource_version}"
-                async with self.kuberay.session.get(url) as response:
-                    if response.status == 410:
-                        resource_version = ""
-                        continue
-                    async for raw in response.content:
-                        if not raw.strip():
-                            continue
-                        event = json.loads(raw)
-                        obj = event.get("object", {})
-                        resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
-                        if event.get("type") in ("ADDED", "MODIFIED"):
-                            self._on_pod(obj)
-            except (TimeoutError, aiohttp.ClientError, RuntimeError) as e:
-                log.debug("pod watch interrupted: %s", e)
-                await asyncio.sleep(0.5)
+        await list_then_watch(
+            self.kuberay.session,
+            self.kuberay.api_url,
+            PODS,
+            self.kuberay._request,
+            lambda _type, pod: self._on_pod(pod),
+            ("ADDED", "MODIFIED"),
+        )
 
     def _on_pod(self, pod: Obj) -> None:
         meta = pod.get("metadata") or {}

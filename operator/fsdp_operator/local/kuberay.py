@@ -34,7 +34,6 @@ import asyncio
 import base64
 import contextlib
 import functools
-import json
 import logging
 import math
 import os
@@ -50,6 +49,7 @@ from typing import Any
 import aiohttp
 
 from fsdp_operator.api.spec import parse_quantity
+from fsdp_operator.local.watching import list_then_watch
 
 log = logging.getLogger(__name__)
 
@@ -393,30 +393,9 @@ class LocalKubeRay:
 
     async def run(self) -> None:
         """Watch RayClusters until cancelled; reconnect when a watch ends."""
-        resource_version = ""
-        while True:
-            try:
-                if not resource_version:
-                    listing = await self._request("GET", RAYCLUSTERS)
-                    resource_version = listing["metadata"]["resourceVersion"]
-                    for item in listing.get("items", []):
-                        self._on_event("ADDED", item)
-                url = f"{self.api_url}{RAYCLUSTERS}?watch=true&resourceVersion={resource_version}"
-                async with self.session.get(url) as response:
-                    if response.status == 410:  # too old: list again
-                        resource_version = ""
-                        continue
-                    async for raw in response.content:
-                        if not raw.strip():
-                            continue
-                        event = json.loads(raw)
-                        obj = event.get("object", {})
-                        resource_version = obj.get("metadata", {}).get("resourceVersion", resource_version)
-                        if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
-                            self._on_event(event["type"], obj)
-            except (TimeoutError, aiohttp.ClientError) as e:
-                log.debug("RayCluster watch interrupted: %s", e)
-                await asyncio.sleep(0.5)
+        await list_then_watch(
+            self.session, self.api_url, RAYCLUSTERS, self._request, self._on_event, ("ADDED", "MODIFIED", "DELETED")
+        )
 
     def _on_event(self, kind: str, obj: Obj) -> None:
         meta = obj["metadata"]

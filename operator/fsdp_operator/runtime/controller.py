@@ -38,7 +38,9 @@ from fsdp_operator.api import render
 from fsdp_operator.decide.budget import merge_patch, progress_only, within_budget
 from fsdp_operator.decide.folding import without_rank_detail
 from fsdp_operator.decide.observed import (
+    KIND,
     MUST_STOP_ACTIONS,
+    PREREQUISITES,
     RAY_TERMINAL,
     ApplyNetworkPolicy,
     ChildView,
@@ -54,6 +56,7 @@ from fsdp_operator.decide.observed import (
     PostEvent,
     StopJob,
     SubmitJob,
+    together,
 )
 from fsdp_operator.decide.reconcile import pass_failed, reconcile
 from fsdp_operator.decide.status import JobStatus, Phase
@@ -457,7 +460,7 @@ class JobLoop:
     def _ray(self) -> RayJobs:
         return self.rt.ray(self.address, self.token)
 
-    # --- writing ---
+    # --- writing, then acting ---
     async def write(self, stored: Obj, status: JobStatus) -> None:
         """Patch status when it changed; progress-only changes at most once per `progress_write_interval`.
 
@@ -486,36 +489,34 @@ class JobLoop:
         self.status, self.written, self.pending_write, self.last_write = status, new, False, now
         self._status_moved_on()
 
-    # --- acting ---
     async def act(self, obj: Obj, decision: Decision) -> None:
-        """Take each action; one that fails (API refused, Ray unreachable) does not keep the others from running,
-        except the RayCluster's own create after what it needs failed (its Secret, its NetworkPolicy)."""
+        """Take each action (a cluster's Secret and NetworkPolicy at once: `together`); one that fails does not keep
+        the others from running, except the RayCluster's own create after what it needs failed."""
         missing, refused, created_any = "", [], False
-        for action in decision.actions:
-            if isinstance(action, PostEvent) and self.first_pass_due:
+        for batch in together(decision.actions):
+            if isinstance(batch[0], PostEvent) and self.first_pass_due:
                 # A first pass's work is done once its cluster is asked for: its events wait for the other first passes.
                 self._end_first_pass()
                 await self.rt.after_first_passes()
-            if isinstance(action, CreateRayCluster) and missing:
+            if isinstance(batch[0], CreateRayCluster) and missing:
                 # Only a missing cluster makes a pass create these again: created now, it would wait for ever for a
                 # Secret its head cannot start without, or run with Ray's ports open.
                 self.log.warning(f"RayCluster not created before its {missing}; the next pass retries")
                 continue
-            try:
-                await self._act_one(obj, decision, action)
-            except (KubeError, RayUnavailable, ObjectNotOurs) as e:
+            outcomes = await asyncio.gather(*(self._act_one(obj, decision, a) for a in batch), return_exceptions=True)
+            for action, e in zip(batch, outcomes, strict=True):
+                if e is None:
+                    created_any = created_any or isinstance(action, _CREATES)
+                    continue
+                if not isinstance(e, KubeError | RayUnavailable | ObjectNotOurs):
+                    raise e
                 # Level-triggered: the next pass decides the same action again if it is still needed.
                 self.log.warning(f"{type(action).__name__} failed, the next pass retries: {e}")
-                if isinstance(action, CreateAuthSecret | ApplyNetworkPolicy):
-                    missing = "Secret" if isinstance(action, CreateAuthSecret) else "NetworkPolicy"
+                if isinstance(action, PREREQUISITES):
+                    missing = KIND[type(action)]
                 if isinstance(e, KubeError) and isinstance(action, _CREATES) and not e.transient:
                     # RBAC, admission, validation or quota: repeating the request changes nothing; say so in status.
-                    kind = {CreateAuthSecret: "Secret", ApplyNetworkPolicy: "NetworkPolicy"}.get(
-                        type(action), "RayCluster"
-                    )
-                    refused.append(f"the API server refused the job's {kind}: {str(e)[:600]}")
-            else:
-                created_any = created_any or isinstance(action, _CREATES)
+                    refused.append(f"the API server refused the job's {KIND[type(action)]}: {str(e)[:600]}")
         if refused or created_any:
             self.refused = "; ".join(refused)
 

@@ -3,7 +3,8 @@
 - a daemon per FSDPTrainingJob runs `JobLoop` (the lifecycle, the only status writer) until the job is
   finished; kopf starts it for new jobs and again for every job when the operator restarts (resume);
 - watches on the job, its RayCluster and its pods only wake that loop (level-triggered), a running one once
-  the first passes of new jobs are done (`Runtime.wake`);
+  the first passes of new jobs are done (`Runtime.wake`), and only for news (`watched.is_news`: not for the loop's
+  own status write or kopf's finalizer);
 - the delete handler stops the Ray job and deletes the RayCluster before kopf removes the finalizer.
 
 Raw event handlers are used for waking instead of create/update handlers: they need no diff-base
@@ -98,8 +99,8 @@ def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegi
     async def fsdptrainingjob_event(
         *, namespace: str | None, name: str, type: str | None, body: kopf.Body, **_: Any
     ) -> None:
-        runtime.watched.job(namespace or "default", name, body, deleted=type == "DELETED")
-        await runtime.wake(namespace, name)
+        if runtime.watched.job(namespace or "default", name, body, deleted=type == "DELETED"):
+            await runtime.wake(namespace, name)
 
     @kopf.on.delete(schema.GROUP, schema.VERSION, schema.PLURAL, registry=registry)
     async def fsdptrainingjob_delete(*, body: kopf.Body, logger: Logger, **_: Any) -> None:
@@ -109,8 +110,8 @@ def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegi
     async def raycluster_event(
         *, namespace: str | None, name: str, labels: Mapping[str, str], type: str | None, body: kopf.Body, **_: Any
     ) -> None:
-        runtime.watched.cluster(namespace or "default", name, body, deleted=type == "DELETED")
-        await runtime.wake(namespace, labels.get(render.LABEL_JOB))
+        if runtime.watched.cluster(namespace or "default", name, body, deleted=type == "DELETED"):
+            await runtime.wake(namespace, labels.get(render.LABEL_JOB))
 
     @kopf.on.event("v1", "pods", labels=MANAGED, registry=registry)
     async def pod_event(

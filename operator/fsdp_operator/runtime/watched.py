@@ -10,6 +10,13 @@ the watch delivers that write's event a moment after the write's answer, and a p
 before its own write would redo what that write recorded. Resource versions are compared as numbers when both
 are (every API server backed by etcd issues them so); otherwise only an exactly equal one counts, and the loop
 reads the job from the API server.
+
+`job` and `cluster` also say whether an event is news to the loop: an event whose object differs from the one
+held only in what the API server and kopf maintain (`resourceVersion`, `managedFields`, kopf's `finalizers`) is
+not, and the handlers do not wake the loop for it. The loop's own status write is the commonest such event (the
+write's answer is held first, and its watch event carries the same object), kopf's finalizer the next: with many
+jobs created at once, each woke every loop for a pass that could decide nothing new (docs/reliability.md, "Load").
+A skipped wake costs nothing but latency for a change no pass reads; the loop still passes every `interval`.
 """
 
 from __future__ import annotations
@@ -30,6 +37,20 @@ def _version(obj: Mapping[str, Any]) -> str:
 def not_older(version: str, than: str) -> bool:
     """`version` is `than` or, both being numbers (etcd's revisions), a later one."""
     return version == than or (version.isdigit() and than.isdigit() and int(version) >= int(than))
+
+
+NOT_NEWS = frozenset({"resourceVersion", "managedFields", "finalizers"})
+"""Metadata the API server (versions, field managers) and kopf (its finalizer) change, which no pass decides from."""
+
+
+def _essence(obj: Mapping[str, Any]) -> Obj:
+    meta = obj.get("metadata") or {}
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k not in NOT_NEWS}}
+
+
+def is_news(held: Mapping[str, Any] | None, body: Mapping[str, Any]) -> bool:
+    """`body` differs from `held` (the same object as delivered before) in more than `NOT_NEWS`."""
+    return held is None or _essence(held) != _essence(body)
 
 
 def _older(version: str, than: str) -> bool:
@@ -77,16 +98,18 @@ class Watched:
         """(namespace, RayCluster name) -> pod name -> the pod's view."""
 
     # --- jobs ---
-    def job(self, namespace: str, name: str, body: Mapping[str, Any], *, deleted: bool = False) -> None:
-        """A job's body as a watch event or a read brought it (the later one of two is kept)."""
+    def job(self, namespace: str, name: str, body: Mapping[str, Any], *, deleted: bool = False) -> bool:
+        """A job's body as a watch event or a read brought it (the later one of two is kept); whether it is news
+        (`is_news`: a deletion is, an event older than the body held is not)."""
         key = (namespace, name)
         if deleted:
             self._jobs.pop(key, None)
-            return
+            return True
         held = self._jobs.get(key)
         if held is not None and _uid(held[1]) == _uid(body) and _older(_version(body), _version(held[1])):
-            return  # an event older than what a read already returned (watch events themselves come in order)
+            return False  # an event older than what a read already returned (watch events themselves come in order)
         self._jobs[key] = (time.monotonic(), dict(body))
+        return held is None or is_news(held[1], body)
 
     def fresh_job(self, namespace: str, name: str, written: str, max_age: float) -> Obj | None:
         """The job's latest body when it is not older than the status write of version `written` ('' for none) and
@@ -102,13 +125,16 @@ class Watched:
         self._jobs.pop((namespace, name), None)
 
     # --- RayClusters ---
-    def cluster(self, namespace: str, name: str, body: Mapping[str, Any] | None, *, deleted: bool = False) -> None:
-        """A RayCluster as its watch delivered it or a read returned it (`body` None: the read found none)."""
+    def cluster(self, namespace: str, name: str, body: Mapping[str, Any] | None, *, deleted: bool = False) -> bool:
+        """A RayCluster as its watch delivered it or a read returned it (`body` None: the read found none); whether
+        it is news (`is_news`; a deletion is)."""
         key = (namespace, name)
         if deleted or body is None:
             self._clusters.pop(key, None)
-        else:
-            self._clusters[key] = (time.monotonic(), dict(body))
+            return True
+        held = self._clusters.get(key)
+        self._clusters[key] = (time.monotonic(), dict(body))
+        return held is None or is_news(held[1], body)
 
     def fresh_cluster(self, namespace: str, name: str, max_age: float) -> Obj | None:
         """The RayCluster as last delivered, when it was delivered or read within `max_age` seconds; else None
