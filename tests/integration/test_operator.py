@@ -44,7 +44,7 @@ FAST = OperatorConfig(
     progress_write_interval=0.5,
     error_backoff=0.2,
     ray_timeout=2,
-    kube_timeout=5,
+    kube_timeout=30,  # the default: a loaded CI machine's API server thread answered one GET in over 5 s
     finalize_timeout=1,
     daemon_cancellation_timeout=2,
 )

@@ -201,7 +201,7 @@ class ApiServer:
         """How many requests of a verb hit a resource (all groups when `group` is None)."""
         return sum(
             n
-            for key, n in self.requests.items()
+            for key, n in self.requests.copy().items()  # a copy: the server's thread adds to it meanwhile
             if key.verb == verb
             and key.plural == plural
             and key.subresource == subresource
