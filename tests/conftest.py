@@ -3,8 +3,8 @@
 Under pytest-xdist (`make test` runs `-n`, `--dist loadgroup`; docs/testing.md), tests are spread one by one
 over the workers, except those that must stay together, which are kept on one worker by an `xdist_group`:
 - the tests that start real Ray clusters (`RAY_GROUP`, marked in their modules): one cluster at a time per run
-  (about 3.8 GiB each) in each lane: `RAY_GROUP`, the user-function suite's `SECOND_RAY_TESTS`, and the tests that
-  start a one-node Ray with `ray.init` (`LOCAL_RAY_TESTS`);
+  (about 3.8 GiB each), never two of this run's clusters on the same 127.0.0.N addresses at once; the tests that
+  start a one-node Ray with `ray.init` are a second lane of their own (`LOCAL_RAY_TESTS`);
 - the tests of a module that share a module- or class-scoped fixture (a Ray cluster, a reference run, an
   installed chart): grouped here by module, so that the fixture is built once, not once per worker.
 """

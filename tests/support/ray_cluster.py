@@ -24,11 +24,6 @@ after the other, so a run never holds two of its Ray clusters at once (about 3.8
 127.0.0.N addresses, which the tests' clusters share)."""
 
 
-SECOND_RAY_TESTS = pytest.mark.xdist_group("ray-b")
-"""A second lane of run-local clusters beside `RAY_TESTS` (the user-function suite): two clusters of this run at once
-on the same 127.0.0.N addresses, every port taken free, each in its own work dir. The two default run-local cases
-passed side by side (236 s and 189 s, against about 400 s one after the other)."""
-
 LOCAL_RAY_TESTS = pytest.mark.xdist_group("ray-local")
 """Mark of the tests that start a one-node Ray of their own with `ray.init` (its own temp dir and ports, no
 127.0.0.N address, about 1 GiB): a second lane beside `RAY_TESTS`, one of them at a time (their agents' default
