@@ -22,6 +22,11 @@ class HostArena:
 
     ALIGN = 64
 
+    @classmethod
+    def aligned(cls, nbytes: int) -> int:
+        """`nbytes` rounded up to the block's alignment."""
+        return -(-nbytes // cls.ALIGN) * cls.ALIGN
+
     def __init__(self, nbytes: int, pin: bool) -> None:
         import torch
 
@@ -30,10 +35,8 @@ class HostArena:
 
     def take(self, shape: Any, dtype: Any) -> Any:
         """A tensor of ``shape`` and ``dtype`` from the block, or None once the block is too small."""
-        import torch
-
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        start = -(-self._used // self.ALIGN) * self.ALIGN
+        nbytes = math.prod(shape) * dtype.itemsize
+        start = self.aligned(self._used)
         if nbytes == 0 or start + nbytes > self._block.numel():
             return None
         self._used = start + nbytes
@@ -49,8 +52,7 @@ def state_bytes(model: nn.Module, optimizer: Optimizer) -> int:
     total = 0
     for parameter in model.parameters():
         local = getattr(parameter, "_local_tensor", parameter)
-        aligned = -(-local.numel() * local.element_size() // HostArena.ALIGN) * HostArena.ALIGN
-        total += aligned * (1 + moments) + HostArena.ALIGN  # and a step counter
+        total += HostArena.aligned(local.numel() * local.element_size()) * (1 + moments) + HostArena.ALIGN  # + step
     return total
 
 
