@@ -397,6 +397,48 @@ def test_a_failed_pass_that_read_no_log_keeps_the_offset() -> None:
     assert (d.status.log_offset, d.status.skipped_events) == (100, 2)
 
 
+def test_an_event_whose_folding_raises_is_skipped_alone_and_the_lines_read_with_it_are_folded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug in folding one event must not lose the others of its batch: here the transport lines read in the same
+    pass as step 2, which once failed a finished job as `TransportUnverified`."""
+    from fsdp_operator.decide import reconcile as reconcile_module
+    from fsdp_train.events import Step, Transport
+
+    real_fold = reconcile_module.fold_events
+
+    def fold(job: Any, status: Any, events: Any, **kwargs: Any) -> Any:
+        events = tuple(events)
+        if any(isinstance(e, Step) and e.step == 2 for e in events):
+            raise ZeroDivisionError("step 2 breaks the fold")
+        return real_fold(job, status, events, **kwargs)
+
+    monkeypatch.setattr(reconcile_module, "fold_events", fold)
+    efa = [Transport(rank=r, transport="efa", evidence="NET/OFI Selected provider is efa") for r in range(8)]
+    steps = [
+        Step(rank=0, step=s, total_steps=100, loss=2.0, tokens_per_second=1e4, tokens_per_second_per_device=1250.0)
+        for s in (1, 2, 3)
+    ]
+    events = (*efa[:4], steps[0], steps[1], *efa[4:], steps[2])
+    before = at(Phase.RUNNING, log_offset=100, skipped_events=1)
+    d = run(manifest(), before, cluster=cluster(), events=events, log_offset=900,
+            ray_job=RayJobInfo(SID1, "RUNNING"))  # fmt: skip
+    assert d.status.phase == Phase.RUNNING and d.status.progress["step"] == 3
+    assert {r["rank"]: r.get("transport") for r in d.status.ranks} == {r: "efa" for r in range(8)}
+    assert get_condition(d.status.conditions, "TransportVerified")["status"] == "True"
+    assert (d.status.log_offset, d.status.skipped_events) == (900, 2)  # the one event that raised, counted
+    message = "ZeroDivisionError: step 2 breaks the fold (folding 1 event(s); skipped, the rest folded)"
+    assert get_condition(d.status.conditions, "ReconcileError") == {
+        "type": "ReconcileError", "status": "True", "reason": "PassFailed", "message": message,
+        "lastTransitionTime": "2026-11-29T12:00:00Z", "observedGeneration": 1,
+    }  # fmt: skip
+    assert PostEvent("Warning", "ReconcileError", message) in d.actions
+    # The next pass folds without error: the condition turns False.
+    later = reconcile(manifest(), d.status, Observed(now=NOW + timedelta(seconds=5), cluster=cluster(),
+                      ray_job=RayJobInfo(SID1, "RUNNING")), training_package="/opt/fsdp_train")  # fmt: skip
+    assert get_condition(later.status.conditions, "ReconcileError")["status"] == "False"
+
+
 # --- suspend and resume, written out ---------------------------------------------------------------------
 
 

@@ -306,3 +306,6 @@ class Decision:
     """Seconds until the next pass is due regardless of events (TTL); None: the usual interval."""
     done: bool = False
     """Terminal and nothing left to do: the per-job loop can stop."""
+    contained_error: str = ""
+    """An error this pass contained and went on from (an event whose folding raised, skipped alone): the
+    `ReconcileError` condition says so, as for a pass that failed."""

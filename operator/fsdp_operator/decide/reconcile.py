@@ -23,7 +23,7 @@ from fsdp_operator.api import render
 from fsdp_operator.api.spec import Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.capacity.plan import ZoneChoice
 from fsdp_operator.decide import failure, health, interruptions, queue
-from fsdp_operator.decide.folding import fold_events
+from fsdp_operator.decide.folding import Folded, fold_events
 from fsdp_operator.decide.guards import (
     _check_deadline,
     _check_suspend,
@@ -97,6 +97,11 @@ def reconcile(
     new = with_lifecycle_conditions(status, new, now=observed.now, generation=generation)
     if new is not decision.status:
         decision = replace(decision, status=new)
+    if decision.contained_error:
+        recorded, actions = _error_recorded(status, new, decision.contained_error, observed.now)
+        return _with_transition_events(
+            status, replace(decision, status=recorded, actions=(*decision.actions, *actions))
+        )
     return _with_transition_events(status, _error_cleared(decision, observed.now))
 
 
@@ -109,24 +114,31 @@ def pass_failed(
     Defence in depth: with the job's `manifest`, the guards that need nothing from Ray still run on what was
     observed (at least the RayCluster): a terminal job's cleanup and TTL, suspend, `activeDeadlineSeconds`. A job
     whose observation fails every pass still ends on time and gives back its cluster. Nothing else changes."""
-    message = clean_text(error, 1024)
-    previous = get_condition(status.conditions, ConditionType.RECONCILE_ERROR)
     decision = _guards_alone(manifest, status, observed) if manifest is not None else None
     new = decision.status if decision is not None else status
     if observed.log_offset is not None:
         new = replace(new, log_offset=observed.log_offset, skipped_events=new.skipped_events + observed.skipped_lines)
+    new, actions = _error_recorded(status, new, error, observed.now)
+    if decision is None:
+        return Decision(new, actions)
+    return replace(decision, status=new, actions=(*decision.actions, *actions))
+
+
+def _error_recorded(
+    before: JobStatus, new: JobStatus, error: str, now: datetime
+) -> tuple[JobStatus, tuple[Action, ...]]:
+    """`new` with the `ReconcileError` condition True, and a Warning event unless the same error was already told."""
+    message = clean_text(error, 1024)
+    previous = get_condition(before.conditions, ConditionType.RECONCILE_ERROR)
     new = replace(
         new,
         conditions=set_condition(
             new.conditions, ConditionType.RECONCILE_ERROR, "True", "PassFailed", message,
-            now=observed.now, generation=status.observed_generation,
+            now=now, generation=before.observed_generation,
         ),
     )  # fmt: skip
     repeated = previous is not None and previous.get("status") == "True" and previous.get("message") == message
-    actions: tuple[Action, ...] = () if repeated else (PostEvent("Warning", "ReconcileError", message),)
-    if decision is None:
-        return Decision(new, actions)
-    return replace(decision, status=new, actions=(*decision.actions, *actions))
+    return new, () if repeated else (PostEvent("Warning", "ReconcileError", message),)
 
 
 def _guards_alone(manifest: Mapping[str, Any], status: JobStatus, obs: Observed) -> Decision | None:
@@ -443,10 +455,49 @@ def _track_job(
             decision = replace(decision, actions=(StopJob(status.submission_id), *decision.actions))
         return decision
 
-    if obs.events or obs.log_offset is not None:
-        # The requireEFA deadline at the latest: the Ray job succeeded and its whole log is folded.
-        ended = obs.ray_job is not None and obs.ray_job.status == RAY_SUCCEEDED and not obs.log_pending
-        folded = fold_events(job, status, obs.events, now=obs.now, forged=obs.forged_lines, job_ended=ended)
+    folded, fold_error = _fold_contained(job, status, obs) if obs.events or obs.log_offset is not None else (None, "")
+    decision = _track_folded(job, status, obs, package, security, unreachable_timeout, folded)
+    return replace(decision, contained_error=fold_error) if fold_error else decision
+
+
+def _fold_contained(job: Job, status: JobStatus, obs: Observed) -> tuple[Folded, str]:
+    """This pass's events folded, and the error of those whose folding raised ("" when none did).
+
+    Folding should never raise; should it (a bug no check foresaw), the events are folded one at a time and only
+    those that raise are skipped: one bad line must not take the lines read with it (a transport line lost beside
+    it failed a finished job as `TransportUnverified`). Folding is idempotent and keeps its state in the status,
+    so one event at a time gives what one batch gives."""
+    # The requireEFA deadline at the latest: the Ray job succeeded and its whole log is folded.
+    ended = obs.ray_job is not None and obs.ray_job.status == RAY_SUCCEEDED and not obs.log_pending
+    try:
+        return fold_events(job, status, obs.events, now=obs.now, forged=obs.forged_lines, job_ended=ended), ""
+    except Exception as e:  # contained: becomes the ReconcileError condition
+        error = f"{type(e).__name__}: {str(e)[:900]}"
+    rejected, skipped = 0, 0
+    for event in obs.events:
+        try:
+            one = fold_events(job, status, (event,), now=obs.now)
+        except Exception:  # this event alone: skipped and counted
+            skipped += 1
+            continue
+        status, rejected = one.status, rejected + one.rejected
+    # The pass's own inputs once: the forged lines' count, the deadline once every event is in.
+    last = fold_events(job, replace(status, skipped_events=status.skipped_events + skipped), (), now=obs.now,
+                       forged=obs.forged_lines, job_ended=ended)  # fmt: skip
+    return replace(last, rejected=rejected + skipped), f"{error} (folding {skipped} event(s); skipped, the rest folded)"
+
+
+def _track_folded(
+    job: Job,
+    status: JobStatus,
+    obs: Observed,
+    package: str,
+    security: render.Security,
+    unreachable_timeout: float,
+    folded: Folded | None = None,
+) -> Decision:
+    """A job's Ray job tracked, with this pass's events `folded` (None: there were none)."""
+    if folded is not None:
         status = folded.status
         if obs.log_offset is not None:
             status = replace(
