@@ -122,6 +122,57 @@ def test_a_head_whose_ray_process_exits_is_reported_not_ready_as_a_kubelet_would
     assert conditions["RayClusterProvisioned"]["status"] == "True"  # the other conditions stay as they were
 
 
+@pytest.mark.parametrize("exits", [1, 99], ids=["exits-once", "exits-every-time"])
+def test_a_worker_whose_ray_start_exits_before_it_joined_is_started_again_in_its_pod(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exits: int
+) -> None:
+    """As the kubelet restarts a container that exited: same pod, same IP, after a back-off; the others are not
+    touched. One that exits every time is left out once the join time is over (the cluster stays short)."""
+    from fsdp_operator.local import kuberay as kuberay_module
+
+    monkeypatch.setattr(kuberay_module, "WORKER_RESTART_BACKOFF_SECONDS", 0.05)
+    monkeypatch.setattr(kuberay_module, "WORKER_JOIN_SECONDS", 5.0)
+    starts: list[tuple[str, str]] = []
+    joins: set[int] = set()
+
+    async def scenario() -> set[str]:
+        kuberay = LocalKubeRay("http://127.0.0.1:1", tmp_path)
+        cluster = LocalCluster("default", "rc", "uid", tmp_path / "c")
+        (tmp_path / "head.log").write_text("")
+
+        async def node(pod: str, ip: str, code: int | None) -> RayNode:
+            script = "import time; time.sleep(60)" if code is None else f"raise SystemExit({code})"
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, start_new_session=True)
+            made = RayNode(pod, ip, process, tmp_path / "head.log", tmp_path / f"n{len(cluster.nodes)}")
+            cluster.nodes.append(made)
+            if code is None:
+                joins.add(made.pgid)  # only a node that does not exit joins Ray
+            return made
+
+        async def start_worker(pod: str, ip: str) -> RayNode:
+            starts.append((pod, ip))
+            return await node(pod, ip, 1 if len(starts) < exits else None)
+
+        async def alive_nodes(_: LocalCluster) -> list[dict[str, str]]:
+            latest = {n.ip: n for n in cluster.nodes}
+            return [{"node_ip": ip, "state": "ALIVE"} for ip, n in latest.items() if n.pgid in joins]
+
+        monkeypatch.setattr(kuberay, "_alive_nodes", alive_nodes)
+        head = await node("rc-head", "127.0.0.2", None)
+        workers = [await node("rc-w-0", "127.0.0.3", None), await node("rc-w-1", "127.0.0.4", 1)]
+        try:
+            return await kuberay._workers_joined(cluster, head, workers, start_worker)
+        finally:
+            await kuberay_module.stop_nodes(cluster.nodes)
+            await kuberay.close()
+
+    alive = asyncio.run(scenario())
+    if exits == 1:
+        assert alive == {"127.0.0.3", "127.0.0.4"} and starts == [("rc-w-1", "127.0.0.4")]
+    else:
+        assert alive == {"127.0.0.3"} and set(starts) == {("rc-w-1", "127.0.0.4")} and len(starts) >= 3
+
+
 def test_a_head_that_logs_its_fatal_line_is_reported_before_its_process_exits(
     apiserver: ThreadedApiServer, tmp_path: Path
 ) -> None:

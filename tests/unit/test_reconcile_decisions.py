@@ -402,10 +402,10 @@ def test_an_event_whose_folding_raises_is_skipped_alone_and_the_lines_read_with_
 ) -> None:
     """A bug in folding one event must not lose the others of its batch: here the transport lines read in the same
     pass as step 2, which once failed a finished job as `TransportUnverified`."""
-    from fsdp_operator.decide import reconcile as reconcile_module
+    from fsdp_operator.decide import pass_errors
     from fsdp_train.events import Step, Transport
 
-    real_fold = reconcile_module.fold_events
+    real_fold = pass_errors.fold_events
 
     def fold(job: Any, status: Any, events: Any, **kwargs: Any) -> Any:
         events = tuple(events)
@@ -413,7 +413,7 @@ def test_an_event_whose_folding_raises_is_skipped_alone_and_the_lines_read_with_
             raise ZeroDivisionError("step 2 breaks the fold")
         return real_fold(job, status, events, **kwargs)
 
-    monkeypatch.setattr(reconcile_module, "fold_events", fold)
+    monkeypatch.setattr(pass_errors, "fold_events", fold)
     efa = [Transport(rank=r, transport="efa", evidence="NET/OFI Selected provider is efa") for r in range(8)]
     steps = [
         Step(rank=0, step=s, total_steps=100, loss=2.0, tokens_per_second=1e4, tokens_per_second_per_device=1250.0)

@@ -4,6 +4,7 @@ rots unseen, as the 300-job load test and two slow e2e cases did."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -54,3 +55,46 @@ def test_every_module_with_a_faults_or_load_test_keeps_one_in_the_default_run() 
         for module in modules:
             kept = [t for t in by_module[module] if not t & set(LEFT_OUT)]
             assert kept, f"{module} has {suite} tests and none in the default run"
+
+
+LANES = """
+import os
+from pathlib import Path
+
+import pytest
+
+OUT = Path(os.environ["LANES_OUT"])
+
+
+def record(name: str) -> None:
+    (OUT / name).write_text(os.environ["PYTEST_XDIST_WORKER"])
+
+
+@pytest.mark.xdist_group("ray")
+@pytest.mark.parametrize("n", range(4))
+def test_grouped(n: int) -> None:
+    record(f"grouped-{n}")
+
+
+@pytest.mark.parametrize("n", range(4))
+def test_free(n: int) -> None:
+    record(f"free-{n}")
+"""
+
+
+def test_the_tests_of_one_xdist_group_run_on_one_worker(tmp_path: Path) -> None:
+    """`--dist loadgroup` as `make test` runs it keeps a group on one worker. pytest 9.2 made xdist 3.8's grouping
+    a silent no-op (it renames `item._nodeid`, which 9.2 no longer reads): every Ray cluster of the run started
+    at once, on the same addresses, and the lanes docs/testing.md describes did not exist."""
+    (tmp_path / "test_lanes.py").write_text(LANES)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+         "-o", "addopts=", "--rootdir", str(tmp_path), str(tmp_path / "test_lanes.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "LANES_OUT": str(out)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    workers = {path.name: path.read_text() for path in out.iterdir()}
+    assert len(workers) == 8
+    assert len({w for name, w in workers.items() if name.startswith("grouped")}) == 1, workers

@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from typing import Any
-
-from fsdp_train.events import clean_text
 
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.capacity.plan import ZoneChoice
 from fsdp_operator.decide import failure, health, interruptions, queue
-from fsdp_operator.decide.folding import Folded, fold_events
+from fsdp_operator.decide.folding import Folded
 from fsdp_operator.decide.guards import (
     _check_deadline,
     _check_suspend,
@@ -62,6 +59,7 @@ from fsdp_operator.decide.observed import (
     _count,
     _mapping,
 )
+from fsdp_operator.decide.pass_errors import error_cleared, error_recorded, fold_contained
 from fsdp_operator.decide.status import (
     CONDITIONS,
     WARNING_REASONS,
@@ -69,7 +67,6 @@ from fsdp_operator.decide.status import (
     JobStatus,
     Phase,
     Reason,
-    get_condition,
     set_condition,
     with_lifecycle_conditions,
 )
@@ -98,11 +95,11 @@ def reconcile(
     if new is not decision.status:
         decision = replace(decision, status=new)
     if decision.contained_error:
-        recorded, actions = _error_recorded(status, new, decision.contained_error, observed.now)
+        recorded, actions = error_recorded(status, new, decision.contained_error, observed.now)
         return _with_transition_events(
             status, replace(decision, status=recorded, actions=(*decision.actions, *actions))
         )
-    return _with_transition_events(status, _error_cleared(decision, observed.now))
+    return _with_transition_events(status, error_cleared(decision, observed.now))
 
 
 def pass_failed(
@@ -118,27 +115,10 @@ def pass_failed(
     new = decision.status if decision is not None else status
     if observed.log_offset is not None:
         new = replace(new, log_offset=observed.log_offset, skipped_events=new.skipped_events + observed.skipped_lines)
-    new, actions = _error_recorded(status, new, error, observed.now)
+    new, actions = error_recorded(status, new, error, observed.now)
     if decision is None:
         return Decision(new, actions)
     return replace(decision, status=new, actions=(*decision.actions, *actions))
-
-
-def _error_recorded(
-    before: JobStatus, new: JobStatus, error: str, now: datetime
-) -> tuple[JobStatus, tuple[Action, ...]]:
-    """`new` with the `ReconcileError` condition True, and a Warning event unless the same error was already told."""
-    message = clean_text(error, 1024)
-    previous = get_condition(before.conditions, ConditionType.RECONCILE_ERROR)
-    new = replace(
-        new,
-        conditions=set_condition(
-            new.conditions, ConditionType.RECONCILE_ERROR, "True", "PassFailed", message,
-            now=now, generation=before.observed_generation,
-        ),
-    )  # fmt: skip
-    repeated = previous is not None and previous.get("status") == "True" and previous.get("message") == message
-    return new, () if repeated else (PostEvent("Warning", "ReconcileError", message),)
 
 
 def _guards_alone(manifest: Mapping[str, Any], status: JobStatus, obs: Observed) -> Decision | None:
@@ -162,23 +142,6 @@ def _guards_alone(manifest: Mapping[str, Any], status: JobStatus, obs: Observed)
         return None
     new = with_lifecycle_conditions(status, decision.status, now=obs.now, generation=job.generation)
     return _with_transition_events(status, replace(decision, status=new))
-
-
-def _error_cleared(decision: Decision, now: datetime) -> Decision:
-    """A pass that went through after failed ones: `ReconcileError` turns False."""
-    condition = get_condition(decision.status.conditions, ConditionType.RECONCILE_ERROR)
-    if condition is None or condition.get("status") != "True":
-        return decision
-    conditions = set_condition(
-        decision.status.conditions,
-        ConditionType.RECONCILE_ERROR,
-        "False",
-        "PassSucceeded",
-        "the last pass over the job succeeded",
-        now=now,
-        generation=decision.status.observed_generation,
-    )
-    return replace(decision, status=replace(decision.status, conditions=conditions))
 
 
 def _decide(
@@ -455,36 +418,9 @@ def _track_job(
             decision = replace(decision, actions=(StopJob(status.submission_id), *decision.actions))
         return decision
 
-    folded, fold_error = _fold_contained(job, status, obs) if obs.events or obs.log_offset is not None else (None, "")
+    folded, fold_error = fold_contained(job, status, obs) if obs.events or obs.log_offset is not None else (None, "")
     decision = _track_folded(job, status, obs, package, security, unreachable_timeout, folded)
     return replace(decision, contained_error=fold_error) if fold_error else decision
-
-
-def _fold_contained(job: Job, status: JobStatus, obs: Observed) -> tuple[Folded, str]:
-    """This pass's events folded, and the error of those whose folding raised ("" when none did).
-
-    Folding should never raise; should it (a bug no check foresaw), the events are folded one at a time and only
-    those that raise are skipped: one bad line must not take the lines read with it (a transport line lost beside
-    it failed a finished job as `TransportUnverified`). Folding is idempotent and keeps its state in the status,
-    so one event at a time gives what one batch gives."""
-    # The requireEFA deadline at the latest: the Ray job succeeded and its whole log is folded.
-    ended = obs.ray_job is not None and obs.ray_job.status == RAY_SUCCEEDED and not obs.log_pending
-    try:
-        return fold_events(job, status, obs.events, now=obs.now, forged=obs.forged_lines, job_ended=ended), ""
-    except Exception as e:  # contained: becomes the ReconcileError condition
-        error = f"{type(e).__name__}: {str(e)[:900]}"
-    rejected, skipped = 0, 0
-    for event in obs.events:
-        try:
-            one = fold_events(job, status, (event,), now=obs.now)
-        except Exception:  # this event alone: skipped and counted
-            skipped += 1
-            continue
-        status, rejected = one.status, rejected + one.rejected
-    # The pass's own inputs once: the forged lines' count, the deadline once every event is in.
-    last = fold_events(job, replace(status, skipped_events=status.skipped_events + skipped), (), now=obs.now,
-                       forged=obs.forged_lines, job_ended=ended)  # fmt: skip
-    return replace(last, rejected=rejected + skipped), f"{error} (folding {skipped} event(s); skipped, the rest folded)"
 
 
 def _track_folded(

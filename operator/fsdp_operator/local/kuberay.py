@@ -24,7 +24,8 @@ A container's memory limit becomes RLIMIT_DATA of every process of its Ray node 
 per process, where a pod's cgroup limits the sum.
 
 What it does not reproduce: images (the Ray on this machine runs, not the container's), pod
-scheduling, CPU limits and the memory cgroup (see above), GPUs (a worker gets CPUs in place of GPUs), restarts,
+scheduling, CPU limits and the memory cgroup (see above), GPUs (a worker gets CPUs in place of GPUs), restarts
+of a container that ran (a worker whose `ray start` exits before it joined is started again, `_workers_joined`),
 NetworkPolicies (stored by the API server, enforced by nothing here: all nodes share loopback).
 """
 
@@ -42,6 +43,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,10 @@ RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
 STOP_GRACE_SECONDS = 5.0
 HEAD_START_SECONDS = 300
+WORKER_JOIN_SECONDS = 300
+"""How long a cluster's workers have to join Ray, restarts included."""
+WORKER_RESTART_BACKOFF_SECONDS = 10.0
+"""The kubelet's first back-off before it restarts a container that exited, doubled each time after."""
 """How long a Ray head may take to come up (its dashboard's modules included) on a loaded machine."""
 
 # A minimal RayCluster definition of our own (KubeRay's real CRD is not shipped with the project):
@@ -456,10 +462,18 @@ class LocalKubeRay:
         return f"local-127.0.0.{self._next_ip}"
 
     async def _start_node(
-        self, cluster: LocalCluster, pod_name: str, args: list[str], env: dict[str, str], memory_limit: int | None
+        self,
+        cluster: LocalCluster,
+        pod_name: str,
+        args: list[str],
+        env: dict[str, str],
+        memory_limit: int | None,
+        ip: str | None = None,
     ) -> RayNode:
-        ip = f"127.0.0.{self._next_ip}"
-        self._next_ip += 1
+        """A Ray node of its own process group; at `ip` (a container restarted in its pod), or at the next address."""
+        if ip is None:
+            ip = f"127.0.0.{self._next_ip}"
+            self._next_ip += 1
         temp_dir = cluster.workdir / f"n{len(cluster.nodes)}"  # short: Ray's socket paths are length-limited
         temp_dir.mkdir(parents=True, exist_ok=True)
         log_path = cluster.workdir / f"{pod_name}.log"
@@ -533,11 +547,40 @@ class LocalKubeRay:
         alive: set[str] = set()
         while time.monotonic() < deadline:
             alive = {n["node_ip"] for n in await self._alive_nodes(cluster)} & ips
-            dead = [n for n in cluster.nodes if n.ip in ips and n.process.returncode is not None]
+            latest = {n.ip: n for n in cluster.nodes}  # a restarted node's earlier process is not its state
+            dead = [n for ip, n in latest.items() if ip in ips and n.process.returncode is not None]
             if alive == ips or dead or (head is not None and head_death(head)):
                 break
             await asyncio.sleep(0.5)
         return alive
+
+    async def _workers_joined(
+        self,
+        cluster: LocalCluster,
+        head: RayNode,
+        workers: list[RayNode],
+        start_worker: Callable[[str, str], Awaitable[RayNode]],
+    ) -> set[str]:
+        """The IPs of the workers alive in Ray, once all are (or the head died, or the time ran out).
+
+        A worker whose `ray start` exits before it joined is started again in its pod, at its IP, as the kubelet
+        restarts a container that exited (the pod's `restartPolicy` is `Always` by default; "Container restart
+        policy", https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#restart-policy), after the
+        kubelet's back-off (10 s, doubled each time). On a loaded machine a node's agents can start too slowly for
+        its raylet, which then exits ("Timed out waiting for file .../metrics_agent_port_*")."""
+        deadline, backoff = time.monotonic() + WORKER_JOIN_SECONDS, WORKER_RESTART_BACKOFF_SECONDS
+        while True:
+            alive = await self._wait_for(cluster, {w.ip for w in workers}, deadline, head=head)
+            exited = [w for w in workers if w.ip not in alive and w.process.returncode is not None]
+            if not exited or head_death(head) or time.monotonic() + backoff >= deadline:
+                return alive
+            await asyncio.sleep(backoff)
+            backoff *= 2
+            for worker in exited:
+                log.warning("Ray node %s exited before it joined (%s); starting it again", worker.pod_name,
+                            worker.log_path)  # fmt: skip
+                await stop_nodes([worker])  # what it left of its group (an agent, a raylet)
+                workers[workers.index(worker)] = await start_worker(worker.pod_name, worker.ip)
 
     async def _materialize(self, cluster: LocalCluster, rc: Obj) -> None:
         if cluster.after is not None:
@@ -600,20 +643,17 @@ class LocalKubeRay:
         await self._patch_status(cluster, {"head": head_status, "endpoints": endpoints})
 
         cpus = _cpus(worker_container, 1)
-        workers: list[RayNode] = []
-        for pod_name in worker_names:
-            env = _container_env(worker_container, pod_name, self.next_node_name(), secrets)
-            worker = await self._start_node(
-                cluster,
-                pod_name,
-                [f"--address={head.ip}:{cluster.gcs_port}", f"--num-cpus={cpus}", "--num-gpus=0"],
-                env,
-                _memory_limit(worker_container),
-            )
-            workers.append(worker)
+        worker_args = [f"--address={head.ip}:{cluster.gcs_port}", f"--num-cpus={cpus}", "--num-gpus=0"]
+
+        async def start_worker(pod_name: str, ip: str | None = None) -> RayNode:
+            env = _container_env(worker_container, pod_name, self.next_node_name() if ip is None else f"local-{ip}",
+                                 secrets)  # fmt: skip
+            return await self._start_node(cluster, pod_name, worker_args, env, _memory_limit(worker_container), ip)
+
+        workers = [await start_worker(pod_name) for pod_name in worker_names]
         for worker in workers:
             await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=False, template=group["template"])
-        alive = await self._wait_for(cluster, {w.ip for w in workers}, time.monotonic() + 120, head=head)
+        alive = await self._workers_joined(cluster, head, workers, start_worker)
         if why := head_death(head):
             # The head died while the workers joined: said now, not after the workers' wait runs out.
             await self._report_head_death(cluster, head, why)
