@@ -2,9 +2,8 @@
 
 Under pytest-xdist (`make test` runs `-n`, `--dist loadgroup`; docs/testing.md), tests are spread one by one
 over the workers, except those that must stay together, which are kept on one worker by an `xdist_group`:
-- the tests that start real Ray clusters (`RAY_GROUP`, marked in their modules): one cluster at a time per run
-  (about 3.8 GiB each), never two of this run's clusters on the same 127.0.0.N addresses at once; the tests that
-  start a one-node Ray with `ray.init` are a second lane of their own (`LOCAL_RAY_TESTS`);
+- the tests that start real Ray clusters, in the lanes `support.ray_cluster` marks (`RAY_TESTS`, `SECOND_RAY_LANE`,
+  `LOCAL_RAY_TESTS`): one cluster at a time per lane;
 - the tests of a module that share a module- or class-scoped fixture (a Ray cluster, a reference run, an
   installed chart): grouped here by module, so that the fixture is built once, not once per worker.
 """
@@ -26,9 +25,6 @@ from fsdp_operator.local import ThreadedApiServer
 # hypothesis would report that as a failure of the property. Each test's own timeout still bounds a hang.
 settings.register_profile("suite", deadline=None)
 settings.load_profile("suite")
-
-RAY_GROUP = "ray"
-"""The `xdist_group` of every test that starts Ray processes (`pytest.mark.xdist_group(RAY_GROUP)`)."""
 
 _SHARED_SCOPES = {"class", "module", "package"}
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 import yaml
-from support.ray_cluster import RAY_TESTS
+from support.ray_cluster import SECOND_RAY_LANE
 from test_run_local import run_local
 
-pytestmark = [pytest.mark.e2e, RAY_TESTS]
+pytestmark = [pytest.mark.e2e, SECOND_RAY_LANE]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ROOT / "tests" / "data" / "byo"

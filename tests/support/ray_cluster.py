@@ -19,9 +19,13 @@ import pytest
 BIN = Path(sys.executable).parent
 
 RAY_TESTS = pytest.mark.xdist_group("ray")
-"""Mark of every test that starts Ray processes: under `--dist loadgroup` they all run on one xdist worker, one
-after the other, so a run never holds two of its Ray clusters at once (about 3.8 GiB each; and on the same
-127.0.0.N addresses, which the tests' clusters share)."""
+"""Mark of the tests that start Ray clusters (run-local's, `ray start`'s): under `--dist loadgroup` they run on one
+xdist worker, one after the other (about 3.8 GiB each)."""
+
+SECOND_RAY_LANE = pytest.mark.xdist_group("ray-2")
+"""Mark of the user-function suite, whose default case is the second longest of the run: its clusters run in a lane
+of their own, beside `RAY_TESTS`' (two clusters at once at most). Their nodes may share 127.0.0.N addresses: every
+port of a node is chosen free (`free_port`, `--dashboard-agent-listen-port`), and each cluster has its own GCS."""
 
 
 LOCAL_RAY_TESTS = pytest.mark.xdist_group("ray-local")
