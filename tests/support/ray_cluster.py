@@ -33,6 +33,9 @@ LOCAL_RAY_TESTS = pytest.mark.xdist_group("ray-local")
 127.0.0.N address, about 1 GiB): a second lane beside `RAY_TESTS`, one of them at a time (their agents' default
 port is fixed)."""
 
+RAY_LANES = tuple(str(mark.args[0]) for mark in (RAY_TESTS, SECOND_RAY_LANE, LOCAL_RAY_TESTS))
+"""The groups of the tests that start Ray: the run's longest lanes, handed out first (tests/conftest.py)."""
+
 
 def ray_available() -> bool:
     return (BIN / "ray").exists()
