@@ -45,9 +45,10 @@ COVERAGE := --cov --cov-report=term
 # The slowest cases, printed by every run, so that a suite growing past its time budget says where.
 DURATIONS := --durations=15
 # pytest-xdist: most tests wait (on processes, sockets, an operator's next pass) rather than compute, so more
-# workers than cores pay off; 4 on 2 cores (6 made the run longer: it is CPU-bound at its peak). `--dist loadgroup` spreads tests one by one, except the groups
-# that tests/conftest.py keeps on one worker: the tests that start Ray clusters (one at a time per lane), and the
-# tests of a module sharing a module-scoped fixture (built once). PYTEST_WORKERS=0 runs in this process.
+# workers than cores pay off; 4 on 2 cores (6 made the run longer: at its peak it is CPU-bound). `--dist
+# loadgroup` spreads tests one by one, except the groups that tests/conftest.py keeps on one worker: the tests
+# that start Ray clusters (one at a time per lane), and the tests of a module sharing a module-scoped fixture
+# (built once). PYTEST_WORKERS=0 runs in this process.
 PYTEST_WORKERS ?= 4
 # --no-loadscope-reorder: units in the order tests/conftest.py sorts them (the longest first), not by test count.
 PARALLEL := -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder
