@@ -20,7 +20,7 @@ from hypothesis import settings
 sys.path.insert(0, str(Path(__file__).parent))  # `import support.<module>` from any test
 
 from fsdp_operator.local import ThreadedApiServer
-from support.ray_cluster import RAY_LANES
+from support.ray_cluster import LONGEST_LANES
 
 # No per-example deadline: on a loaded 2-core machine (CI, parallel workers) one example can take seconds, and
 # hypothesis would report that as a failure of the property. Each test's own timeout still bounds a hang.
@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     # The longest units first: xdist hands out units in this order (`make test` turns its reordering by unit size
-    # off), and a unit started last sets the run's end. The Ray lanes, then the other groups, then single tests.
+    # off), and a unit started last sets the run's end: the run-local lanes, then the other groups, then single tests.
     items.sort(key=_unit_rank)
 
 
@@ -55,7 +55,7 @@ def _unit_rank(item: pytest.Item) -> int:
     group = item.get_closest_marker("xdist_group")
     if group is None:
         return 2
-    return 0 if group.args and group.args[0] in RAY_LANES else 1
+    return 0 if group.args and group.args[0] in LONGEST_LANES else 1
 
 
 @pytest.fixture

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 from fsdp_train.events import Verifier, attempt_key, parse_log
-from support.ray_cluster import LOCAL_RAY_TESTS, ray_available, ray_env
+from support.ray_cluster import LOCAL_RAY_TESTS, ray_available, ray_env, run_ray_driver
 
 pytestmark = [pytest.mark.e2e, LOCAL_RAY_TESTS]
 
@@ -70,7 +68,7 @@ def test_the_real_emitters_lines_verify_through_ray_and_a_print_does_not(tmp_pat
     # that differ only in numbers and hex (every signed line) unless its own RAY_DEDUP_LOGS is 0.
     env = ray_env(PYTHONPATH=str(TRAINING), RAY_DEDUP_LOGS="0")
     try:
-        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+        done = run_ray_driver(script, env)
     finally:
         shutil.rmtree(temp, ignore_errors=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -138,7 +136,7 @@ def test_the_key_leaves_no_copy_in_rays_runtime_environment_and_follows_an_unfin
     job_env = {"FSDP_EVENT_KEY": key.hex(), "RAY_DEDUP_LOGS": "0"}
     job_config = json.dumps({"runtime_env": {"env_vars": job_env}, "metadata": {}})
     env = ray_env(PYTHONPATH=str(TRAINING), RAY_JOB_CONFIG_JSON_ENV_VAR=job_config, **job_env)
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    done = run_ray_driver(script, env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     output = done.stdout + done.stderr
     (result,) = [line for line in output.splitlines() if line.startswith("RESULT ")]

@@ -33,8 +33,24 @@ LOCAL_RAY_TESTS = pytest.mark.xdist_group("ray-local")
 127.0.0.N address, about 1 GiB): a second lane beside `RAY_TESTS`, one of them at a time (their agents' default
 port is fixed)."""
 
-RAY_LANES = tuple(str(mark.args[0]) for mark in (RAY_TESTS, SECOND_RAY_LANE, LOCAL_RAY_TESTS))
-"""The groups of the tests that start Ray: the run's longest lanes, handed out first (tests/conftest.py)."""
+LONGEST_LANES = tuple(str(mark.args[0]) for mark in (RAY_TESTS, SECOND_RAY_LANE))
+"""The groups of the run-local clusters: the run's longest lanes, handed out first (tests/conftest.py)."""
+
+NODE_START_TIMED_OUT = "The current node timed out during startup"
+"""What `ray.init` and `ray start` raise when the node's raylet has not registered with the GCS within Ray's fixed 30 s
+(`ray/_private/node.py`); on a loaded 2-core machine its agents can start later than that."""
+
+
+def run_ray_driver(
+    script: Path, env: dict[str, str], timeout: float = 300, tries: int = 3
+) -> subprocess.CompletedProcess[str]:
+    """`python script`, a driver that starts a one-node Ray with `ray.init`; started again (at most `tries` times in
+    all) when only its node's start timed out, as a pod whose container exited is restarted."""
+    for _ in range(tries):
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=timeout)
+        if done.returncode == 0 or NODE_START_TIMED_OUT not in done.stdout + done.stderr:
+            break
+    return done
 
 
 def ray_available() -> bool:
