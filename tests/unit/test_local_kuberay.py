@@ -161,7 +161,7 @@ def test_a_worker_whose_ray_start_exits_before_it_joined_is_started_again_in_its
         head = await node("rc-head", "127.0.0.2", None)
         workers = [await node("rc-w-0", "127.0.0.3", None), await node("rc-w-1", "127.0.0.4", 1)]
         try:
-            return await kuberay._workers_joined(cluster, head, workers, start_worker)
+            return await kuberay._joined(cluster, workers, start_worker, kuberay_module.WORKER_JOIN_SECONDS, head=head)
         finally:
             await kuberay_module.stop_nodes(cluster.nodes)
             await kuberay.close()

@@ -25,7 +25,7 @@ per process, where a pod's cgroup limits the sum.
 
 What it does not reproduce: images (the Ray on this machine runs, not the container's), pod
 scheduling, CPU limits and the memory cgroup (see above), GPUs (a worker gets CPUs in place of GPUs), restarts
-of a container that ran (a worker whose `ray start` exits before it joined is started again, `_workers_joined`),
+of a container that ran (a node whose `ray start` exits before it joined is started again, `_joined`),
 NetworkPolicies (stored by the API server, enforced by nothing here: all nodes share loopback).
 """
 
@@ -554,33 +554,36 @@ class LocalKubeRay:
             await asyncio.sleep(0.5)
         return alive
 
-    async def _workers_joined(
+    async def _joined(
         self,
         cluster: LocalCluster,
-        head: RayNode,
-        workers: list[RayNode],
-        start_worker: Callable[[str, str], Awaitable[RayNode]],
+        nodes: list[RayNode],
+        start_again: Callable[[str, str], Awaitable[RayNode]],
+        seconds: float,
+        head: RayNode | None = None,
     ) -> set[str]:
-        """The IPs of the workers alive in Ray, once all are (or the head died, or the time ran out).
+        """The IPs of `nodes` alive in Ray, once all are (or `head` died, or `seconds` passed); `nodes` ends with
+        the processes that run.
 
-        A worker whose `ray start` exits before it joined is started again in its pod, at its IP, as the kubelet
+        A node whose `ray start` exits before it joined is started again in its pod, at its IP, as the kubelet
         restarts a container that exited (the pod's `restartPolicy` is `Always` by default; "Container restart
         policy", https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#restart-policy), after the
         kubelet's back-off (10 s, doubled each time). On a loaded machine a node's agents can start too slowly for
-        its raylet, which then exits ("Timed out waiting for file .../metrics_agent_port_*")."""
-        deadline, backoff = time.monotonic() + WORKER_JOIN_SECONDS, WORKER_RESTART_BACKOFF_SECONDS
+        its raylet, which then exits ("Timed out waiting for file .../metrics_agent_port_*"), or the raylet can
+        register later than the 30 s `ray start` waits for it ("The current node timed out during startup")."""
+        deadline, backoff = time.monotonic() + seconds, WORKER_RESTART_BACKOFF_SECONDS
         while True:
-            alive = await self._wait_for(cluster, {w.ip for w in workers}, deadline, head=head)
-            exited = [w for w in workers if w.ip not in alive and w.process.returncode is not None]
-            if not exited or head_death(head) or time.monotonic() + backoff >= deadline:
+            alive = await self._wait_for(cluster, {n.ip for n in nodes}, deadline, head=head)
+            exited = [n for n in nodes if n.ip not in alive and n.process.returncode is not None]
+            if not exited or (head is not None and head_death(head)) or time.monotonic() + backoff >= deadline:
                 return alive
             await asyncio.sleep(backoff)
             backoff *= 2
-            for worker in exited:
-                log.warning("Ray node %s exited before it joined (%s); starting it again", worker.pod_name,
-                            worker.log_path)  # fmt: skip
-                await stop_nodes([worker])  # what it left of its group (an agent, a raylet)
-                workers[workers.index(worker)] = await start_worker(worker.pod_name, worker.ip)
+            for node in exited:
+                log.warning("Ray node %s exited before it joined (%s); starting it again", node.pod_name,
+                            node.log_path)  # fmt: skip
+                await stop_nodes([node])  # what it left of its group (an agent, a raylet)
+                nodes[nodes.index(node)] = await start_again(node.pod_name, node.ip)
 
     async def _materialize(self, cluster: LocalCluster, rc: Obj) -> None:
         if cluster.after is not None:
@@ -613,24 +616,24 @@ class LocalKubeRay:
         head_env = _container_env(head_container, head_name, self.next_node_name(), secrets)
         if head_env.get("RAY_AUTH_MODE") == "token":
             cluster.token = head_env.get("RAY_AUTH_TOKEN", "")
-        head = await self._start_node(
-            cluster,
-            head_name,
-            [
-                "--head",
-                "--num-cpus=0",
-                "--num-gpus=0",
-                f"--port={cluster.gcs_port}",
-                "--include-dashboard=true",
-                "--dashboard-host=127.0.0.1",
-                f"--dashboard-port={cluster.dashboard_port}",
-                f"--ray-client-server-port={free_port()}",
-            ],
-            head_env,
-            _memory_limit(head_container),
-        )
-        await self._put_pod(cluster, head_name, head_labels, head.ip, ready=False, template=head_group["template"])
-        head_up = await self._wait_for(cluster, {head.ip}, time.monotonic() + HEAD_START_SECONDS)
+        head_args = [
+            "--head",
+            "--num-cpus=0",
+            "--num-gpus=0",
+            f"--port={cluster.gcs_port}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={cluster.dashboard_port}",
+            f"--ray-client-server-port={free_port()}",
+        ]
+
+        async def start_head(pod_name: str, ip: str | None = None) -> RayNode:
+            return await self._start_node(cluster, pod_name, head_args, head_env, _memory_limit(head_container), ip)
+
+        heads = [await start_head(head_name)]
+        await self._put_pod(cluster, head_name, head_labels, heads[0].ip, ready=False, template=head_group["template"])
+        head_up = await self._joined(cluster, heads, start_head, HEAD_START_SECONDS)
+        head = heads[0]
         if not head_up:
             cluster.failure = f"the Ray head of RayCluster {cluster.name} did not start; see {head.log_path}"
             log.error("%s", cluster.failure)
@@ -653,7 +656,7 @@ class LocalKubeRay:
         workers = [await start_worker(pod_name) for pod_name in worker_names]
         for worker in workers:
             await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=False, template=group["template"])
-        alive = await self._workers_joined(cluster, head, workers, start_worker)
+        alive = await self._joined(cluster, workers, start_worker, WORKER_JOIN_SECONDS, head=head)
         if why := head_death(head):
             # The head died while the workers joined: said now, not after the workers' wait runs out.
             await self._report_head_death(cluster, head, why)
