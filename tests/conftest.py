@@ -21,7 +21,7 @@ from hypothesis import settings
 sys.path.insert(0, str(Path(__file__).parent))  # `import support.<module>` from any test
 
 from fsdp_operator.local import ThreadedApiServer
-from support.ray_cluster import LONGEST_LANES
+from support.ray_cluster import LONGEST_LANES, RAY_LANES
 
 # No per-example deadline: on a loaded 2-core machine (CI, parallel workers) one example can take seconds, and
 # hypothesis would report that as a failure of the property. Each test's own timeout still bounds a hang.
@@ -60,15 +60,17 @@ def _unit_rank(item: pytest.Item) -> int:
 
 
 BESIDE_THE_LANES_NICENESS = 5
-"""The niceness of an xdist worker once it runs a test outside the run-local lanes (and of what it starts)."""
+"""The niceness of an xdist worker once it runs a test outside the Ray lanes (and of what it starts)."""
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Under xdist, the run-local lanes (the run's longest cases, mostly CPU-bound Ray processes) get the CPU first:
-    a worker that runs anything else lowers its own priority, for good (a process may always raise its niceness,
-    and the lanes are handed out first, so no lane runs on a worker after it). On 2 cores, a lane's case took 150 s
-    alone and 600 s beside the rest of the suite at equal priority."""
-    if "PYTEST_XDIST_WORKER" in os.environ and _unit_rank(item) != 0 and os.nice(0) < BESIDE_THE_LANES_NICENESS:
+    """Under xdist, the Ray lanes (the run's longest cases; Ray nodes that must start within Ray's fixed 30 s) get
+    the CPU first: a worker that runs anything else lowers its own priority, for good (a process may always raise
+    its niceness; the lanes are handed out first, so none runs on a worker after it). On 2 cores, the data job took
+    150 s alone and 600 s beside the rest of the suite at equal priority."""
+    group = item.get_closest_marker("xdist_group")
+    in_a_lane = group is not None and bool(group.args) and group.args[0] in RAY_LANES
+    if "PYTEST_XDIST_WORKER" in os.environ and not in_a_lane and os.nice(0) < BESIDE_THE_LANES_NICENESS:
         os.nice(BESIDE_THE_LANES_NICENESS - os.nice(0))
 
 

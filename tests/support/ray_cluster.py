@@ -35,6 +35,8 @@ port is fixed)."""
 
 LONGEST_LANES = tuple(str(mark.args[0]) for mark in (RAY_TESTS, SECOND_RAY_LANE))
 """The groups of the run-local clusters: the run's longest lanes, handed out first (tests/conftest.py)."""
+RAY_LANES = (*LONGEST_LANES, str(LOCAL_RAY_TESTS.args[0]))
+"""Every group whose tests start Ray: run at full priority beside the rest of the run (tests/conftest.py)."""
 
 NODE_START_TIMED_OUT = "The current node timed out during startup"
 """What `ray.init` and `ray start` raise when the node's raylet has not registered with the GCS within Ray's fixed 30 s
@@ -45,8 +47,13 @@ def run_ray_driver(
     script: Path, env: dict[str, str], timeout: float = 300, tries: int = 3
 ) -> subprocess.CompletedProcess[str]:
     """`python script`, a driver that starts a one-node Ray with `ray.init`; started again (at most `tries` times in
-    all) when only its node's start timed out, as a pod whose container exited is restarted."""
-    for _ in range(tries):
+    all) when only its node's start timed out, after a back-off (15 s, then doubled) as a pod whose container exited
+    is restarted: the machine's load at that moment is what made it time out."""
+    backoff = 15.0
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(backoff)
+            backoff *= 2
         done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=timeout)
         if done.returncode == 0 or NODE_START_TIMED_OUT not in done.stdout + done.stderr:
             break
