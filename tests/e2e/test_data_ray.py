@@ -68,6 +68,7 @@ def events_of(output: str) -> list[Event]:
 # Covered fast: a SIGKILLed Ray Train worker resuming from its checkpoint (test_byo_function's default case),
 # the samples after a mid-epoch resume (test_data_torchrun), Ray Data's pipeline (test_run_local's data job).
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the Ray cluster's start (2 min on a loaded machine), an uninterrupted run and a killed one
 def test_a_killed_worker_resumes_mid_epoch_with_the_uninterrupted_sample_sequence(
     cluster: str, assets: Path, tmp_path: Path
 ) -> None:
@@ -135,7 +136,8 @@ def test_an_unreadable_source_fails_in_the_driver_with_data_unavailable(
     assert proc.returncode == 1
     failures = [e for e in events_of(proc.stdout) if isinstance(e, Failure)]
     assert [f.reason for f in failures] == ["DataUnavailable"]
-    assert f"{tmp_path / 'missing.jsonl'} does not exist" in failures[0].message
+    # The driver's preflight names the field and the path, before any rank starts.
+    assert f"spec.data.source: {tmp_path / 'missing.jsonl'} not found" in failures[0].message
     assert proc.stderr.strip().splitlines()[-1].startswith("fsdp_train: training failed: DataUnavailable")
 
 
