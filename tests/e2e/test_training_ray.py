@@ -70,6 +70,7 @@ def events_of(output: str) -> list[Event]:
 
 
 @pytest.mark.slow  # restart and resume under Ray: test_data_ray's killed worker; placement: run-local's tiny job
+@pytest.mark.timeout(900)  # its cluster's start (2 min on a loaded machine), two groups of four ranks
 def test_ray_entry_restarts_and_resumes_from_checkpoint(cluster: str, tmp_path: Path) -> None:
     job = {
         "train": {**TRAIN, "checkpoint_path": str(tmp_path / "ckpt"), "checkpoint_interval": 5},
