@@ -20,6 +20,8 @@
 #   bench/h200_runs.sh round6 OUTDIR   # 1 GPU: varlen attention with grouped key/value heads, flight-recorder dumps
 #                                      # (OUTDIR/fr), checkpoints with lasting pinned buffers, the mask's ratio
 #   bench/h200_runs.sh mask OUTDIR     # 1 GPU: round5-data's mask ratio alone (random tokens, then Python sources)
+#   WHEELS=DIR bench/h200_runs.sh round8 OUTDIR  # 1 GPU: the document mask's attention kernels (bench/doc_attention.py),
+#                                     # torchtitan beside ours-r5 and round eight's coordinate-descent recipes
 #   bench/h200_runs.sh notice OUTDIR        # 1 GPU: a node's notice at step 35 of the 1.5B run (a save every 20
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
 #   bench/h200_runs.sh health OUTDIR  # 1 GPU: the bundled function with spec.health's timings, watchdog and flight
@@ -350,6 +352,13 @@ headline)  # one GPU, one call: the three figures of docs/performance.md's headl
     bench headline-speed 1 170 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window --recipes "${RECIPES:-ours-r5}"
     round5_data_runs
     CKPT_STEPS=${CKPT_STEPS:-60} CKPT_EVERY=${CKPT_EVERY:-30} round5_checkpoint
+    ;;
+round8)  # one GPU, one call: the document mask's attention kernels, then torchtitan beside round eight's recipes
+    echo "\$ python bench/doc_attention.py"
+    timeout 240 "$py" bench/doc_attention.py 2>&1 | tee "$out/logs/doc-attention.log" | grep -v Warning
+    titan titan-native 170 --training.steps 30 --x.warmup 10
+    bench round8-speed 1 300 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window \
+        --recipes "${RECIPES:-ours-r5,ours-r8,ours-r8-nofsdp}"
     ;;
 health)  # one GPU: spec.health's overhead, off and on side by side
     health_overhead

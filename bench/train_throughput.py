@@ -102,6 +102,17 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ours-lazy-gc": {**FINAL, "x_lazy": True, "x_gc": True},
     "ours-r5": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True},
     "ours-r5-nofsdp": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True, "x_no_fsdp": True},
+    # round eight: the round-five recipe with Inductor's coordinate-descent tuning (round three's one winning
+    # lever), with and without FSDP on one GPU
+    "ours-r8": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True, "x_coordinate_descent": True},
+    "ours-r8-nofsdp": {
+        **FINAL,
+        "loss_chunk_tokens": 16384,
+        "x_lazy": True,
+        "x_gc": True,
+        "x_coordinate_descent": True,
+        "x_no_fsdp": True,
+    },
 }
 MODEL_LEVERS = ("kernels", "attention", "gate_up")
 """``x_`` keys that ``meta_model_with`` takes; the others are patched in by ``levers`` for one recipe."""

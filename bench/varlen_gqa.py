@@ -16,13 +16,13 @@ import torch
 from torch.nn.attention.varlen import varlen_attn
 
 
-def bounds(rows: int, seq: int, generator: torch.Generator) -> torch.Tensor:
+def bounds(rows: int, seq: int, generator: torch.Generator, log_median: float = 6.4) -> torch.Tensor:
     cuts = [0]
     for row in range(rows):
         start, end = row * seq, (row + 1) * seq
         at = start
         while at < end:
-            length = int(torch.empty(1).log_normal_(6.4, 1.0, generator=generator).item()) + 1
+            length = int(torch.empty(1).log_normal_(log_median, 1.0, generator=generator).item()) + 1
             at = min(end, at + length)
             cuts.append(at)
     return torch.tensor(cuts, dtype=torch.int32, device="cuda")

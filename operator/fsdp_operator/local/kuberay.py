@@ -61,11 +61,14 @@ RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
 STOP_GRACE_SECONDS = 5.0
 HEAD_START_SECONDS = 300
+"""How long a Ray head may take to come up (its dashboard's modules included) on a loaded machine, per start."""
 WORKER_JOIN_SECONDS = 300
-"""How long a cluster's workers have to join Ray, restarts included."""
+"""How long a cluster's worker has to join Ray, per start."""
 WORKER_RESTART_BACKOFF_SECONDS = 10.0
 """The kubelet's first back-off before it restarts a container that exited, doubled each time after."""
-"""How long a Ray head may take to come up (its dashboard's modules included) on a loaded machine."""
+NODE_RESTARTS = 4
+"""Starts of a node after its first (the kubelet restarts without end; a stand-in node that exits every time ends
+its cluster's start instead of a test's time)."""
 
 # A minimal RayCluster definition of our own (KubeRay's real CRD is not shipped with the project):
 # enough for the API server to serve the kind, its status subresource and KubeRay-like columns.
@@ -477,6 +480,8 @@ class LocalKubeRay:
         temp_dir = cluster.workdir / f"n{len(cluster.nodes)}"  # short: Ray's socket paths are length-limited
         temp_dir.mkdir(parents=True, exist_ok=True)
         log_path = cluster.workdir / f"{pod_name}.log"
+        if log_path.exists():  # a restarted container: its last run's log stays readable (`kubectl logs --previous`)
+            log_path.replace(log_path.with_suffix(".previous.log"))
         # The pod's Ray volume at /tmp/ray is its own: here each node's temp dir (Ray's --temp-dir below) is it.
         env = {name: pod_local(value, temp_dir) for name, value in env.items()}
         process_env = {**os.environ, **env, "PATH": f"{self._bin}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -570,12 +575,14 @@ class LocalKubeRay:
         policy", https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#restart-policy), after the
         kubelet's back-off (10 s, doubled each time). On a loaded machine a node's agents can start too slowly for
         its raylet, which then exits ("Timed out waiting for file .../metrics_agent_port_*"), or the raylet can
-        register later than the 30 s `ray start` waits for it ("The current node timed out during startup")."""
-        deadline, backoff = time.monotonic() + seconds, WORKER_RESTART_BACKOFF_SECONDS
+        register later than the 30 s `ray start` waits for it ("The current node timed out during startup").
+        Each start has `seconds` to join (a start on a loaded machine can take minutes), at most NODE_RESTARTS
+        restarts."""
+        deadline, backoff, restarts = time.monotonic() + seconds, WORKER_RESTART_BACKOFF_SECONDS, 0
         while True:
             alive = await self._wait_for(cluster, {n.ip for n in nodes}, deadline, head=head)
             exited = [n for n in nodes if n.ip not in alive and n.process.returncode is not None]
-            if not exited or (head is not None and head_death(head)) or time.monotonic() + backoff >= deadline:
+            if not exited or (head is not None and head_death(head)) or restarts == NODE_RESTARTS:
                 return alive
             await asyncio.sleep(backoff)
             backoff *= 2
@@ -584,6 +591,8 @@ class LocalKubeRay:
                             node.log_path)  # fmt: skip
                 await stop_nodes([node])  # what it left of its group (an agent, a raylet)
                 nodes[nodes.index(node)] = await start_again(node.pod_name, node.ip)
+            restarts += 1
+            deadline = max(deadline, time.monotonic() + seconds)
 
     async def _materialize(self, cluster: LocalCluster, rc: Obj) -> None:
         if cluster.after is not None:
