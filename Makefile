@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test test-all pytest lint typecheck unit mutation demo crds clean
+.PHONY: setup test test-all coverage pytest lint typecheck unit mutation demo crds clean
 
 setup: $(STAMP)
 
@@ -13,21 +13,21 @@ setup: $(STAMP)
 # 50 s where pip alone took 160). uv reads no pip configuration: asked for torch itself, it would download PyPI's
 # CUDA build, several GB; with torch installed, the pin is met and uv leaves it.
 TORCH := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
-#
-# Byte code is compiled at install (uv's --compile-bytecode; pip compiles by default): where PYTHONDONTWRITEBYTECODE
-# is set, as on CI runners and in many images, a package installed without it is compiled from source again in
-# every process that imports it, and the tests start hundreds (Ray's workers, torchrun's ranks): importing Ray,
-# transformers, kopf and the Kubernetes client took 8.4 CPU-s from source and 5.5 with byte code. The project's
-# own packages are compiled too (an editable install is not).
-UV := $(BIN)/python -m uv pip install --quiet --compile-bytecode --python
+UV := $(BIN)/python -m uv pip install --quiet --python
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet '$(TORCH)' uv==0.13.8
 	$(UV) $(BIN)/python -e '.[operator,training,dev]'
-	$(BIN)/python -m compileall -q -j 0 operator/fsdp_operator training/fsdp_train
 	$(MAKE) $(MLFLOW_SERVER)
 	touch $(STAMP)
+
+# Python writes byte code for what it imports, here, even where PYTHONDONTWRITEBYTECODE is set (as on CI runners
+# and in many images): uv installs packages without byte code, and the tests start hundreds of processes (Ray's
+# workers, torchrun's ranks) that would each compile Ray, transformers, kopf and the Kubernetes client from source
+# again (8.4 CPU-s for those imports from source, 5.5 with byte code). Written once, on first import, only for what
+# is imported; compiling every installed package at install instead took a minute of setup.
+unexport PYTHONDONTWRITEBYTECODE
 
 # The MLflow tracking server the tests start (`mlflow server`, SQLite store): full mlflow pins pyarrow<26, older
 # than the training extra's, so it lives in a virtualenv of its own, outside the project's (pyproject.toml).
@@ -45,10 +45,12 @@ typecheck: setup
 
 # The default run leaves out the end-to-end cases marked `slow` (each e2e suite keeps a representative case
 # in it) and the full `faults` and `load` suites (their samples stay in); `make test-all` adds the slow cases
-# (`pytest -m faults` / `pytest -m load` run those suites). Both print line and branch coverage.
+# (`pytest -m faults` / `pytest -m load` run those suites). `make coverage` is the default run with line and branch
+# coverage: its tracing makes the in-process tests about three times slower (the reconcile and spec-fuzz modules:
+# 8.8 s, 27 s with it), which `make test` does not pay.
 # An explicit -m replaces pyproject's addopts -m, so the default marks are spelled out here in full.
 PYTEST_MARKS ?= not slow and not faults and not load
-COVERAGE := --cov --cov-report=term
+COVERAGE ?=
 # The slowest cases, printed by every run, so that a suite growing past its time budget says where.
 DURATIONS := --durations=15
 # pytest-xdist: most tests wait (on processes, sockets, an operator's next pass) rather than compute, so more
@@ -67,6 +69,9 @@ test: setup
 
 test-all: setup
 	$(MAKE) --no-print-directory -j 3 -k lint typecheck pytest PYTEST_MARKS=
+
+coverage: setup
+	$(MAKE) --no-print-directory pytest COVERAGE='--cov --cov-report=term'
 
 pytest: setup
 	$(BIN)/python -m pytest -q -ra $(if $(PYTEST_MARKS),-m "$(PYTEST_MARKS)") $(PARALLEL) $(COVERAGE) $(DURATIONS)
