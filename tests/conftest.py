@@ -48,15 +48,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if shared:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     # The longest units first: xdist hands out units in this order (`make test` turns its reordering by unit size
-    # off), and a unit started last sets the run's end: the run-local lanes, then the other groups, then single tests.
+    # off), and a unit started last sets the run's end: the run-local lanes, the other Ray lanes (so that none reaches a
+    # worker that lowered its priority), then the other groups, then single tests.
     items.sort(key=_unit_rank)
 
 
+def _group(item: pytest.Item) -> str | None:
+    """The name of the xdist group the test is kept in, or None."""
+    marker = item.get_closest_marker("xdist_group")
+    return str(marker.args[0]) if marker is not None and marker.args else None
+
+
 def _unit_rank(item: pytest.Item) -> int:
-    group = item.get_closest_marker("xdist_group")
+    group = _group(item)
     if group is None:
-        return 2
-    return 0 if group.args and group.args[0] in LONGEST_LANES else 1
+        return 3
+    return 0 if group in LONGEST_LANES else 1 if group in RAY_LANES else 2
 
 
 BESIDE_THE_LANES_NICENESS = 5
@@ -68,8 +75,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     the CPU first: a worker that runs anything else lowers its own priority, for good (a process may always raise
     its niceness; the lanes are handed out first, so none runs on a worker after it). On 2 cores, the data job took
     150 s alone and 600 s beside the rest of the suite at equal priority."""
-    group = item.get_closest_marker("xdist_group")
-    in_a_lane = group is not None and bool(group.args) and group.args[0] in RAY_LANES
+    in_a_lane = _group(item) in RAY_LANES
     if "PYTEST_XDIST_WORKER" in os.environ and not in_a_lane and os.nice(0) < BESIDE_THE_LANES_NICENESS:
         os.nice(BESIDE_THE_LANES_NICENESS - os.nice(0))
 

@@ -28,6 +28,7 @@ from fsdp_operator.runtime.kube import AioKube, KubeError
 from fsdp_operator.runtime.rayjobs import LOG_CHUNK, FakeJob, FakeRay
 from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.events import PREFIX, Placement, Step, Summary, Transport
+from support.broken_fold import fold_raises_on_step
 from support.chart_rbac import OPERATOR_AUTH
 from support.kopf_runner import eventually
 from test_operator import CLUSTERS, FAST, NAMESPACE, WATCHED, Script, World, manifest
@@ -231,17 +232,7 @@ def test_a_pass_that_raises_becomes_a_condition_and_the_log_moves_on(
 ) -> None:
     """A bug no check foresaw (here: folding raises on step 2): ReconcileError and a Warning event, the offset
     moves past the line, later passes go on and the condition turns False."""
-    from fsdp_operator.decide import pass_errors
-
-    real_fold = pass_errors.fold_events
-
-    def fold(job: Any, status: Any, events: Any, **kwargs: Any) -> Any:
-        events = tuple(events)
-        if any(isinstance(e, Step) and e.step == 2 for e in events):
-            raise ZeroDivisionError("step 2 breaks the fold")
-        return real_fold(job, status, events, **kwargs)
-
-    monkeypatch.setattr(pass_errors, "fold_events", fold)
+    fold_raises_on_step(monkeypatch, 2)
     w = World(apiserver, Script(steps=3))
     runtime = Runtime(FAST, kube=w.kube(), ray=w.ray.client)
     loop = JobLoop(runtime, NAMESPACE, "qwen", logging.getLogger(__name__))

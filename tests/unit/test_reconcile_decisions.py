@@ -30,6 +30,7 @@ from fsdp_operator.decide.observed import (
 )
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason, get_condition
+from support.broken_fold import fold_raises_on_step
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 UID = "0b8a2b5e-1111-2222-3333-444455556666"
@@ -402,18 +403,9 @@ def test_an_event_whose_folding_raises_is_skipped_alone_and_the_lines_read_with_
 ) -> None:
     """A bug in folding one event must not lose the others of its batch: here the transport lines read in the same
     pass as step 2, which once failed a finished job as `TransportUnverified`."""
-    from fsdp_operator.decide import pass_errors
     from fsdp_train.events import Step, Transport
 
-    real_fold = pass_errors.fold_events
-
-    def fold(job: Any, status: Any, events: Any, **kwargs: Any) -> Any:
-        events = tuple(events)
-        if any(isinstance(e, Step) and e.step == 2 for e in events):
-            raise ZeroDivisionError("step 2 breaks the fold")
-        return real_fold(job, status, events, **kwargs)
-
-    monkeypatch.setattr(pass_errors, "fold_events", fold)
+    fold_raises_on_step(monkeypatch, 2)
     efa = [Transport(rank=r, transport="efa", evidence="NET/OFI Selected provider is efa") for r in range(8)]
     steps = [
         Step(rank=0, step=s, total_steps=100, loss=2.0, tokens_per_second=1e4, tokens_per_second_per_device=1250.0)

@@ -14,6 +14,11 @@ from fsdp_operator.decide.observed import RAY_SUCCEEDED, Action, Decision, Obser
 from fsdp_operator.decide.status import ConditionType, JobStatus, get_condition, set_condition
 
 
+def describe(error: BaseException) -> str:
+    """One line for the `ReconcileError` condition: the exception's type and its (cut) message."""
+    return f"{type(error).__name__}: {str(error)[:900]}"
+
+
 def error_recorded(
     before: JobStatus, new: JobStatus, error: str, now: datetime
 ) -> tuple[JobStatus, tuple[Action, ...]]:
@@ -60,7 +65,7 @@ def fold_contained(job: Job, status: JobStatus, obs: Observed) -> tuple[Folded, 
     try:
         return fold_events(job, status, obs.events, now=obs.now, forged=obs.forged_lines, job_ended=ended), ""
     except Exception as e:  # contained: becomes the ReconcileError condition
-        error = f"{type(e).__name__}: {str(e)[:900]}"
+        error = describe(e)
     rejected, skipped = 0, 0
     for event in obs.events:
         try:

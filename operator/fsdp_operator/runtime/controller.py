@@ -58,6 +58,7 @@ from fsdp_operator.decide.observed import (
     SubmitJob,
     together,
 )
+from fsdp_operator.decide.pass_errors import describe
 from fsdp_operator.decide.reconcile import pass_failed, reconcile
 from fsdp_operator.decide.status import JobStatus, Phase
 from fsdp_operator.runtime.job_secret import _owned_by, cluster_token, job_events_key, with_event_key
@@ -76,11 +77,6 @@ from fsdp_operator.runtime.rayjobs import (
 from fsdp_operator.runtime.shared import Runtime
 
 Logger = logging.Logger | logging.LoggerAdapter[Any]
-
-
-def _describe(error: BaseException) -> str:
-    """One line for the `ReconcileError` condition: the exception's type and its (cut) message."""
-    return f"{type(error).__name__}: {str(error)[:900]}"
 
 
 _CREATES = (CreateAuthSecret, ApplyNetworkPolicy, CreateRayCluster)
@@ -240,7 +236,7 @@ class JobLoop:
         except Exception as e:  # contained: becomes the ReconcileError condition
             self.log.exception("observing the job failed")
             # The job's cluster alone, so that the guards that need nothing from Ray still run (`pass_failed`).
-            observed, failure = await self._cluster_alone(status), _describe(e)
+            observed, failure = await self._cluster_alone(status), describe(e)
         if self.refused and not observed.create_refused:
             observed = replace(observed, create_refused=self.refused)
         if not failure:
@@ -260,7 +256,7 @@ class JobLoop:
                     decision = reconcile(obj, status, observed, **settings)
             except Exception as e:  # contained: becomes the ReconcileError condition
                 self.log.exception("reconcile failed")
-                failure = _describe(e)
+                failure = describe(e)
         if failure:
             decision = pass_failed(status, observed, failure, obj)
         self.rt.metrics.record_pass((self.namespace, self.name), obj, status, decision.status, observed.now)
