@@ -36,12 +36,14 @@ $(MLFLOW_SERVER):
 	test -x .tools/mlflow-server/bin/python || $(PYTHON) -m venv .tools/mlflow-server
 	$(UV) .tools/mlflow-server/bin/python mlflow==3.17.2
 
+# Under `make test` both run beside pytest at a lower priority (niceness 10): they only need to end before it does,
+# while the Ray nodes pytest starts in its first minutes must register within Ray's fixed 30 s.
 lint: setup
-	$(BIN)/ruff check operator training tests bench
-	$(BIN)/ruff format --check operator training tests bench
+	nice -n 10 $(BIN)/ruff check operator training tests bench
+	nice -n 10 $(BIN)/ruff format --check operator training tests bench
 
 typecheck: setup
-	$(BIN)/mypy operator/fsdp_operator training/fsdp_train
+	nice -n 10 $(BIN)/mypy operator/fsdp_operator training/fsdp_train
 
 # The default run leaves out the end-to-end cases marked `slow` (each e2e suite keeps a representative case
 # in it) and the full `faults` and `load` suites (their samples stay in); `make test-all` adds the slow cases

@@ -16,7 +16,8 @@ import pytest
 from fsdp_train.events import Verifier, attempt_key, parse_log
 from support.ray_cluster import LOCAL_RAY_TESTS, ray_available, ray_env, run_ray_driver
 
-pytestmark = [pytest.mark.e2e, LOCAL_RAY_TESTS]
+# Each case may start its driver up to five times (`run_ray_driver`) while the suite's other Ray clusters start.
+pytestmark = [pytest.mark.e2e, LOCAL_RAY_TESTS, pytest.mark.timeout(900)]
 
 TRAINING = Path(__file__).resolve().parents[2] / "training"
 DRIVER = """

@@ -44,11 +44,12 @@ NODE_START_TIMED_OUT = "The current node timed out during startup"
 
 
 def run_ray_driver(
-    script: Path, env: dict[str, str], timeout: float = 300, tries: int = 3
+    script: Path, env: dict[str, str], timeout: float = 300, tries: int = 5
 ) -> subprocess.CompletedProcess[str]:
     """`python script`, a driver that starts a one-node Ray with `ray.init`; started again (at most `tries` times in
-    all) when only its node's start timed out, after a back-off (15 s, then doubled) as a pod whose container exited
-    is restarted: the machine's load at that moment is what made it time out."""
+    all) when only its node's start timed out, after a back-off (15 s, then doubled: 225 s of waiting at most) as a
+    pod whose container exited is restarted: the machine's load at that moment is what made it time out (the suite's
+    first minutes, when three Ray clusters start at once, could take three tries in a row)."""
     backoff = 15.0
     for attempt in range(tries):
         if attempt:
