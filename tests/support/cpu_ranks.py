@@ -1,6 +1,6 @@
 """Ranks of the training loop as plain processes on CPU, joined through a file store (no port to pick).
 
-`run_rank` is the target of a spawned process: it joins a gloo group through a `FileStore`, runs
+`run_rank` is the target of a rank process (`support.rank_processes`): it joins a gloo group through a `FileStore`, runs
 `fsdp_train.loop.train` with the topology it is given and writes the events it printed to a file.
 """
 

@@ -1,4 +1,4 @@
-"""Ranks of the training loop as spawned CPU processes with a notice directory per simulated node.
+"""Ranks of the training loop as CPU processes (`support.rank_processes`) with a notice directory per simulated node.
 
 `run_rank_with_notices` joins a gloo group through a `FileStore`, runs `fsdp_train.loop.train` with a directory
 checkpointer and `FSDP_NOTICE_DIR` set to its node's folder (as the worker pod's environment sets it), and writes

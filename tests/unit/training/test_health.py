@@ -3,7 +3,6 @@ recorder's dumps (real files recorded by torch's gloo group, tests/fixtures/flig
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import pickle
 import socket
@@ -19,6 +18,7 @@ from fsdp_train.health import DERIVED_TIMEOUT_FLOOR, HealthConfig, Monitor
 from fsdp_train.health_events import RankHealth, Stall
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.rank_processes import rank_context
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "flight"
 
@@ -59,7 +59,7 @@ def _rank(rank: int, port: int, out: Any) -> None:
 
 
 def test_a_rank_blocked_in_code_and_its_peer_waiting_in_all_reduce_each_say_where() -> None:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = rank_context()
     out = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, out)) for r in range(2)]

@@ -1,4 +1,5 @@
-"""The per-rank training loop on CPU, fast: one rank in this process, two ranks as spawned processes.
+"""The per-rank training loop on CPU, fast: one rank in this process, two ranks as processes of their own
+(`support.rank_processes`).
 
 The end-to-end suites run the same loop under torchrun and Ray Train; these run it without either, so
 that `make test` covers the loop (events, checkpoints, a failure and its resume, the probe, HSDP) in seconds.
@@ -8,7 +9,6 @@ Ranks meet through a `FileStore` in a temporary folder: no port is picked for th
 from __future__ import annotations
 
 import math
-import multiprocessing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step
 from fsdp_train.loop import FAIL_AT_STEP_ENV, Host, random_tokens, train
 from fsdp_train.parallelize import Topology
 from support.cpu_ranks import run_rank
+from support.rank_processes import rank_context
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -143,9 +144,9 @@ def test_the_global_batch_does_not_depend_on_the_number_of_ranks() -> None:
 
 
 def test_two_nodes_probe_the_link_and_pick_hybrid(tmp_path: Path) -> None:
-    """Two ranks, one per node, as spawned processes: both probes, `auto` resolved to HSDP from the probe."""
+    """Two ranks, one per node, as processes of their own: both probes, `auto` resolved to HSDP from the probe."""
     train_cfg = {**TRAIN, "sharding": "auto", "min_cross_node_gbps": 1e6}  # no loopback reaches this floor
-    ctx = multiprocessing.get_context("spawn")
+    ctx = rank_context()
     outs = [tmp_path / f"rank{r}.out" for r in (0, 1)]
     procs = [
         ctx.Process(target=run_rank, args=(r, 2, 1, str(tmp_path / "store"), train_cfg, str(outs[r]))) for r in (0, 1)

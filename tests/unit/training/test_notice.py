@@ -6,7 +6,6 @@ with the losses of an uninterrupted run; a notice too short for the save skips i
 from __future__ import annotations
 
 import json
-import multiprocessing
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from fsdp_train.checkpoint import DirectoryCheckpoints
 from fsdp_train.events import Interruption, Step, Summary, parse_lines
 from fsdp_train.notice import DONE_FILE, NOTICE_FILE, read_notice, write_done
 from support.notice_ranks import run_rank_with_notices
+from support.rank_processes import rank_context
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -39,7 +39,7 @@ def run_two_ranks(
     ray_poll_seconds: float = 1.0,
     train: dict[str, Any] | None = None,
 ) -> list[tuple[list[Any], dict[str, Any]]]:
-    ctx = multiprocessing.get_context("spawn")
+    ctx = rank_context()
     store = tmp / f"{name}.store"
     outs = [tmp / f"{name}.{rank}.out" for rank in range(2)]
     ray = (str(ray_storage), ray_poll_seconds) if ray_storage is not None else ()
