@@ -103,7 +103,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ours-r5": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True},
     "ours-r5-nofsdp": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True, "x_no_fsdp": True},
     # round eight: the round-five recipe with Inductor's coordinate-descent tuning (round three's one winning
-    # lever), with and without FSDP on one GPU
+    # lever), with and without FSDP on one GPU, and with Inductor's max-autotune of the matmuls too
     "ours-r8": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True, "x_coordinate_descent": True},
     "ours-r8-nofsdp": {
         **FINAL,
@@ -112,6 +112,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "x_gc": True,
         "x_coordinate_descent": True,
         "x_no_fsdp": True,
+    },
+    "ours-r8-autotune": {
+        **FINAL,
+        "loss_chunk_tokens": 16384,
+        "x_lazy": True,
+        "x_gc": True,
+        "x_coordinate_descent": True,
+        "x_max_autotune": True,
     },
 }
 MODEL_LEVERS = ("kernels", "attention", "gate_up")
@@ -237,13 +245,23 @@ def clip_local_shards(parameters: Any, max_norm: float, *args: Any, **kwargs: An
 
 
 @contextlib.contextmanager
-def levers(*, reduce_bf16: bool = False, local_clip: bool = False, coordinate_descent: bool = False) -> Iterator[None]:
+def levers(
+    *,
+    reduce_bf16: bool = False,
+    local_clip: bool = False,
+    coordinate_descent: bool = False,
+    max_autotune: bool = False,
+) -> Iterator[None]:
     """Patch the round-three levers in for one recipe: gradients reduced in bf16 (FSDP2's ``reduce_dtype``),
-    ``clip_local_shards`` in place of ``clip_grad_norm_``, Inductor's coordinate-descent tuning."""
+    ``clip_local_shards`` in place of ``clip_grad_norm_``, Inductor's coordinate-descent tuning; round eight's
+    Inductor max-autotune (its Triton matmul templates benchmarked against cuBLAS per shape, no CUDA graphs)."""
     import torch._inductor.config as inductor_config
     import torch.distributed.fsdp as fsdp_module
 
     policy, clip, tuning = fsdp_module.MixedPrecisionPolicy, torch.nn.utils.clip_grad_norm_, None
+    autotune = inductor_config.max_autotune, inductor_config.max_autotune_gemm
+    if max_autotune:
+        inductor_config.max_autotune = inductor_config.max_autotune_gemm = True
     if reduce_bf16:
 
         def bf16_reduce(**kw: Any) -> Any:
@@ -261,6 +279,7 @@ def levers(*, reduce_bf16: bool = False, local_clip: bool = False, coordinate_de
         torch.nn.utils.clip_grad_norm_ = clip
         if tuning is not None:
             inductor_config.coordinate_descent_tuning = tuning
+        inductor_config.max_autotune, inductor_config.max_autotune_gemm = autotune
 
 
 def cudnn_attention_forward(
