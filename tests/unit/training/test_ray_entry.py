@@ -105,6 +105,14 @@ def test_one_line_names_the_root_cause(text: str, line: str) -> None:
     assert one_line(RuntimeError(text)) == line
 
 
+def test_one_line_names_an_errors_own_reason_as_its_failure_event_does() -> None:
+    from fsdp_train.preflight import PreflightFailed
+
+    missing = PreflightFailed(["spec.data.source: /d.jsonl not found"], reason="DataUnavailable")
+    assert one_line(missing) == "DataUnavailable: spec.data.source: /d.jsonl not found"
+    assert one_line(PreflightFailed(["spec.model: m not found"])) == "PreflightFailed: spec.model: m not found"
+
+
 def test_main_reports_an_invalid_config_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--config-json", "{not json"]) == 2
     err = capsys.readouterr().err
