@@ -261,17 +261,16 @@ def reported_metrics_callback(storage: str | None, key_hex: str = "", job: RayJo
 
 def one_line(error: BaseException) -> str:
     """The root cause in one line: the last ``SomeError: message`` line of the text, else its first line after the
-    error's reason (its ``reason``, the one its Failure event carries, such as DataUnavailable; else its type)."""
+    error's reason (the project's own reason its Failure event carries, such as DataUnavailable; else its type)."""
     from fsdp_train.events import safe_str
+    from fsdp_train.failures import own_reason
 
     lines = [line.strip() for line in safe_str(error).splitlines() if line.strip()]
     for line in reversed(lines):
         head = line.split(":", 1)[0]
         if head.endswith(("Error", "Exception", "Interrupt")) and " " not in head:
             return line
-    reason = getattr(error, "reason", None)
-    name = reason if isinstance(reason, str) and reason else type(error).__name__
-    return f"{name}: {lines[0] if lines else ''}".rstrip(": ")
+    return f"{own_reason(error) or type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 def run(job: RayJobConfig) -> dict[str, Any]:
