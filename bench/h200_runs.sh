@@ -22,6 +22,8 @@
 #   bench/h200_runs.sh mask OUTDIR     # 1 GPU: round5-data's mask ratio alone (random tokens, then Python sources)
 #   WHEELS=DIR bench/h200_runs.sh round8 OUTDIR  # 1 GPU: the document mask's attention kernels (bench/doc_attention.py),
 #                                     # torchtitan beside ours-r5 and round eight's coordinate-descent recipes
+#   WHEELS=DIR bench/h200_runs.sh round9 OUTDIR  # 1 GPU: torchtitan beside ours-r8 (with and without FSDP), the blocks
+#                                     # as CUDA graphs, and the decoder stack compiled whole (both without FSDP)
 #   bench/h200_runs.sh notice OUTDIR        # 1 GPU: a node's notice at step 35 of the 1.5B run (a save every 20
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
 #   bench/h200_runs.sh health OUTDIR  # 1 GPU: the bundled function with spec.health's timings, watchdog and flight
@@ -359,6 +361,14 @@ round8)  # one GPU, one call: the document mask's attention kernels, then torcht
     titan titan-native 170 --training.steps 30 --x.warmup 10
     bench round8-speed 1 300 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window \
         --recipes "${RECIPES:-ours-r5,ours-r8,ours-r8-nofsdp}"
+    ;;
+round9)  # one GPU, one call: torchtitan beside round eight's best recipes and round nine's (CUDA graphs, whole stack)
+    titan titan-native 170 --training.steps 30 --x.warmup 10
+    bench round9-speed 1 420 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window \
+        --recipes "${RECIPES:-ours-r8,ours-r9-graphs}"
+    # the stack compiled whole (ours-r9-whole) in its own invocation: its compile alone outlasted 200 s once
+    [ -n "${WHOLE:-}" ] && bench round9-whole 1 400 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window \
+        --recipes ours-r9-whole
     ;;
 health)  # one GPU: spec.health's overhead, off and on side by side
     health_overhead

@@ -121,6 +121,25 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "x_coordinate_descent": True,
         "x_max_autotune": True,
     },
+    # round nine, on one GPU without FSDP (round eight's ours-r8-nofsdp): the blocks as CUDA graphs (Inductor's
+    # "reduce-overhead": no launch cost per kernel, the host's idle gaps gone), and the whole decoder stack
+    # compiled as one graph instead of block by block (fusion across block ends, one guard check per step)
+    "ours-r9-graphs": {
+        **FINAL,
+        "loss_chunk_tokens": 16384,
+        "x_lazy": True,
+        "x_gc": True,
+        "x_coordinate_descent": True,
+        "x_no_fsdp": "graphs",
+    },
+    "ours-r9-whole": {
+        **FINAL,
+        "loss_chunk_tokens": 16384,
+        "x_lazy": True,
+        "x_gc": True,
+        "x_coordinate_descent": True,
+        "x_no_fsdp": "whole",
+    },
 }
 MODEL_LEVERS = ("kernels", "attention", "gate_up")
 """``x_`` keys that ``meta_model_with`` takes; the others are patched in by ``levers`` for one recipe."""
@@ -322,11 +341,19 @@ def ce_chunk_elementwise(
     return loss, grad.to(logits.dtype)
 
 
-def parallelize_plain(model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh: Any, **kwargs: Any) -> torch.nn.Module:
-    """``parallelize`` without FSDP (one GPU): each block compiled, the weights left as plain fp32 tensors."""
-    if kwargs.get("compile_blocks"):
-        for block in blocks:
-            block.compile()
+def parallelize_plain(
+    model: torch.nn.Module, blocks: torch.nn.ModuleList, mesh: Any, *, how: str = "blocks", **kwargs: Any
+) -> torch.nn.Module:
+    """``parallelize`` without FSDP (one GPU), the weights left as plain fp32 tensors: each block compiled
+    (``how`` "blocks"), each block compiled into CUDA graphs ("graphs"), or the decoder stack as one graph
+    ("whole")."""
+    if not kwargs.get("compile_blocks"):
+        return model
+    if how == "whole":
+        model.model.compile()
+        return model
+    for block in blocks:
+        block.compile(**({"mode": "reduce-overhead"} if how == "graphs" else {}))
     return model
 
 
@@ -426,14 +453,16 @@ def run_ours(
     loop.DEFAULT_FLOAT8 = extra.pop("float8", DEFAULT_FLOAT8)  # what build() converts with for precision fp8
     model_levers = {k: extra.pop(k) for k in MODEL_LEVERS if k in extra}
     hot_path = {k: bool(extra.pop(k, False)) for k in ("lazy", "gc")}
-    no_fsdp = bool(extra.pop("no_fsdp", False))
+    no_fsdp = extra.pop("no_fsdp", False)
+    graphs = no_fsdp == "graphs"
     if no_fsdp and topo.world_size != 1:
         raise ValueError("x_no_fsdp is a one-GPU lever")
     if extra.pop("ce", "") == "elementwise":
         loss_module._compiled_ce_chunk = torch.compile(ce_chunk_elementwise, dynamic=False)
     loop.build_meta_model = partial(meta_model_with, **model_levers)  # type: ignore[assignment]
     if no_fsdp:
-        loop.parallelize = parallelize_plain  # type: ignore[assignment]
+        how = no_fsdp if isinstance(no_fsdp, str) else "blocks"
+        loop.parallelize = partial(parallelize_plain, how=how)  # type: ignore[assignment]
     with levers(**extra):
         try:
             model, optimizer, config = build(cfg, topo, "full", device)
@@ -449,7 +478,7 @@ def run_ours(
                 print(f"# {recipe.label}: {fp8_layers} Float8Linear layers", flush=True)
             if not fp8_layers:
                 raise RuntimeError("precision fp8 converted no layer")
-        times, losses = _timed_steps(args, cfg, topo, model, optimizer, config, device, **hot_path)
+        times, losses = _timed_steps(args, cfg, topo, model, optimizer, config, device, graphs=graphs, **hot_path)
     del model, optimizer
     return times, losses
 
@@ -465,10 +494,12 @@ def _timed_steps(
     *,
     lazy: bool = False,
     gc: bool = False,
+    graphs: bool = False,
 ) -> tuple[list[float], list[float]]:
     """Each step's seconds (``--timing step``: a device sync around every step) or, with ``--timing window``,
     the mean over the timed steps between one sync before them and one after (the host may run ahead).
-    ``lazy``: read each loss a step late (no wait at a step's start); ``gc``: the collector every 50 steps."""
+    ``lazy``: read each loss a step late (no wait at a step's start); ``gc``: the collector every 50 steps;
+    ``graphs``: the blocks run as CUDA graphs (a new step marked for Inductor's graph trees)."""
     times: list[float] = []
     losses: list[float] = []
     queued: list[torch.Tensor] = []
@@ -481,6 +512,8 @@ def _timed_steps(
             gc_module.enable()  # the round-three behaviour: Python's automatic collector on
         for step in range(1, cfg.steps + 1):
             collect(step)
+            if graphs:
+                torch.compiler.cudagraph_mark_step_begin()
             if not window or step == args.warmup + 1:
                 _sync(device)
                 start = time.perf_counter()
