@@ -31,6 +31,11 @@ from support.background import every
 
 Obj = dict[str, Any]
 RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"
+REQUEST_SECONDS = 10.0
+"""A request unanswered this long is given up and the pass is tried again on the next tick, as KubeRay's client
+(client-go, with a timeout) and its controller's requeue do. Rarely, a request to the emulated API server in the
+kill-and-restart tests was never answered (the server held no handler for it; aiohttp 3.14's server, cause not
+found): without a timeout this loop waited on it for ever and the test's cluster never got ready."""
 
 
 @dataclass
@@ -73,13 +78,19 @@ class FakeKubeRay:
         """Sent with every request (an `Authorization` header where the API server enforces RBAC)."""
         self._session: aiohttp.ClientSession | None = None
 
-    async def _request(self, method: str, path: str, body: Obj | None = None, content_type: str = "") -> Obj:
+    async def _request(
+        self, method: str, path: str, body: Obj | None = None, content_type: str = "", *, exists_ok: bool = False
+    ) -> Obj:
+        """One request; `exists_ok`: a create answered 409 (a retried create whose first answer was lost) is done."""
         assert self._session is not None, "use `async with kuberay.running()`"
         headers = {"Content-Type": content_type or "application/json"}
-        async with self._session.request(method, self.api_url + path, json=body, headers=headers) as r:
+        timeout = aiohttp.ClientTimeout(total=REQUEST_SECONDS)
+        async with self._session.request(method, self.api_url + path, json=body, headers=headers, timeout=timeout) as r:
             payload: Obj = await r.json(content_type=None) if r.content_length != 0 else {}
             if r.status == 422:
                 raise RefusedError(str(payload.get("message")))
+            if r.status == 409 and exists_ok:
+                return payload
             if r.status >= 400 and r.status != 404:
                 raise RuntimeError(f"{method} {path}: {r.status} {payload.get('message')}")
             return payload
@@ -120,7 +131,7 @@ class FakeKubeRay:
                 "spec": copy.deepcopy(template["spec"]),
             }
             try:
-                await self._request("POST", base, pod)
+                await self._request("POST", base, pod, exists_ok=True)
             except RefusedError as e:
                 c.failed = True
                 node_type = "head" if labels.get("ray.io/node-type") == "head" else "worker"
@@ -165,7 +176,9 @@ class FakeKubeRay:
         self._session = aiohttp.ClientSession(headers=self.headers)
 
         async def step() -> None:
-            await self.sync()
+            # Unanswered or cut off: the next tick observes and tries again (REQUEST_SECONDS).
+            with contextlib.suppress(TimeoutError, aiohttp.ClientError):
+                await self.sync()
             self.ray.advance()
 
         try:
@@ -225,6 +238,13 @@ class FakeKubeRay:
 
     async def _adopt(self, rc: Obj) -> _Cluster:
         cluster = self._record(rc)
+        try:
+            return await self._create_pods(cluster, rc)
+        except BaseException:
+            self.clusters.pop(cluster.uid, None)  # adopted again, whole, on the next tick
+            raise
+
+    async def _create_pods(self, cluster: _Cluster, rc: Obj) -> _Cluster:
         meta = rc["metadata"]
         await self._require_token(cluster, rc)
         group = rc["spec"]["workerGroupSpecs"][0]
