@@ -206,7 +206,8 @@ class Watch:
             self.last_checkpoint = step
         seconds = max(time.time() - agreed.notice.time, 0.0)
         if self.local() is not None:
-            write_done(self.directory, step, saved)
+            # The report first, then `done`: the hook stops Ray (and with it the log forwarding of this node) once
+            # it reads `done`, so a report printed after it could be lost.
             if self.local_rank == 0:  # one report per node that had the notice, naming its pod and node
                 emit(
                     Interruption(
@@ -222,6 +223,7 @@ class Watch:
                         message=agreed.why or why or ("" if saved else self._unsaved()),
                     )
                 )
+            write_done(self.directory, step, saved)
         return {
             "interrupted": {
                 "step": step,

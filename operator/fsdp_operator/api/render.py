@@ -280,15 +280,18 @@ def _container(
 NOTICE_DIR = f"{RAY_LOGS}/fsdp-notice"
 """Where a worker's preStop hook leaves its notice for the ranks (``fsdp_train.notice``): the pod's own Ray volume."""
 # The worker's preStop hook (fsdp_train.notice says the other side): write the notice (time, grace, reason) for the
-# ranks of this pod, then wait until they say `done`, while one of them lives, at most the grace period; then stop
-# Ray as the head's hook does. POSIX sh only: the image is used unmodified.
+# ranks of this pod, then wait until they say `done`, while one of them lives, at most the grace period; then, when
+# they said it, give Ray's log monitor LOG_FLUSH_SECONDS to forward their last lines (the report of the save) to the
+# driver, and stop Ray as the head's hook does. POSIX sh only: the image is used unmodified.
+LOG_FLUSH_SECONDS = 3
 _NOTICE_HOOK = (
     # Sub-second time where date has %N (GNU), whole seconds elsewhere (busybox prints the N).
     'd="$FSDP_NOTICE_DIR"; t=$(date +%s.%N); case "$t" in *[!0-9.]*) t=$(date +%s);; esac; '
     'mkdir -p "$d" && echo "$t {grace} preStop" > "$d/.notice" && '
     'mv "$d/.notice" "$d/notice"; alive() {{ for f in "$d"/rank.*; do [ -e "$f" ] && kill -0 "$(cat "$f")" '
     '2>/dev/null && return 0; done; return 1; }}; i=0; while [ ! -e "$d/done" ] && [ "$i" -lt {grace} ] && alive; '
-    "do sleep 1; i=$((i+1)); done; ray stop"
+    "do sleep 1; i=$((i+1)); done; "
+    f'if [ -e "$d/done" ]; then sleep {LOG_FLUSH_SECONDS}; fi; ray stop'
 )
 
 
