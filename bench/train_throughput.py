@@ -454,14 +454,13 @@ def run_ours(
     model_levers = {k: extra.pop(k) for k in MODEL_LEVERS if k in extra}
     hot_path = {k: bool(extra.pop(k, False)) for k in ("lazy", "gc")}
     no_fsdp = extra.pop("no_fsdp", False)
-    graphs = no_fsdp == "graphs"
+    how = no_fsdp if isinstance(no_fsdp, str) else "blocks"  # True: round five's per-block compile
     if no_fsdp and topo.world_size != 1:
         raise ValueError("x_no_fsdp is a one-GPU lever")
     if extra.pop("ce", "") == "elementwise":
         loss_module._compiled_ce_chunk = torch.compile(ce_chunk_elementwise, dynamic=False)
     loop.build_meta_model = partial(meta_model_with, **model_levers)  # type: ignore[assignment]
     if no_fsdp:
-        how = no_fsdp if isinstance(no_fsdp, str) else "blocks"
         loop.parallelize = partial(parallelize_plain, how=how)  # type: ignore[assignment]
     with levers(**extra):
         try:
@@ -478,7 +477,9 @@ def run_ours(
                 print(f"# {recipe.label}: {fp8_layers} Float8Linear layers", flush=True)
             if not fp8_layers:
                 raise RuntimeError("precision fp8 converted no layer")
-        times, losses = _timed_steps(args, cfg, topo, model, optimizer, config, device, graphs=graphs, **hot_path)
+        times, losses = _timed_steps(
+            args, cfg, topo, model, optimizer, config, device, graphs=how == "graphs", **hot_path
+        )
     del model, optimizer
     return times, losses
 
