@@ -16,6 +16,10 @@ variable-length flash kernel's output and gradients (the training function's way
 - ``nested``: the documents as a jagged nested tensor, SDPA with ``is_causal`` on cuDNN's, flash's or the
   memory-efficient kernel.
 
+Where the ``flash-attn-4`` package is installed, FlashAttention-4 runs as three more rows, grouped heads as they
+are: its own functions (``fa4 causal``, ``fa4 varlen``) and the training function's wrapping of its varlen kernel
+(``fsdp_train.fa4``).
+
 A way this torch cannot run prints its error and the others go on.
 """
 
@@ -28,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from fsdp_train import fa4
 from fsdp_train.attention import _causal_varlen, dense_mask
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -128,6 +133,7 @@ def ways(cu: torch.Tensor) -> dict[str, Attend]:
         return attend
 
     return {
+        **flash_attn_4(cu),
         "nested, cuDNN": nested([SDPBackend.CUDNN_ATTENTION]),
         "nested, flash": nested([SDPBackend.FLASH_ATTENTION]),
         "nested, memory-efficient": nested([SDPBackend.EFFICIENT_ATTENTION]),
@@ -137,6 +143,30 @@ def ways(cu: torch.Tensor) -> dict[str, Attend]:
         "cudnn-mask": cudnn_mask,
         "flex": flex,
     }
+
+
+def flash_attn_4(cu: torch.Tensor) -> dict[str, Attend]:
+    """FlashAttention-4's own functions (``flash_attn.cute``), where that package imports; else no rows."""
+    try:
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+    except ImportError:
+        return {}
+
+    def first(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return out[0] if isinstance(out, tuple) else out
+
+    def fa4_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rows_first = (t.view(ROWS, SEQ, t.shape[1], DIM) for t in (q, k, v))
+        return first(flash_attn_func(*rows_first, causal=True)).reshape(ROWS * SEQ, HQ, DIM)
+
+    def fa4_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        bounds = {"cu_seqlens_q": cu, "cu_seqlens_k": cu, "max_seqlen_q": SEQ, "max_seqlen_k": SEQ}
+        return first(flash_attn_varlen_func(q, k, v, causal=True, **bounds))
+
+    def ours(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return fa4.causal_varlen(q, k, v, cu, SEQ, None)
+
+    return {"fa4 causal (no mask)": fa4_causal, "fa4 varlen": fa4_varlen, "fsdp_train.fa4": ours}
 
 
 def timed(attend: Attend, leaves: list[torch.Tensor], grad_out: torch.Tensor) -> float:
@@ -183,7 +213,7 @@ def compare(log_median: float) -> None:
         ("causal (no mask), flash", causal_flash, False),
         ("causal (no mask), cuDNN", causal_cudnn, False),
     ]
-    rows += [(name, attend, True) for name, attend in ways(cu).items()]
+    rows += [(name, attend, "no mask" not in name) for name, attend in ways(cu).items()]
     for name, attend, compare in rows:
         try:
             got = outputs(attend, leaves, grad_out)

@@ -24,6 +24,10 @@
 #                                     # torchtitan beside ours-r5 and round eight's coordinate-descent recipes
 #   WHEELS=DIR bench/h200_runs.sh round9 OUTDIR  # 1 GPU: torchtitan beside ours-r8 (with and without FSDP), the blocks
 #                                     # as CUDA graphs, and the decoder stack compiled whole (both without FSDP)
+#   FA4SITE=FILE bench/h200_runs.sh round10 OUTDIR  # 1 GPU: FlashAttention-4 (flash-attn-4 and its CuTe DSL, unpacked
+#                                     # from FILE, a tar.xz of their wheels' contents, and FA4WHEELS, more wheels):
+#                                     # the attention table, the document mask's ratio over 30 and 200 steps on it,
+#                                     # then over 30 on torch's varlen kernel
 #   bench/h200_runs.sh notice OUTDIR        # 1 GPU: a node's notice at step 35 of the 1.5B run (a save every 20
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
 #   bench/h200_runs.sh health OUTDIR  # 1 GPU: the bundled function with spec.health's timings, watchdog and flight
@@ -369,6 +373,23 @@ round9)  # one GPU, one call: torchtitan beside round eight's best recipes and r
     # the stack compiled whole (ours-r9-whole) in its own invocation: its compile alone outlasted 200 s once
     [ -n "${WHOLE:-}" ] && bench round9-whole 1 400 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window \
         --recipes ours-r9-whole
+    ;;
+round10)  # one GPU: FlashAttention-4 for the document mask (fsdp_train.fa4): attention table, the mask's ratio
+    site=/tmp/fa4site
+    [ -d "$site" ] || { mkdir -p "$site" && "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        "${FA4SITE:?FA4SITE: flash-attn-4 and its CuTe DSL as a tar.xz}" "$site" && \
+        "$py" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' "$site" ${FA4WHEELS:-}; } || exit 1
+    # PYTHONPATH reads no .pth file: the CuTe DSL's package folder (its .pth) is named here
+    export PYTHONPATH="$PYTHONPATH:$site:$site/nvidia_cutlass_dsl/dsl_packages"
+    "$py" -c 'import torch, flash_attn.cute, fsdp_train.fa4 as f; print("FlashAttention-4:", f.available(torch.device("cuda")))' 2>&1 \
+        | tail -n 3 || exit 1
+    echo "\$ python bench/doc_attention.py"
+    timeout 240 "$py" bench/doc_attention.py 2>&1 | tee "$out/logs/doc-attention.log" | grep -v Warning
+    for steps in 30 ${LONG_STEPS:-200}; do
+        (out=$out/fa4-$steps && mkdir -p "$out/logs" && STEPS=$steps MASK_LIMIT=300 round5_data_runs)
+    done
+    # the same pair on torch's varlen kernel (the package off the path), last: a cut-off call loses only this
+    PYTHONPATH=${PYTHONPATH%%:$site*} && (out=$out/torch-30 && mkdir -p "$out/logs" && STEPS=30 round5_data_runs)
     ;;
 health)  # one GPU: spec.health's overhead, off and on side by side
     health_overhead

@@ -4,9 +4,10 @@ Packed rows hold several documents; a token must attend only to earlier tokens o
 transformers' ``sdpa`` path turns restarting position ids into a dense [batch, 1, seq, seq] mask, and
 SDPA with any mask leaves the flash kernel for the slower memory-efficient one (8.6 % per step at
 1.5B, seq 2048). Here the batch is flattened to one stream of documents and the document bounds
-(``cu_seqlens``: where each document, or each row, begins in the stream) go to torch's variable-length
-flash attention, ``torch.nn.attention.varlen``: causal inside each document, masked blocks never
-computed. Rows stay full (``fsdp_train.packing`` cuts documents at row ends; a row start is a bound).
+(``cu_seqlens``: where each document, or each row, begins in the stream) go to variable-length flash
+attention (FlashAttention-4 where ``flash-attn-4`` is installed, ``fsdp_train.fa4``; else torch's
+``torch.nn.attention.varlen``): causal inside each document, masked blocks never computed. Rows stay full
+(``fsdp_train.packing`` cuts documents at row ends; a row start is a bound).
 
 The model is built with ``attn_implementation=DOCUMENT_ATTENTION``. Batches carry the bounds as the
 ``document_bounds`` keyword (``document_bounds``), which transformers passes through to the attention
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from fsdp_train import fa4
 from fsdp_train.packing import BOUNDS_KEY
 
 DOCUMENT_ATTENTION = "fsdp_document_varlen"
@@ -114,9 +116,11 @@ def document_attention(
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     rows, heads, seq_len, dim = query.shape
-    if varlen_available(query.device) and query.dtype in (torch.bfloat16, torch.float16):
+    half = query.dtype in (torch.bfloat16, torch.float16)
+    if half and (fa4.available(query.device) or varlen_available(query.device)):
         q, k, v = (t.transpose(1, 2).reshape(rows * seq_len, t.shape[1], dim) for t in (query, key, value))
-        out = _causal_varlen(q, k, v, bounds.to(query.device, torch.int32), seq_len, scaling)
+        kernel = fa4.causal_varlen if fa4.available(query.device) else _causal_varlen
+        out = kernel(q, k, v, bounds.to(query.device, torch.int32), seq_len, scaling)
         return out.view(rows, seq_len, heads, dim), None
     mask = dense_mask(bounds.to(query.device), rows, seq_len)
     return sdpa_attention_forward(module, query, key, value, mask, dropout, scaling, is_causal=False, **kwargs)

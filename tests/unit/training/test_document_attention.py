@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fsdp_train.attention import DOCUMENT_ATTENTION, register, varlen_available
+from fsdp_train import fa4
+from fsdp_train.attention import DOCUMENT_ATTENTION, document_attention, register, varlen_available
 from fsdp_train.feed import Collate
 from fsdp_train.model import build_meta_model
 from fsdp_train.packing import BOUNDS_KEY, DOC_START, TARGET, Packed, document_bounds
@@ -92,3 +93,42 @@ def test_the_varlen_kernel_gives_the_dense_masks_loss() -> None:
     bounded, dense, causal = losses(device, torch.bfloat16)
     assert bounded == pytest.approx(dense, rel=2e-2)
     assert abs(bounded - causal) > abs(bounded - dense)
+
+
+def test_flashattention4_is_used_only_where_installed_and_on_its_gpus() -> None:
+    """This machine has no GPU: the optional kernel is never chosen here, whether the package is installed or not."""
+    assert not fa4.available(torch.device("cpu"))
+
+
+def test_the_document_attention_takes_flashattention4_where_it_is_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where flash-attn-4 runs, the bounds go to it (tokens first, grouped heads as they are), not to torch's varlen."""
+    seen: list[tuple[tuple[int, ...], tuple[int, ...], int]] = []
+
+    def kernel(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: torch.Tensor, max_len: int, scale: float | None
+    ) -> torch.Tensor:
+        seen.append((tuple(q.shape), tuple(k.shape), max_len))
+        return torch.zeros_like(q)
+
+    monkeypatch.setattr(fa4, "available", lambda device: True)
+    monkeypatch.setattr(fa4, "causal_varlen", kernel)
+    query = torch.randn(2, 12, 8, 16, dtype=torch.bfloat16)
+    key = value = torch.randn(2, 2, 8, 16, dtype=torch.bfloat16)
+    bounds = torch.tensor([0, 3, 8, 16], dtype=torch.int32)
+    out, _ = document_attention(torch.nn.Module(), query, key, value, None, **{BOUNDS_KEY: bounds})
+    assert seen == [((16, 12, 16), (16, 2, 16), 8)]
+    assert out.shape == (2, 8, 12, 16)
+
+
+def test_flashattention4_ops_give_shapes_to_tracing_and_gradients_to_autograd() -> None:
+    """The custom ops' shape functions and backward wiring, traced without the kernels (fake tensors)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(32, 12, 128, dtype=torch.bfloat16, requires_grad=True)
+        k = torch.empty(32, 2, 128, dtype=torch.bfloat16, requires_grad=True)
+        v = torch.empty(32, 2, 128, dtype=torch.bfloat16, requires_grad=True)
+        out = fa4.causal_varlen(q, k, v, torch.empty(3, dtype=torch.int32), 16, None)
+        out.sum().backward()
+        assert out.shape == q.shape
+        assert [t.grad.shape for t in (q, k, v) if t.grad is not None] == [q.shape, k.shape, v.shape]
