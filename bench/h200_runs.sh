@@ -34,7 +34,8 @@
 #                                     # recorder off and on, interleaved (off, on, off, on), tokens/s of each
 #   WHEELS=DIR bench/h200_runs.sh headline OUTDIR  # 1 GPU, one call (~8 min): torchtitan, the bench's best recipe
 #                                     # and the training function itself side by side (one MFU formula), the document
-#                                     # mask's ratio with compile on, a checkpoint's blocked and total time
+#                                     # mask's ratio with compile on (on FlashAttention-4 with FA4SITE, FA4WHEELS as
+#                                     # for round10), a checkpoint's blocked and total time
 #
 # Needs torch and transformers (no Ray, no install: the package is put on PYTHONPATH). Every run has
 # its own time limit, so one hang costs one row. Logs go to OUTDIR/logs; the tables to stdout.
@@ -158,6 +159,16 @@ def tps(path):
 a, b = (tps(p) for p in sys.argv[1:3])
 print(f"# Summary tokens/s: {sys.argv[2].rsplit('/', 1)[-1]} {b} / {sys.argv[1].rsplit('/', 1)[-1]} {a} = {b / a:.3f}x" if a and b else "# ratio: a run has no Summary")
 PY
+}
+
+fa4_site() {  # fa4_site DIR: flash-attn-4 and its CuTe DSL unpacked into DIR (FA4SITE: a tar.xz, FA4WHEELS: wheels), on PYTHONPATH
+    [ -d "$1" ] || { mkdir -p "$1" && "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
+        "${FA4SITE:?FA4SITE: flash-attn-4 and its CuTe DSL as a tar.xz}" "$1" && \
+        "$py" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' "$1" ${FA4WHEELS:-}; } || return 1
+    # PYTHONPATH reads no .pth file: the CuTe DSL's package folder (its .pth) is named here
+    export PYTHONPATH="$PYTHONPATH:$1:$1/nvidia_cutlass_dsl/dsl_packages"
+    "$py" -c 'import torch, flash_attn.cute, fsdp_train.fa4 as f; print("FlashAttention-4:", f.available(torch.device("cuda")))' 2>&1 \
+        | tail -n 3
 }
 
 round5_speed() {
@@ -356,7 +367,8 @@ notice)  # one GPU: a node's notice during the 1.5B run (fsdp_train.notice): not
 headline)  # one GPU, one call: the three figures of docs/performance.md's headline, side by side
     titan titan-native 170 --training.steps 30 --x.warmup 10
     bench headline-speed 1 170 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window --recipes "${RECIPES:-ours-r5}"
-    round5_data_runs
+    # the mask's ratio on FlashAttention-4 where FA4SITE gives it (round ten), else on torch's varlen kernel
+    ( [ -z "${FA4SITE:-}" ] || fa4_site /tmp/fa4site; round5_data_runs )
     CKPT_STEPS=${CKPT_STEPS:-60} CKPT_EVERY=${CKPT_EVERY:-30} round5_checkpoint
     ;;
 round8)  # one GPU, one call: the document mask's attention kernels, then torchtitan beside round eight's recipes
@@ -376,13 +388,7 @@ round9)  # one GPU, one call: torchtitan beside round eight's best recipes and r
     ;;
 round10)  # one GPU: FlashAttention-4 for the document mask (fsdp_train.fa4): attention table, the mask's ratio
     site=/tmp/fa4site
-    [ -d "$site" ] || { mkdir -p "$site" && "$py" -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' \
-        "${FA4SITE:?FA4SITE: flash-attn-4 and its CuTe DSL as a tar.xz}" "$site" && \
-        "$py" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' "$site" ${FA4WHEELS:-}; } || exit 1
-    # PYTHONPATH reads no .pth file: the CuTe DSL's package folder (its .pth) is named here
-    export PYTHONPATH="$PYTHONPATH:$site:$site/nvidia_cutlass_dsl/dsl_packages"
-    "$py" -c 'import torch, flash_attn.cute, fsdp_train.fa4 as f; print("FlashAttention-4:", f.available(torch.device("cuda")))' 2>&1 \
-        | tail -n 3 || exit 1
+    fa4_site "$site" || exit 1
     echo "\$ python bench/doc_attention.py"
     timeout 240 "$py" bench/doc_attention.py 2>&1 | tee "$out/logs/doc-attention.log" | grep -v Warning
     for steps in 30 ${LONG_STEPS:-200}; do
