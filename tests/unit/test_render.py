@@ -355,3 +355,27 @@ def test_pods_stay_off_control_plane_nodes(spec: dict[str, Any], problem: str) -
     with pytest.raises(SpecError) as refused:
         job(spec)
     assert any(line.strip().startswith(problem) for line in str(refused.value).splitlines()), str(refused.value)
+
+
+@pytest.mark.parametrize("ranks_said_done", [True, False])
+def test_the_notice_hook_gives_the_log_monitor_its_flush_time_only_after_done(
+    tmp_path: Path, ranks_said_done: bool
+) -> None:
+    """The hook run by a real sh, with `sleep` and `ray` stand-ins that log their calls: after the ranks' `done`, the
+    hook waits LOG_FLUSH_SECONDS before `ray stop` (their report is forwarded first); without `done`, at once."""
+    import os
+    import subprocess
+
+    notices, bin_dir, calls = tmp_path / "notice", tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    for name in ("ray", "sleep"):
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\n')
+        (bin_dir / name).chmod(0o755)
+    if ranks_said_done:
+        notices.mkdir()
+        (notices / "done").write_text("1 5 1\n")
+    command = render.worker_notice_hook(30)["preStop"]["exec"]["command"]
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FSDP_NOTICE_DIR": str(notices)}
+    subprocess.run(command, env=env, check=True, timeout=120)
+    flush = [f"sleep {render.LOG_FLUSH_SECONDS}"] if ranks_said_done else []
+    assert calls.read_text().splitlines() == [*flush, "ray stop"] and (notices / "notice").exists()

@@ -264,3 +264,19 @@ def test_a_declared_save_time_counts_until_a_longer_one_is_measured() -> None:
     assert Watch.from_env({SAVE_SECONDS_ENV: "45"}, 0, 0).longest_save == 45.0
     for junk in ("", "x", "nan", "-3", "inf"):
         assert Watch.from_env({SAVE_SECONDS_ENV: junk}, 0, 0).longest_save == 0.0
+
+
+def test_the_report_is_printed_before_done_releases_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook stops the node's Ray (and its log forwarding) once it reads `done`: the report must come first."""
+    from fsdp_train import events
+    from fsdp_train.notice import Watch
+
+    seen: list[tuple[str, bool]] = []
+    monkeypatch.setattr(
+        events, "LISTENERS", [lambda e: seen.append((type(e).__name__, (tmp_path / DONE_FILE).exists()))]
+    )
+    write_notice(tmp_path, grace=60)
+    watch = Watch(directory=str(tmp_path), pod="w-1")
+    assert watch.check() is not None
+    watch.finish(step=5, saved=True)
+    assert seen == [("Interruption", False)] and (tmp_path / DONE_FILE).exists()
