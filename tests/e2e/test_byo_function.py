@@ -147,6 +147,7 @@ def test_a_user_function_that_raises_fails_the_job_with_its_exception(tmp_path: 
 
 
 @pytest.mark.slow  # the example's YAML is parsed in tests/unit/test_train_function.py
+@pytest.mark.timeout(900)  # a Ray cluster's start and a whole run: past 300 s beside other Ray cases (2026-12-04)
 def test_the_example_trains_a_tiny_gpt2_with_fsdp2(tmp_path: Path) -> None:
     example = yaml.safe_load((EXAMPLE / "job.yaml").read_text())
     spec = example["spec"]
@@ -155,7 +156,7 @@ def test_the_example_trains_a_tiny_gpt2_with_fsdp2(tmp_path: Path) -> None:
     spec["sharedVolume"]["mountPath"] = str(tmp_path)
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(example))
-    proc, job = run_local(path, tmp_path)
+    proc, job = run_local(path, tmp_path, timeout=800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     status = job["status"]
     steps = spec["trainFunction"]["config"]["steps"]
