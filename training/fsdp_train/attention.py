@@ -116,10 +116,10 @@ def document_attention(
     if bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     rows, heads, seq_len, dim = query.shape
-    half = query.dtype in (torch.bfloat16, torch.float16)
-    if half and (fa4.available(query.device) or varlen_available(query.device)):
+    fa4_here = fa4.available(query.device)
+    if query.dtype in (torch.bfloat16, torch.float16) and (fa4_here or varlen_available(query.device)):
         q, k, v = (t.transpose(1, 2).reshape(rows * seq_len, t.shape[1], dim) for t in (query, key, value))
-        kernel = fa4.causal_varlen if fa4.available(query.device) else _causal_varlen
+        kernel = fa4.causal_varlen if fa4_here else _causal_varlen
         out = kernel(q, k, v, bounds.to(query.device, torch.int32), seq_len, scaling)
         return out.view(rows, seq_len, heads, dim), None
     mask = dense_mask(bounds.to(query.device), rows, seq_len)
