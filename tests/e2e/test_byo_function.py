@@ -12,6 +12,7 @@ their ground is covered fast by tests/unit/training/test_user_function.py and te
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,10 @@ def test_a_user_function_is_verified_reports_progress_resumes_and_a_stalled_or_s
     # The slow rank, named a straggler; nobody stalled at the end.
     conditions = {c["type"]: c for c in status["conditions"]}
     straggler = conditions["Straggler"]
-    assert (straggler["status"], straggler["reason"]) == ("True", "SlowRank"), (straggler, status["health"])
+    # A string, which pytest shows whole: every rank's window (a repr is cut in the middle).
+    windows = [{k: v for k, v in r.items() if k != "stack"} for r in status["health"]["ranks"]]
+    evidence = json.dumps({"straggler": straggler, "ranks": windows})
+    assert (straggler["status"], straggler["reason"]) == ("True", "SlowRank"), evidence
     assert f"rank {SLOW_RANK} (" in straggler["message"], straggler["message"]
     slow = [s for s in status["health"]["suspects"] if s["reason"] == "SlowRank"]
     assert [s["rank"] for s in slow] == [SLOW_RANK] and slow[0]["ratio"] >= 1.5, status["health"]

@@ -8,6 +8,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from fsdp_operator.api import schema
 from fsdp_operator.decide import health
 from fsdp_operator.decide.observed import RAY_RUNNING, ClusterView, Decision, Observed, PostEvent, RayJobInfo, StopJob
@@ -205,6 +206,21 @@ def test_the_ratio_is_configurable_and_tiny_steps_are_never_stragglers() -> None
     # 3x the others, but 0.04 s more: noise at this step time.
     tiny = one_pass(running(), [*placements(), *reports([0.02, 0.02, 0.06, 0.02])])
     assert cond(tiny.status, "Straggler")["status"] == "False"
+
+
+@pytest.mark.parametrize("others", [0.0, 0.01])
+def test_a_slow_rank_is_named_where_the_others_waited_their_whole_step(others: float) -> None:
+    """Every other rank's samples all inside the collective (own work 0, or under what 50 ms samples resolve): the
+    ratio is over the sampling resolution, never a division by 0 that names nobody."""
+    d = one_pass(running(), [*placements(), *reports([others, others, 1.0, others])])
+    straggler = cond(d.status, "Straggler")
+    assert (straggler["status"], straggler["reason"]) == ("True", "SlowRank"), straggler
+    median = f"20.00x the other ranks' median {others:.3f}s (counted as 0.05s, what the samples resolve)"
+    assert median in straggler["message"], straggler["message"]
+    assert [(s["rank"], s["ratio"]) for s in d.status.health["suspects"]] == [(2, 20.0)]
+    # Under the resolution a rank is named by the excess only: 0.04 s more than nothing is not a straggler.
+    close = one_pass(running(), [*placements(), *reports([0.0, 0.0, 0.04, 0.0])])
+    assert cond(close.status, "Straggler")["status"] == "False"
 
 
 _floats = st.floats(allow_nan=True, allow_infinity=True, width=64)

@@ -4,8 +4,9 @@ What runs on the training thread is a few clock reads per step (:meth:`Monitor.s
 device synchronisation, no hooks, no profiler. Everything else runs on one daemon thread per rank:
 
 - it samples the training thread's Python stack every :data:`SAMPLE_SECONDS` (``sys._current_frames``) and counts
-  the samples inside ``torch.distributed``: the share of time exposed waiting for peers, the figure that tells a
-  straggler (which waits least) from the ranks that wait for it;
+  the samples inside a collective (``torch.distributed``, or Ray Train's own barriers: the one in every
+  ``ray.train.report``, ``ray.train.collective``): the share of time exposed waiting for peers, the figure that
+  tells a straggler (which waits least) from the ranks that wait for it;
 - when the rank made no progress for its hang timeout it takes every thread's stack and emits a signed ``Stall``
   event naming where the training thread is: waiting in a collective (``all_reduce``), or in code at
   ``file:line`` (:func:`locate`); with NCCL, the flight recorder's last collectives (``fsdp_train.flight``).
@@ -50,6 +51,14 @@ STACK_FRAMES = 12
 """Innermost frames of the training thread kept in a ``Stall`` (its whole stack goes to stderr)."""
 
 _COLLECTIVE_DIRS = (f"{os.sep}torch{os.sep}distributed{os.sep}",)
+_RAY_TRAIN_DIRS = (f"{os.sep}ray{os.sep}train{os.sep}",)
+_RAY_TRAIN_BARRIERS = {
+    "_sync_checkpoint_dir_name_across_ranks": "ray.train.report",
+    "barrier": "ray.train.collective.barrier",
+    "broadcast_from_rank_zero": "ray.train.collective.broadcast_from_rank_zero",
+}
+"""Ray Train's functions that wait for every rank (its synchronization actor), by the name a user knows: every
+``ray.train.report`` passes one, so a rank slow before its report makes the others wait there, not in torch."""
 _LIBRARY_DIRS = (
     f"{os.sep}torch{os.sep}",
     f"{os.sep}ray{os.sep}",
@@ -129,6 +138,16 @@ def _in(filename: str, dirs: tuple[str, ...]) -> bool:
     return any(d in filename for d in dirs)
 
 
+def collective_name(code: CodeType) -> str | None:
+    """The collective a frame of `code` is part of: a ``torch.distributed`` function (not a decorator's wrapper) by
+    its name, a Ray Train barrier by its public name; None for any other code."""
+    if _in(code.co_filename, _COLLECTIVE_DIRS):
+        return None if code.co_name in _WRAPPERS else code.co_name
+    if _in(code.co_filename, _RAY_TRAIN_DIRS):
+        return _RAY_TRAIN_BARRIERS.get(code.co_name)
+    return None
+
+
 def _code(filename: str) -> bool:
     """A frame of code that can be where a rank is stuck: not torch, Ray or the standard library's threading, and
     not the project's plumbing around the training function."""
@@ -138,28 +157,25 @@ def _code(filename: str) -> bool:
 def locate(frame: FrameType | None) -> Location:
     """Where a thread whose innermost frame is `frame` stands.
 
-    ``collective`` when a ``torch.distributed`` frame is on its stack: named by the innermost such function that is
-    not a decorator's wrapper (``all_reduce``, FSDP's ``wait_for_unshard``), ``at`` the innermost code frame that
-    called into it. Else ``code`` at the innermost frame outside torch, Ray and the project's plumbing; ``unknown``
-    with no such frame.
+    ``collective`` when a collective's frame is on its stack: named by the innermost one (:func:`collective_name`:
+    ``all_reduce``, FSDP's ``wait_for_unshard``, ``ray.train.report``), ``at`` the innermost code frame that called
+    into it. Else ``code`` at the innermost frame outside torch, Ray and the project's plumbing; ``unknown`` with no
+    such frame.
     """
     frames = _stack(frame)
-    collective = next(
-        (f for f in frames if _in(f.f_code.co_filename, _COLLECTIVE_DIRS) and f.f_code.co_name not in _WRAPPERS),
-        None,
-    )
+    collective = next(((f, name) for f in frames if (name := collective_name(f.f_code)) is not None), None)
     code = next((f for f in frames if _code(f.f_code.co_filename)), None)
     if collective is not None:
-        return Location(
-            "collective", _short(code) if code is not None else _short(collective), collective.f_code.co_name
-        )
+        inner, name = collective
+        return Location("collective", _short(code if code is not None else inner), name)
     if code is not None:
         return Location("code", _short(code))
     return Location("unknown", _short(frames[0]) if frames else "")
 
 
 class _Classifier:
-    """Whether a frame's code is inside ``torch.distributed``, cached per code object (the sampler's hot path)."""
+    """Whether a frame's code is part of a collective (:func:`collective_name`), cached per code object (the
+    sampler's hot path)."""
 
     def __init__(self) -> None:
         self._seen: dict[CodeType, bool] = {}
@@ -171,7 +187,7 @@ class _Classifier:
             if hit is None:
                 if len(self._seen) > 65536:
                     self._seen.clear()
-                hit = self._seen[code] = _in(code.co_filename, _COLLECTIVE_DIRS)
+                hit = self._seen[code] = collective_name(code) is not None
             if hit:
                 return True
             frame = frame.f_back
@@ -384,7 +400,7 @@ class Monitor:
         frames = sys._current_frames()
         here = locate(frames.get(self._training))
         collective = here.collective
-        if self._flight is not None and here.where == "collective":
+        if self._flight is not None and here.where == "collective" and collective not in _RAY_TRAIN_BARRIERS.values():
             collective = _within(FLIGHT_SECONDS, self._flight) or collective
         with contextlib.suppress(Exception):
             print(f"fsdp_train: rank {self.rank} made no progress for {seconds:.0f}s; its threads:", file=sys.stderr)

@@ -30,7 +30,8 @@ class RankHealth(Event):
     data_seconds: float = 0.0
     """Mean time per step waiting for the next batch (bundled function; 0 where not measured)."""
     collective_fraction: float = 0.0
-    """Share of the training thread's sampled stacks inside ``torch.distributed``: time exposed waiting for peers."""
+    """Share of the training thread's sampled stacks inside a collective (``torch.distributed``, Ray Train's
+    barriers): time exposed waiting for peers."""
     samples: int = 0
     """Stack samples the fraction is over."""
     hang_timeout_seconds: float = 0.0
@@ -50,8 +51,9 @@ class Stall(Event):
     at: str = ""
     """``file.py:line in function`` of the innermost frame that says where (see ``fsdp_train.health.locate``)."""
     collective: str = ""
-    """For ``collective``: the ``torch.distributed`` call (``all_reduce``); with NCCL's flight recorder, its
-    summary (``all_reduce #12 entered, #11 completed``)."""
+    """For ``collective``: the ``torch.distributed`` call (``all_reduce``) or Ray Train's barrier
+    (``ray.train.report``); for torch's, with NCCL's flight recorder, its summary (``all_reduce #12 entered, #11
+    completed``)."""
     stack: str = ""
     """The training thread's innermost frames, innermost last, ``|``-separated; then the other threads' tops."""
     threads: int = 0

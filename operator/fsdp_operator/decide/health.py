@@ -7,7 +7,8 @@ says when a stall is settled enough for `spec.health.onHang` (every rank reporte
 Straggler statistics are medians, never one sample: each rank reports the median of its own step times over a
 window of steps and the share of its sampled stacks inside a collective; its own work per step is
 ``stepSeconds * (1 - collectiveFraction)``, and it is a straggler when that is `stragglerRatio` times the median of
-the other ranks' (and at least :data:`MIN_EXCESS_SECONDS` more: a 2 ms step twice as long is noise).
+the other ranks' (and at least :data:`MIN_EXCESS_SECONDS` more: a 2 ms step twice as long is noise; a median
+under :data:`OWN_SECONDS_RESOLUTION` counts as that much).
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ STALL_GRACE_SECONDS = 20.0
 watchdogs fire within a sample of each other; their lines may come later). It acts at once when all reported."""
 MIN_EXCESS_SECONDS = 0.05
 """A straggler's own work per step exceeds the others' median by at least this much."""
+OWN_SECONDS_RESOLUTION = 0.05
+"""Own work per step below this is under what the ranks' stack samples (one per 50 ms) resolve, and the ratio
+divides by at least this: where every other rank waited its whole step (own work 0), a rank that did not is still
+named, with a finite ratio."""
 MIN_RANKS = 2
 STACK_KEPT = 1024
 HealthEvent = RankHealth | Stall
@@ -178,8 +183,9 @@ def _stragglers(health: Mapping[str, Any], ratio: float) -> list[tuple[int, floa
         return []
     for rank, mine in own.items():
         others = statistics.median([v for r, v in own.items() if r != rank])
-        if others > 0 and mine / others >= ratio and mine - others >= MIN_EXCESS_SECONDS:
-            found.append((rank, mine / others, mine, others))
+        times = mine / max(others, OWN_SECONDS_RESOLUTION)
+        if times >= ratio and mine - others >= MIN_EXCESS_SECONDS:
+            found.append((rank, times, mine, others))
     return sorted(found, key=lambda f: -f[1])
 
 
@@ -219,9 +225,11 @@ def judge(job: Job, status: JobStatus, *, now: datetime) -> JobStatus:
             entry.pop("state")
     if slow:
         rank, ratio, mine, others = slow[0]
+        floor = OWN_SECONDS_RESOLUTION
+        counted = f" (counted as {floor:g}s, what the samples resolve)" if others < floor else ""
         message = (
             f"{_named(rank, placed)} is a straggler: its own work per step is {mine:.3f}s, {ratio:.2f}x the other "
-            f"ranks' median {others:.3f}s (stragglerRatio {job.spec.health.straggler_ratio:g})"
+            f"ranks' median {others:.3f}s{counted} (stragglerRatio {job.spec.health.straggler_ratio:g})"
         )
         if len(slow) > 1:
             message += f"; also {_ranks_text([s[0] for s in slow[1:]])}"

@@ -244,6 +244,71 @@ def test_a_user_function_progresses_by_its_ray_train_report_calls(monkeypatch: p
     assert ray.train.report is original and monitor._thread is None
 
 
+def test_ray_trains_own_barriers_are_collectives_named_as_users_know_them() -> None:
+    """Ray Train's barriers (in every `ray.train.report`, and `ray.train.collective`'s) by their real code objects:
+    a rank waiting there waits for its peers. Its other code (the upload, the wait for the controller) does not."""
+    import inspect
+
+    import torch.distributed as dist
+    from fsdp_train.health import collective_name
+    from ray.train.collective import collectives
+    from ray.train.v2._internal.execution.context import TrainContext
+
+    assert collective_name(TrainContext._sync_checkpoint_dir_name_across_ranks.__code__) == "ray.train.report"
+    assert collective_name(inspect.unwrap(collectives.barrier).__code__) == "ray.train.collective.barrier"
+    broadcast = inspect.unwrap(collectives.broadcast_from_rank_zero).__code__
+    assert collective_name(broadcast) == "ray.train.collective.broadcast_from_rank_zero"
+    assert collective_name(inspect.unwrap(dist.all_reduce).__code__) == "all_reduce"
+    assert collective_name(dist.all_reduce.__code__) is None  # torch's logging wrapper: the name is the inner call's
+    assert collective_name(TrainContext._wait_then_report.__code__) is None
+    assert collective_name(inspect.unwrap(TrainContext._upload_checkpoint).__code__) is None
+    assert collective_name(a_user_reader_that_blocks.__code__) is None
+
+
+def _sync_checkpoint_dir_name_across_ranks(release: Any) -> None:
+    release.wait(60)
+
+
+def a_user_step(wait: Any, release: Any) -> None:
+    wait(release)
+
+
+def test_a_rank_waiting_in_ray_train_reports_barrier_is_sampled_and_located_in_a_collective() -> None:
+    """The report barrier's frame (a stand-in with Ray's file and name: a real one needs a Ray Train run, which
+    tests/e2e/test_byo_function.py has) counts as waiting for peers, and a stall there names `ray.train.report`, not
+    the flight recorder's last torch collective."""
+    import sys
+    import threading
+    import types
+
+    from fsdp_train import health
+    from fsdp_train.health import _Classifier, locate
+    from ray.train.v2._internal.execution import context
+
+    code = _sync_checkpoint_dir_name_across_ranks.__code__.replace(co_filename=context.__file__)
+    in_rays_file = types.FunctionType(code, globals())
+    release, entered = threading.Event(), threading.Event()
+    thread = threading.Thread(target=lambda: (entered.set(), a_user_step(in_rays_file, release)))
+    thread.start()
+    try:
+        entered.wait(30)
+        frame = None
+        while frame is None or not any(f.f_code is code for f in health._stack(frame)):  # inside the stand-in
+            assert thread.ident is not None and thread.is_alive()
+            frame = sys._current_frames().get(thread.ident)
+        here = locate(frame)
+        assert (here.where, here.collective) == ("collective", "ray.train.report")
+        assert here.at.startswith("test_health.py:") and here.at.endswith("in a_user_step"), here.at
+        assert _Classifier().in_collective(frame)
+        monitor = Monitor(2, HealthConfig(hang_timeout_seconds=30.0), flight=lambda: "all_reduce #3 entered")
+        monitor._training = thread.ident
+        stall = monitor.stall(31.0)
+        assert (stall.where, stall.collective) == ("collective", "ray.train.report")
+    finally:
+        release.set()
+        thread.join(30)
+
+
 def test_a_flight_recorder_that_hangs_or_raises_never_keeps_the_stall_from_being_reported() -> None:
     import threading
 
