@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -112,7 +112,8 @@ def wait_for_port(port: int, timeout: float) -> None:
         time.sleep(0.2)
 
 
-def wait_for_nodes(address: str, count: int, timeout: float) -> None:
+def wait_for_nodes(address: str, count: int, timeout: float, tend: Callable[[], None] = lambda: None) -> None:
+    """Until `count` nodes are alive; `tend()` runs between two probes (restarting what exited)."""
     probe = "import ray; ray.init(); print(sum(n['Alive'] for n in ray.nodes()))"
     deadline = time.monotonic() + timeout
     seen = ""
@@ -123,6 +124,7 @@ def wait_for_nodes(address: str, count: int, timeout: float) -> None:
         seen = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
         if seen == str(count):
             return
+        tend()
         time.sleep(2)
     raise AssertionError(f"Ray cluster did not reach {count} nodes: {seen}")
 
@@ -147,35 +149,48 @@ def local_cluster(**worker_env: str) -> Iterator[str]:
         [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.3"],
     ]
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        for index, args in enumerate(commands):
-            temp = base / f"n{index}"
-            log = (base / f"start{index}.log").open("wb")
-            procs.append(
-                subprocess.Popen(
-                    [
-                        str(BIN / "ray"),
-                        "start",
-                        *args,
-                        *common,
-                        f"--temp-dir={temp}",
-                        f"--dashboard-agent-listen-port={free_port()}",
-                        # Chosen here: with an agent-chosen port the head's client server waits for the node's
-                        # record to learn it and, after 30 s on a loaded machine, takes the head down.
-                        f"--runtime-env-agent-port={free_port()}",
-                    ],
-                    env=ray_env(**worker_env),
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
+    started: list[int] = []  # every `ray start` session, restarted ones too: all are stopped at the end
+
+    def start(index: int) -> subprocess.Popen[bytes]:
+        temp = base / f"n{index}-{len(started)}"
+        with (base / f"start{index}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                [
+                    str(BIN / "ray"),
+                    "start",
+                    *commands[index],
+                    *common,
+                    f"--temp-dir={temp}",
+                    f"--dashboard-agent-listen-port={free_port()}",
+                    # Chosen here: with an agent-chosen port the head's client server waits for the node's
+                    # record to learn it and, after 30 s on a loaded machine, takes the head down.
+                    f"--runtime-env-agent-port={free_port()}",
+                ],
+                env=ray_env(**worker_env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
+        started.append(proc.pid)
+        return proc
+
+    def restart_exited_workers() -> None:
+        # A worker node whose `ray start --block` exited (its raylet did not register within Ray's 30 s on a loaded
+        # machine: NODE_START_TIMED_OUT) is started again, as the kubelet restarts a pod's exited container.
+        for index in range(1, len(procs)):
+            if procs[index].poll() is not None:
+                stop_groups([procs[index].pid], grace=2.0)  # what its session left behind
+                procs[index] = start(index)
+
+    try:
+        for index in range(len(commands)):
+            procs.append(start(index))
             if index == 0:
                 wait_for_port(port, timeout=90)  # the head's GCS must be up before workers register
-        wait_for_nodes(address, 3, timeout=90)
+        wait_for_nodes(address, 3, timeout=240, tend=restart_exited_workers)
         yield address
     finally:
         # Each `ray start` leads its own session: stopping that process group stops exactly the Ray
         # processes this fixture started (raylet, GCS, agents), and no other Ray on the machine.
-        stop_groups([proc.pid for proc in procs])
+        stop_groups(started)
         shutil.rmtree(base, ignore_errors=True)
