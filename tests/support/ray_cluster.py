@@ -118,10 +118,17 @@ def wait_for_nodes(address: str, count: int, timeout: float, tend: Callable[[], 
     deadline = time.monotonic() + timeout
     seen = ""
     while time.monotonic() < deadline:
-        out = subprocess.run(
-            [sys.executable, "-c", probe], env=ray_env(RAY_ADDRESS=address), capture_output=True, text=True
-        )
-        seen = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
+        try:  # bounded: a driver's `ray.init` against a cluster whose node is half up can wait for ever
+            out = subprocess.run(
+                [sys.executable, "-c", probe],
+                env=ray_env(RAY_ADDRESS=address),
+                capture_output=True,
+                text=True,
+                timeout=max(min(60.0, deadline - time.monotonic()), 1.0),
+            )
+            seen = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
+        except subprocess.TimeoutExpired:
+            seen = "the probe's ray.init did not return within 60 s"
         if seen == str(count):
             return
         tend()
