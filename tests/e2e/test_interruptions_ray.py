@@ -34,10 +34,6 @@ WAIT = 900.0
 
 INTERVAL = 20
 STEPS = 120
-HOLD_AT_STEP = 33
-"""Rank 3 waits before this step until its node's notice exists (`fsdp_train.fault_hooks`' `hold`): the test deletes
-or taints at a known step however fast the steps run (a quiet machine ran all 120 between two status writes' worth of
-polls) and however late the notice lands (8-30 steps under load); it is no periodic checkpoint's step."""
 
 
 def draining_job(name: str, tmp_path: Path, grace: int = 60) -> dict[str, Any]:
@@ -48,7 +44,6 @@ def draining_job(name: str, tmp_path: Path, grace: int = 60) -> dict[str, Any]:
     spec["sharedVolume"] = {"claimName": "shared", "mountPath": str(tmp_path)}  # the Ray nodes share this machine
     spec["training"].update(steps=STEPS, seqLen=256, batchSizePerRank=8, checkpoint=checkpoint)
     spec["runPolicy"] = {"backoffLimit": 0, "cleanup": "Keep"}  # no retry allowed: an interruption is no failure
-    spec["runtimeEnv"] = {"envVars": {"FSDP_TRAIN_TEST_HEALTH": f"hold=3:{HOLD_AT_STEP}"}}
     return manifest
 
 
@@ -72,7 +67,7 @@ async def delete_pod(run: LocalRun, pod: str, grace: int | None = None) -> None:
 def between_checkpoints(s: Status) -> bool:
     checkpointed = int((s.get("checkpoint") or {}).get("step", 0))
     step = int((s.get("progress") or {}).get("step", 0))
-    return checkpointed >= INTERVAL and step >= HOLD_AT_STEP - 1  # rank 3 holds before HOLD_AT_STEP
+    return checkpointed >= INTERVAL and checkpointed + 3 <= step and step % INTERVAL not in (0, INTERVAL - 1)
 
 
 # behind `slow` for now: minutes of Ray start-ups, over `make test`'s budget (docs/testing.md)
@@ -112,12 +107,14 @@ def test_a_worker_pod_deleted_mid_training_checkpoints_and_the_next_attempt_resu
         assert len(reports) == 1 and reports[0].pod == pod  # one report, from the node that had the notice
         stopped = reports[0].step
         assert entry["attempt"] == 1 and entry["pod"] == pod and entry["saved"] is True
-        assert entry["step"] == entry["checkpointStep"] == stopped == HOLD_AT_STEP and entry["stepsLost"] == 0
+        assert entry["step"] == entry["checkpointStep"] == stopped and entry["stepsLost"] == 0
         assert 0 < entry["secondsToSaved"] < 60
         # Every rank stopped after that step: no step past it in the first attempt.
         assert max(e.step for e in first if isinstance(e, Step)) == stopped
         # ... and that step came at once after the notice, not at the next periodic checkpoint: at most the step in
-        # flight and the next one finished after the hook wrote it.
+        # flight and the next one finished after the hook wrote it. (The step number cannot say it: the test sees
+        # the step in a status written at most every 5 s, and the notice took 8-30 steps to land under load, once
+        # on a periodic step.)
         late = [e.step for e in first if isinstance(e, Step) and e.rank == 0 and e.time > reports[0].notice_time]
         assert len(late) <= 2, (late, reports[0].notice_time)
         # The next attempt resumed from that checkpoint and trained the rest.
@@ -158,7 +155,7 @@ def test_a_termination_taint_on_a_workers_node_drains_it_with_a_save_first(tmp_p
         assert final["attempts"] == 2 and final.get("failedAttempts", 0) == 0
         (entry,) = final["interruptions"]
         assert (entry["pod"], entry["node"], entry["reason"], entry["by"]) == (pod, node, taint, "operator")
-        assert entry["saved"] is True and entry["stepsLost"] == 0 and entry["step"] == HOLD_AT_STEP
+        assert entry["saved"] is True and entry["stepsLost"] == 0  # at once after the notice: the drain case's check
         assert {"NodeNotice", "Interrupted"} <= {r for _, r, _ in seen}
         assert final["result"]["resumedFromStep"] == entry["checkpointStep"]
 
@@ -172,7 +169,7 @@ def test_a_notice_too_short_for_the_save_abandons_it_and_resumes_from_the_period
     checkpoint."""
     name = "tiny-short"
     manifest = draining_job(name, tmp_path, grace=30)
-    manifest["spec"]["runtimeEnv"]["envVars"]["FSDP_NOTICE_SAVE_SECONDS"] = "300"
+    manifest["spec"]["runtimeEnv"] = {"envVars": {"FSDP_NOTICE_SAVE_SECONDS": "300"}}
 
     async def scenario(run: LocalRun) -> None:
         during = await until(run, between_checkpoints, "a checkpoint and a few steps past it", WAIT)
