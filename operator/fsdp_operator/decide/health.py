@@ -20,6 +20,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
+from fsdp_train.health import SAMPLE_SECONDS
 from fsdp_train.health_events import RankHealth, Stall
 
 from fsdp_operator.api.spec import Job
@@ -32,10 +33,10 @@ STALL_GRACE_SECONDS = 20.0
 watchdogs fire within a sample of each other; their lines may come later). It acts at once when all reported."""
 MIN_EXCESS_SECONDS = 0.05
 """A straggler's own work per step exceeds the others' median by at least this much."""
-OWN_SECONDS_RESOLUTION = 0.05
-"""Own work per step below this is under what the ranks' stack samples (one per 50 ms) resolve, and the ratio
-divides by at least this: where every other rank waited its whole step (own work 0), a rank that did not is still
-named, with a finite ratio."""
+OWN_SECONDS_RESOLUTION = SAMPLE_SECONDS
+"""Own work per step below this is under what the ranks' stack samples (one per ``SAMPLE_SECONDS``) resolve, and the
+ratio divides by at least this: where every other rank waited its whole step (own work 0), a rank that did not is
+still named, with a finite ratio."""
 MIN_RANKS = 2
 STACK_KEPT = 1024
 HealthEvent = RankHealth | Stall
