@@ -28,6 +28,12 @@
 #                                     # from FILE, a tar.xz of their wheels' contents, and FA4WHEELS, more wheels):
 #                                     # the attention table, the document mask's ratio over 30 and 200 steps on it,
 #                                     # then over 30 on torch's varlen kernel
+#   WHEELS=DIR bench/h200_runs.sh round11 OUTDIR  # 1 GPU, one call (8-9 min): torchtitan beside ours-r9-graphs and
+#                                     # round eleven's losses: Liger-kernel's fused linear cross-entropy (its wheel in
+#                                     # DIR too), torchtitan's bf16 logits with a compiled cross-entropy
+#   bench/h200_runs.sh round11-loss OUTDIR  # 1 GPU (~2-5 min): the training function with lossChunkTokens 4096, 0
+#                                           # (the compiled cross-entropy) and 16384 (CHUNKS=...), each beside the
+#                                           # package in BASELINE=DIR if given: Summary tokens/s, memory, step times
 #   bench/h200_runs.sh notice OUTDIR        # 1 GPU: a node's notice at step 35 of the 1.5B run (a save every 20
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
 #   bench/h200_runs.sh health OUTDIR  # 1 GPU: the bundled function with spec.health's timings, watchdog and flight
@@ -117,13 +123,18 @@ startup_profile() {  # the training function as one process under cProfile and -
     rm -rf "$cache"
 }
 
+wheel_site() {  # wheel_site DIR PACKAGE WHEEL...: the wheels (no index, no deps) into DIR, unless DIR/PACKAGE is there
+    local site=$1 package=$2
+    shift 2
+    [ -d "$site/$package" ] && return 0
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$@" \
+        >"$out/logs/$package-install.log" 2>&1 || { echo "# $package install failed"; tail -n 5 "$out/logs/$package-install.log"; return 1; }
+}
+
 titan() {  # titan NAME LIMIT_S ARGS...: torchtitan's trainer on the Qwen2.5-1.5B shape (bench/titan_qwen.py), 1 GPU
     local name=$1 limit=$2 start=$SECONDS site=${TITAN_SITE:-/tmp/titan-site}
     shift 2
-    if [ ! -d "$site/torchtitan" ]; then
-        "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "${WHEELS:?WHEELS: torchtitan and its wheels}"/*.whl \
-            >"$out/logs/titan-install.log" 2>&1 || { echo "# torchtitan install failed"; tail -n 5 "$out/logs/titan-install.log"; return; }
-    fi
+    wheel_site "$site" torchtitan "${WHEELS:?WHEELS: torchtitan and its wheels}"/*.whl || return
     echo "\$ torchrun --nproc-per-node 1 bench/titan_qwen.py --job.config_file bench/titan_qwen.toml $*" | tee "$out/logs/$name.log"
     PYTHONPATH="$site:$PYTHONPATH" timeout "$limit" "$py" -m torch.distributed.run --standalone --nproc-per-node 1 \
         bench/titan_qwen.py --job.config_file bench/titan_qwen.toml --job.dump_folder "/tmp/titan-$name" \
@@ -147,6 +158,13 @@ fn1() {  # fn1 NAME LIMIT_S CONFIG_JSON: the training function itself on 1 GPU; 
     grep -h '"kind":"step"' "$out/logs/$name.log" | sed 's/^.*FSDP_EVENT //' | "$py" -c 'import json, sys; print("# step seconds:", " ".join(f"{json.loads(l)["step_seconds"]:.3f}" for l in sys.stdin))'
     "$py" bench/summarize_events.py "$out/logs/$name.log" | tail -n 1
     tail -n 1 "$out/logs/$name.log"
+}
+
+liger_site() {  # liger_site DIR: liger-kernel's wheel from WHEELS (no deps: Triton is torch's) into DIR, on PYTHONPATH
+    wheel_site "$1" liger_kernel "${WHEELS:?WHEELS: the liger-kernel wheel}"/liger_kernel-*.whl || return 1
+    export PYTHONPATH="$PYTHONPATH:$1"
+    "$py" -c 'import importlib.metadata as m; from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss; print("liger-kernel", m.version("liger-kernel"))' 2>&1 \
+        | tail -n 3
 }
 
 ratio() {  # ratio A B: B's Summary tokens/s over A's
@@ -385,6 +403,27 @@ round9)  # one GPU, one call: torchtitan beside round eight's best recipes and r
     # the stack compiled whole (ours-r9-whole) in its own invocation: its compile alone outlasted 200 s once
     [ -n "${WHOLE:-}" ] && bench round9-whole 1 400 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window \
         --recipes ours-r9-whole
+    ;;
+round11)  # one GPU, one call: torchtitan beside ours-r9-graphs and round eleven's losses (Liger's fused linear
+          # cross-entropy, torchtitan's way); limits: 170 s + 360 s and ~30 s around them, inside a 600 s call
+    liger_site /tmp/liger-site  # a failed install costs ours-r11-flce's row only
+    titan titan-native 170 --training.steps 30 --x.warmup 10
+    bench round11-speed 1 360 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window \
+        --recipes "${RECIPES:-ours-r9-graphs,ours-r11-titanloss,ours-r11-flce}"
+    # each recipe's step-1 loss (same weights and tokens: the losses should agree to about 1e-3)
+    [ -f "$out/logs/round11-speed.json" ] && "$py" -c 'import json, sys; [print("# step-1 loss", r["recipe"], "%.6f" % r["losses"][0]) for r in json.load(open(sys.argv[1]))]' \
+        "$out/logs/round11-speed.json"
+    ;;
+round11-loss)  # one GPU: the training function itself with each loss: chunks of 4096 tokens (the default), no chunks
+               # and the compiled cross-entropy (0 with compile on), one chunk of the whole batch (16384); with
+               # BASELINE=DIR (an earlier commit's training package: `git archive REV training | tar -x -C DIR`) each
+               # run on that package first, interleaved
+    base='"seq_len":2048,"batch_size_per_rank":8,"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":2e-5,"model":"Qwen/Qwen2.5-1.5B","model_init":"random"'
+    for chunk in ${CHUNKS:-4096 0 16384}; do
+        cfg="{$base,\"steps\":${STEPS:-30},\"loss_chunk_tokens\":$chunk}"
+        [ -n "${BASELINE:-}" ] && PYTHONPATH="$BASELINE/training" fn1 "baseline-loss-$chunk" 150 "$cfg"
+        fn1 "loss-$chunk" 150 "$cfg"
+    done
     ;;
 round10)  # one GPU: FlashAttention-4 for the document mask (fsdp_train.fa4): attention table, the mask's ratio
     site=/tmp/fa4site

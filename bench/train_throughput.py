@@ -140,6 +140,37 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "x_coordinate_descent": True,
         "x_no_fsdp": "whole",
     },
+    # round eleven: other losses than one 16k-token chunk of the training function's chunked lm_head +
+    # cross-entropy (round five's profile put that loss region, lm_head matmuls and cross-entropy, forward and
+    # backward, at 46-48 ms a step against torchtitan's 38): Liger-kernel's fused linear cross-entropy (``x_loss:
+    # flce``: its Triton kernel over chunks of its own size, 256 tokens here, the gradients formed in forward), and
+    # torchtitan's way (the whole batch's logits in bf16, then a compiled cross-entropy that upcasts: the training
+    # function's own with ``loss_chunk_tokens: 0`` since), on round nine's best (CUDA graphs, no FSDP) and on round
+    # eight's FSDP path (the training function's)
+    "ours-r11-flce": {
+        **FINAL,
+        "loss_chunk_tokens": 16384,
+        "x_lazy": True,
+        "x_gc": True,
+        "x_coordinate_descent": True,
+        "x_no_fsdp": "graphs",
+        "x_loss": "flce",
+    },
+    "ours-r11-fsdp-titanloss": {
+        **FINAL,
+        "loss_chunk_tokens": 0,
+        "x_lazy": True,
+        "x_gc": True,
+        "x_coordinate_descent": True,
+    },
+    "ours-r11-titanloss": {
+        **FINAL,
+        "loss_chunk_tokens": 0,
+        "x_lazy": True,
+        "x_gc": True,
+        "x_coordinate_descent": True,
+        "x_no_fsdp": "graphs",
+    },
 }
 MODEL_LEVERS = ("kernels", "attention", "gate_up")
 """``x_`` keys that ``meta_model_with`` takes; the others are patched in by ``levers`` for one recipe."""
@@ -368,6 +399,22 @@ def autocast_forward(model: torch.nn.Module, device: torch.device) -> None:
     model.forward = forward  # type: ignore[method-assign]
 
 
+def use_flce(model: torch.nn.Module) -> None:
+    """Replace the chunked loss that ``build`` put in (``fsdp_train.loss.use_loss``) with Liger-kernel's fused linear
+    cross-entropy, over the same targets and with the same mean."""
+    from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+
+    head = model.lm_head
+    assert isinstance(head, torch.nn.Linear)
+    flce = LigerFusedLinearCrossEntropyLoss(ignore_index=loss_module.IGNORE_INDEX, reduction="mean")
+
+    def loss_of(hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # Liger's order: the weight first, then the [N, d] hidden states and the [N] targets
+        return flce(head.weight, hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1))
+
+    loss_module.replace_loss(model, loss_of)
+
+
 def _tokens(
     args: argparse.Namespace, batch: int, rank: int, step: int, vocab: int, device: torch.device
 ) -> torch.Tensor:
@@ -454,6 +501,7 @@ def run_ours(
     model_levers = {k: extra.pop(k) for k in MODEL_LEVERS if k in extra}
     hot_path = {k: bool(extra.pop(k, False)) for k in ("lazy", "gc")}
     no_fsdp = extra.pop("no_fsdp", False)
+    flce = extra.pop("loss", "") == "flce"
     how = no_fsdp if isinstance(no_fsdp, str) else "blocks"  # True: round five's per-block compile
     if no_fsdp and topo.world_size != 1:
         raise ValueError("x_no_fsdp is a one-GPU lever")
@@ -469,6 +517,8 @@ def run_ours(
             loop.build_meta_model, loop.DEFAULT_FLOAT8 = build_meta_model, DEFAULT_FLOAT8
             loop.parallelize = parallelize
             loss_module._compiled_ce_chunk = None
+        if flce:
+            use_flce(model)
         if no_fsdp:
             autocast_forward(model, device)
         if cfg.precision == "fp8":

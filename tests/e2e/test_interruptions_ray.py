@@ -21,6 +21,7 @@ import pytest
 import yaml
 from fsdp_operator.local.run import TERMINAL_PHASES, LocalRun
 from fsdp_train.events import Checkpoint, Interruption, Step, Summary, parse_lines
+from fsdp_train.fault_hooks import TEST_HOOK_ENV
 from support.ray_cluster import RAY_TESTS
 from test_faults_ray import Status, ray_address, ray_log, ray_token, run_with, until
 
@@ -34,6 +35,7 @@ WAIT = 900.0
 
 INTERVAL = 20
 STEPS = 120
+SLOW_STEP = 0.4
 
 
 def draining_job(name: str, tmp_path: Path, grace: int = 60) -> dict[str, Any]:
@@ -44,6 +46,10 @@ def draining_job(name: str, tmp_path: Path, grace: int = 60) -> dict[str, Any]:
     spec["sharedVolume"] = {"claimName": "shared", "mountPath": str(tmp_path)}  # the Ray nodes share this machine
     spec["training"].update(steps=STEPS, seqLen=256, batchSizePerRank=8, checkpoint=checkpoint)
     spec["runPolicy"] = {"backoffLimit": 0, "cleanup": "Keep"}  # no retry allowed: an interruption is no failure
+    # Every step lasts at least SLOW_STEP seconds (rank 3 slower, the others wait for it): the 120 steps last
+    # minutes however fast the machine is, so the status (progress written every 5 s) shows a step between two
+    # checkpoints before the run ends. On a quiet machine 0.23 s steps once finished the whole run between polls.
+    spec["runtimeEnv"] = {"envVars": {TEST_HOOK_ENV: f"slow=3:{SLOW_STEP}"}}
     return manifest
 
 
@@ -169,7 +175,7 @@ def test_a_notice_too_short_for_the_save_abandons_it_and_resumes_from_the_period
     checkpoint."""
     name = "tiny-short"
     manifest = draining_job(name, tmp_path, grace=30)
-    manifest["spec"]["runtimeEnv"] = {"envVars": {"FSDP_NOTICE_SAVE_SECONDS": "300"}}
+    manifest["spec"]["runtimeEnv"]["envVars"]["FSDP_NOTICE_SAVE_SECONDS"] = "300"
 
     async def scenario(run: LocalRun) -> None:
         during = await until(run, between_checkpoints, "a checkpoint and a few steps past it", WAIT)

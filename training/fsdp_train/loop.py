@@ -31,7 +31,7 @@ from fsdp_train.failures import failure_of
 from fsdp_train.fault_hooks import FaultHook
 from fsdp_train.feed import Collate, TrainFeed, eval_batches
 from fsdp_train.fingerprint import run_fingerprint
-from fsdp_train.loss import IGNORE_INDEX, use_chunked_loss
+from fsdp_train.loss import IGNORE_INDEX, use_loss
 from fsdp_train.metrics import Backend, EventsBackend, Metrics, flops_per_token, peak_flops
 from fsdp_train.model import build_meta_model, decoder_blocks, hf_config, init_weights
 from fsdp_train.notice import Watch
@@ -172,7 +172,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     with collected_every(GC_EVERY_STEPS) as collect:
         for step in range(resumed_from + 1, cfg.steps + 1):
             collect(step)
-            t0 = time.perf_counter()
+            step_start = steps.start()
             progress: dict[str, Any] = {}
             with monitor.data():
                 hook.before_step(step, resumed_from)
@@ -201,7 +201,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
             )
             exported = bool(cfg.output_path) and (step == cfg.steps or (checkpointed and cfg.export_every_checkpoint))
             # The previous step's loss is read now, while this step runs: no host sync at a step's start.
-            steps.launched(step, on_device, t0, progress)
+            steps.launched(step, on_device, step_start, progress)
             monitor.step(step)
             noticed = watch.check() if step < cfg.steps else None  # the last step ends the run anyway
             if noticed is not None:  # save now when it fits before the deadline; nothing else at this step
@@ -482,7 +482,7 @@ def build(
         reshard_after_forward=cfg.reshard_after_forward,
         float8=DEFAULT_FLOAT8 if precision == "fp8" else None,
     )
-    use_chunked_loss(model, chunk_tokens=cfg.loss_chunk_tokens, compiled=cfg.compile)
+    use_loss(model, chunk_tokens=cfg.loss_chunk_tokens, compiled=cfg.compile)
     if cfg.model_init == "pretrained":
         load_pretrained_weights(model, cfg, device)
     else:

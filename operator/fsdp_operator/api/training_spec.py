@@ -228,7 +228,9 @@ class Training:
     )
     loss_chunk_tokens: int = declare(
         "Compute the lm_head and cross-entropy this many tokens at a time, never materializing the full fp32 "
-        "logits over the vocabulary; 0 uses the model's own loss.",
+        "logits over the vocabulary. 0: the whole batch's logits at once (tokens x vocabulary x 4 bytes with their "
+        "gradient): with compile on, a compiled cross-entropy (2.8 % faster than 4096 for Qwen2.5-1.5B on one H200 "
+        "at 16,384 tokens per GPU, 2.1 GiB more peak memory); with compile off, the model's own loss.",
         default=4096,
         minimum=0,
         maximum=16_777_216,

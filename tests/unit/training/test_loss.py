@@ -10,7 +10,7 @@ from fsdp_train.loss import (
     ce_chunk,
     linear_cross_entropy,
     shift_labels,
-    use_chunked_loss,
+    use_loss,
 )
 
 TINY = {
@@ -97,9 +97,18 @@ def test_shift_labels() -> None:
     assert shift_labels(torch.tensor([[1, 2, 3]])).tolist() == [[2, 3, IGNORE_INDEX]]
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_model_forward_matches_hugging_face(tied: bool) -> None:
-    """The patched forward gives Hugging Face's loss and parameter gradients (tied and untied head)."""
+@pytest.mark.parametrize(
+    ("tied", "chunk_tokens", "compiled"),
+    [
+        (True, 5, False),
+        (False, 5, False),
+        # No chunks, compiled: the whole batch's logits, then the compiled cross-entropy (Inductor on the CPU here).
+        (True, 0, True),
+    ],
+)
+def test_model_forward_matches_hugging_face(tied: bool, chunk_tokens: int, compiled: bool) -> None:
+    """The patched forward gives Hugging Face's loss and parameter gradients (tied and untied head; chunked, and
+    whole and compiled)."""
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(0)
@@ -107,7 +116,7 @@ def test_model_forward_matches_hugging_face(tied: bool) -> None:
     ours = AutoModelForCausalLM.from_config(config)
     theirs = AutoModelForCausalLM.from_config(config)
     theirs.load_state_dict(ours.state_dict())
-    assert use_chunked_loss(ours, chunk_tokens=5, compiled=False)
+    assert use_loss(ours, chunk_tokens=chunk_tokens, compiled=compiled)
     tokens = torch.randint(0, TINY["vocab_size"], (3, 11))
 
     got = ours(input_ids=tokens, labels=tokens).loss
@@ -127,9 +136,10 @@ def test_unsupported_or_disabled_keeps_the_model_forward() -> None:
     from transformers import AutoModelForCausalLM, Gemma2Config, Qwen2Config
 
     model = AutoModelForCausalLM.from_config(Qwen2Config(**TINY))
-    assert not use_chunked_loss(model, chunk_tokens=0, compiled=False)
+    assert not use_loss(model, chunk_tokens=0, compiled=False)  # no chunks and no compile: the model's own loss
     assert "forward" not in vars(model)
     # Gemma 2 soft-caps its logits: lm_head(hidden) alone would be the wrong loss.
     gemma = AutoModelForCausalLM.from_config(Gemma2Config(**TINY, head_dim=8))
-    assert not use_chunked_loss(gemma, chunk_tokens=8, compiled=False)
+    assert not use_loss(gemma, chunk_tokens=8, compiled=False)
+    assert not use_loss(gemma, chunk_tokens=0, compiled=True)
     assert "forward" not in vars(gemma)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 
 import pytest
 import torch
@@ -44,8 +45,8 @@ def test_collections_happen_every_n_steps(monkeypatch: pytest.MonkeyPatch) -> No
 def test_lagged_steps_log_each_loss_with_its_own_step() -> None:
     metrics = Metrics(rank=0, world_size=1, total_steps=3, flops_per_token=1.0, peak=None)
     steps = LaggedSteps(metrics, torch.device("cpu"), tokens_per_step=10)
-    assert steps.launched(1, torch.tensor(3.0), 0.0, {}) is None  # nothing read back yet
-    first = steps.launched(2, torch.tensor(2.0), 0.0, {"epoch": 1})
+    assert steps.launched(1, torch.tensor(3.0), steps.start(), {}) is None  # nothing read back yet
+    first = steps.launched(2, torch.tensor(2.0), steps.start(), {"epoch": 1})
     assert first is not None and (first.step, first.loss, first.epoch) == (1, 3.0, 0)
     second = steps.finish()
     assert (second.step, second.loss, second.epoch) == (2, 2.0, 1)
@@ -57,9 +58,9 @@ def test_the_grad_norm_read_with_the_loss_goes_into_the_steps_extra_and_an_unkno
     metrics = Metrics(rank=0, world_size=1, total_steps=3, flops_per_token=1.0, peak=None)
     steps = LaggedSteps(metrics, torch.device("cpu"), tokens_per_step=10)
     logged = [
-        steps.launched(1, torch.tensor([3.0, 0.75]), 0.0, {}),
-        steps.launched(2, torch.tensor([2.0, float("nan")]), 0.0, {}),  # clipping off: no norm computed
-        steps.launched(3, torch.tensor([1.0, float("inf")]), 0.0, {}),
+        steps.launched(1, torch.tensor([3.0, 0.75]), steps.start(), {}),
+        steps.launched(2, torch.tensor([2.0, float("nan")]), steps.start(), {}),  # clipping off: no norm computed
+        steps.launched(3, torch.tensor([1.0, float("inf")]), steps.start(), {}),
         steps.finish(),
     ]
     assert logged[0] is None and steps.pending == 0
@@ -68,3 +69,47 @@ def test_the_grad_norm_read_with_the_loss_goes_into_the_steps_extra_and_an_unkno
         (2, 2.0, {}),
         (3, 1.0, {}),  # an infinite norm is unknown, never sent
     ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the device path needs a CUDA GPU")
+def test_on_a_gpu_a_read_waits_for_its_own_step_only_and_each_step_gets_its_own_time() -> None:
+    """Each step queues half its matmuls (about 0.1 s of device work), lets the host work as long as the whole step's
+    device work (a slow host, as FSDP's hooks make one), then queues the other half. Reading step 1 while step 2 is
+    queued returns before step 2 is done (a plain `.tolist()` would wait for it), and every step gets at least its
+    own device work, the last one too: read right after the one before it, the host's clock gave it half of it."""
+    device = torch.device("cuda")
+    a = torch.randn(4096, 4096, device=device)
+
+    def queue(n: int) -> torch.Tensor:
+        nonlocal a
+        for _ in range(n):
+            a = (a @ a).tanh()
+        return a
+
+    def timed(n: int) -> float:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        queue(n)
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / 1000.0
+
+    timed(20)  # warm-up: cuBLAS's first calls and the clocks
+    half = max(1, int(0.1 / (timed(20) / 20)))
+    work = timed(2 * half)
+    metrics = Metrics(rank=0, world_size=1, total_steps=3, flops_per_token=1.0, peak=None)
+    steps = LaggedSteps(metrics, device, tokens_per_step=10)
+    logged = []
+    for step in (1, 2, 3):
+        start = steps.start()
+        queue(half)
+        time.sleep(work)  # the host busy while the device works
+        event = steps.launched(step, queue(half)[0, :2].float(), start, {})
+        if event is not None:
+            logged.append(event)
+            queued = steps._queued[-1].end
+            assert queued is not None and not queued.query(), "reading a step waited for the step after it"
+    logged.append(steps.finish())
+    seconds = [e.step_seconds for e in logged]
+    assert [e.step for e in logged] == [1, 2, 3]
+    assert all(0.8 * work < s < 2.5 * work for s in seconds), (seconds, work)
