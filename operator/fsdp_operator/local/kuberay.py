@@ -291,6 +291,15 @@ def _cpus(container: Obj, fallback: int) -> int:
     return max(cpus, int(limits.get("nvidia.com/gpu", 0)), 1)
 
 
+def _path(value: Any, *keys: str) -> Any:
+    """`value[k1][k2]...`, or None where a level is missing or no mapping."""
+    for key in keys:
+        if not isinstance(value, dict):
+            return None
+        value = value.get(key)
+    return value
+
+
 class LocalKubeRay:
     """Plays the KubeRay controller for every RayCluster on one emulated API server."""
 
@@ -532,6 +541,8 @@ class LocalKubeRay:
         return values
 
     async def _alive_nodes(self, cluster: LocalCluster) -> list[Obj]:
+        """The Ray nodes the head's dashboard lists as alive; none while it cannot say (not up yet, or an answer that
+        is not its JSON: a dashboard still starting once answered 200 with an empty body)."""
         url = f"http://127.0.0.1:{cluster.dashboard_port}/api/v0/nodes?limit=1000"
         headers = {"Authorization": f"Bearer {cluster.token}"} if cluster.token else {}
         try:
@@ -539,10 +550,12 @@ class LocalKubeRay:
                 if response.status != 200:
                     return []
                 payload = await response.json(content_type=None)
-        except (TimeoutError, aiohttp.ClientError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):  # ValueError: a body that is no JSON
             return []
-        nodes: list[Obj] = payload.get("data", {}).get("result", {}).get("result", [])
-        return [n for n in nodes if n.get("state") == "ALIVE"]
+        nodes = _path(payload, "data", "result", "result")
+        if not isinstance(nodes, list):
+            return []
+        return [n for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"]
 
     async def _wait_for(
         self, cluster: LocalCluster, ips: set[str], deadline: float, head: RayNode | None = None
