@@ -34,6 +34,10 @@
 #   bench/h200_runs.sh round11-loss OUTDIR  # 1 GPU (~2-5 min): the training function with lossChunkTokens 4096, 0
 #                                           # (the compiled cross-entropy) and 16384 (CHUNKS=...), each beside the
 #                                           # package in BASELINE=DIR if given: Summary tokens/s, memory, step times
+#   WHEELS=DIR bench/h200_runs.sh round12 OUTDIR  # 1 GPU (~7 min): torchtitan bf16 and fp8 (NO_TITAN=1: not), the
+#                                     # training function in bf16 and fp8 for each SHAPES=SEQxBATCH (2048x8)
+#   WHEELS=DIR bench/h200_runs.sh round12-loss OUTDIR  # 1 GPU (~3 min): bf16 against fp8 on Python sources, 50 steps
+#   WHEELS=DIR bench/h200_runs.sh round12-bench OUTDIR  # 1 GPU (~5 min): round twelve's bench recipes side by side
 #   bench/h200_runs.sh notice OUTDIR        # 1 GPU: a node's notice at step 35 of the 1.5B run (a save every 20
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
 #   bench/h200_runs.sh health OUTDIR  # 1 GPU: the bundled function with spec.health's timings, watchdog and flight
@@ -413,6 +417,59 @@ round11)  # one GPU, one call: torchtitan beside ours-r9-graphs and round eleven
     # each recipe's step-1 loss (same weights and tokens: the losses should agree to about 1e-3)
     [ -f "$out/logs/round11-speed.json" ] && "$py" -c 'import json, sys; [print("# step-1 loss", r["recipe"], "%.6f" % r["losses"][0]) for r in json.load(open(sys.argv[1]))]' \
         "$out/logs/round11-speed.json"
+    ;;
+round12)  # one GPU, one call (~7 min): torchtitan in bf16 and with its fp8 converter (torchao's float8, the lm_head
+          # left in bf16 as ours is; NO_TITAN=1 skips both), then the training function itself in bf16 and with
+          # precision fp8 for each SHAPES entry (SEQxBATCH, default 2048x8), lossChunkTokens 0, 30 steps.
+          # WHEELS=DIR holds torchtitan's wheels and torchao's.
+    wheel_site /tmp/torchao-site torchao "${WHEELS:?WHEELS: torchtitan, torchao}"/torchao-*.whl || exit 1
+    if [ -z "${NO_TITAN:-}" ]; then
+        titan titan-bf16 170 --training.steps 30 --x.warmup 10
+        titan titan-fp8 170 --training.steps 30 --x.warmup 10 --model.converters quantize.linear.float8 \
+            --quantize.linear.float8.filter_fqns output
+    fi
+    for shape in ${SHAPES:-2048x8}; do
+        base='"seq_len":'${shape%x*}',"batch_size_per_rank":'${shape#*x}',"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":2e-5,"model":"Qwen/Qwen2.5-1.5B","model_init":"random","loss_chunk_tokens":0'
+        for precision in bf16 fp8; do
+            PYTHONPATH="$PYTHONPATH:/tmp/torchao-site" fn1 "$precision-$shape" 150 "{$base,\"steps\":${STEPS:-30},\"precision\":\"$precision\"}"
+        done
+        ratio "bf16-$shape" "fp8-$shape"
+    done
+    ;;
+round12-loss)  # one GPU (~3 min): bf16 against fp8 on Python sources over 50 steps, lossChunkTokens 0: the loss step
+               # by step and the means of the last steps. WHEELS=DIR holds torchao's wheel.
+    wheel_site /tmp/torchao-site torchao "${WHEELS:?WHEELS: torchao}"/torchao-*.whl || exit 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/torchao-site"
+    assets=${ASSETS:-/tmp/fsdp-python-sources}
+    "$py" bench/data_pipeline.py python-sources "$assets" >"$out/logs/assets.log" 2>&1 || { tail -n 5 "$out/logs/assets.log"; exit 1; }
+    base='"seq_len":2048,"batch_size_per_rank":8,"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":'${LR:-3e-4}',"warmup_steps":10,"model":"Qwen/Qwen2.5-1.5B","model_init":"random","loss_chunk_tokens":0,"shuffle_seed":1,"data":"'$assets/corpus'","tokenizer":"'$assets/tokenizer'"'
+    for precision in bf16 fp8; do
+        fn1 "text-$precision" 170 "{$base,\"steps\":${STEPS:-50},\"precision\":\"$precision\"}"
+    done
+    "$py" - "$out/logs/text-bf16.log" "$out/logs/text-fp8.log" <<'PY'
+import json, sys
+def losses(path):
+    return [json.loads(l.split("FSDP_EVENT ", 1)[1])["loss"] for l in open(path) if '"kind":"step"' in l]
+bf16, fp8 = (losses(p) for p in sys.argv[1:3])
+print("# step  bf16 loss  fp8 loss  fp8/bf16")
+for i, (a, b) in enumerate(zip(bf16, fp8), 1):
+    if i <= 5 or i % 5 == 0:
+        print(f"# {i:4d}  {a:9.4f}  {b:8.4f}  {b / a:.4f}")
+if bf16 and len(bf16) == len(fp8):
+    print(f"# largest step gap: {max(abs(b / a - 1) for a, b in zip(bf16, fp8)) * 100:.2f} %")
+for k in (10, 20):
+    if len(bf16) >= k and len(fp8) >= k:
+        a, b = sum(bf16[-k:]) / k, sum(fp8[-k:]) / k
+        print(f"# mean of the last {k}: bf16 {a:.4f}, fp8 {b:.4f}: {100 * (b - a) / a:+.2f} %")
+PY
+    ratio text-bf16 text-fp8
+    ;;
+round12-bench)  # one GPU (~5 min): round twelve's bench recipes in one invocation (window timing): round eleven's FSDP
+                # path in bf16, with fp8, with fp8 and FSDP's fp8 all-gather. WHEELS=DIR holds torchao's wheel.
+    wheel_site /tmp/torchao-site torchao "${WHEELS:?WHEELS: torchao}"/torchao-*.whl || exit 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/torchao-site"
+    bench round12-speed 1 500 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window \
+        --recipes "${RECIPES:-ours-r12-fp8,ours-r12-fp8-ag,ours-r11-fsdp-titanloss}"
     ;;
 round11-loss)  # one GPU: the training function itself with each loss: chunks of 4096 tokens (the default), no chunks
                # and the compiled cross-entropy (0 with compile on), one chunk of the whole batch (16384); with

@@ -171,6 +171,24 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "x_coordinate_descent": True,
         "x_no_fsdp": "graphs",
     },
+    # round twelve: round eleven's FSDP path (the training function's, ``lossChunkTokens: 0``) with fp8 matmuls in
+    # the decoder blocks (``precision: fp8``), and with FSDP's all-gather in fp8 too (nothing to gather on one GPU:
+    # it casts the fp32 shards to fp8 instead of to bf16 and then to fp8)
+    "ours-r12-fp8": {
+        **FP8,
+        "loss_chunk_tokens": 0,
+        "x_lazy": True,
+        "x_gc": True,
+        "x_coordinate_descent": True,
+    },
+    "ours-r12-fp8-ag": {
+        **FP8,
+        "loss_chunk_tokens": 0,
+        "x_lazy": True,
+        "x_gc": True,
+        "x_coordinate_descent": True,
+        "x_float8": Float8Choice("tensorwise", ("mlp.", "self_attn."), True),
+    },
 }
 MODEL_LEVERS = ("kernels", "attention", "gate_up")
 """``x_`` keys that ``meta_model_with`` takes; the others are patched in by ``levers`` for one recipe."""

@@ -511,6 +511,7 @@ def matmul_precision(cfg: TrainConfig, device: torch.device, config: Any) -> str
         device_name=torch.cuda.get_device_name(device) if on_gpu else "cpu",
         capability=torch.cuda.get_device_capability(device) if on_gpu else None,
         hidden_size=int(config.hidden_size),
+        tokens_per_micro_batch=cfg.batch_size_per_rank * cfg.seq_len,
     )
 
 

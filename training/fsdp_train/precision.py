@@ -22,15 +22,19 @@ FP8_MIN_COMPUTE_CAPABILITY = (8, 9)
 """fp8 tensor cores arrived with Ada (8.9: L4, L40S) and Hopper (9.0: H100, H200); A100/A10G have none."""
 
 FP8_AUTO_GPUS = ("H100", "H200", "GH200")
-"""GPUs (Hopper) on which fp8 was measured to win: on an H200, 1.13x bf16 tokens/s for Qwen2.5-1.5B and
-1.26x for a Qwen2.5-7B-shaped model (docs/performance.md). Ada GPUs (L4, L40S) have fp8 tensor cores
-but far less memory bandwidth for the casts and were not measured: ``auto`` keeps them on bf16."""
+"""GPUs (Hopper) on which fp8 was measured to win (docs/performance.md, rounds two, four and twelve). Ada GPUs (L4,
+L40S) have fp8 tensor cores but far less memory bandwidth for the casts and were not measured: ``auto`` keeps them on
+bf16."""
 
 FP8_AUTO_MIN_HIDDEN = 3584
-"""``auto`` picks fp8 from this hidden size up: the width at which both the speed (1.26x) and the loss on
-text (within 1 % of bf16 after 300 steps) were measured. At 1536 (Qwen2.5-1.5B) fp8's loss on text is
-within 1 % too, but its speed depends on the batch: 1.13x at batch 8, 0.78x at batch 2 (docs/performance.md,
-round four). Narrower models stay on bf16 unless fp8 is asked for."""
+"""``auto`` picks fp8 from this hidden size up at any batch: a Qwen2.5-7B-shaped model ran 1.26x bf16's tokens/s at
+16,384 tokens a micro-batch and 1.12x at 4,096, its loss on text within 1 % of bf16's over 300 steps."""
+
+FP8_AUTO_NARROW = (1536, 16_384)
+"""``auto`` also picks fp8 from a hidden size of 1536 (Qwen2.5-1.5B) up where a rank's micro-batch holds at least
+16,384 tokens: 1.117x and 1.119x bf16 (seq 2048 x 8, seq 4096 x 4; round twelve), the loss on text within 0.25 % of
+bf16's at every one of 50 steps. At 8,192 tokens fp8 was slower (0.898x), at 4,096 too (0.78x, round four): the
+matmuls are too small to repay fp8's casts and scales. Between 8,192 and 16,384 tokens nothing was measured: bf16."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +60,20 @@ def has_fp8_tensor_cores(device_name: str, capability: tuple[int, int] | None) -
     return gpu is not None and gpu.supports_fp8
 
 
-def resolve_precision(requested: str, *, device_name: str, capability: tuple[int, int] | None, hidden_size: int) -> str:
+def resolve_precision(
+    requested: str,
+    *,
+    device_name: str,
+    capability: tuple[int, int] | None,
+    hidden_size: int,
+    tokens_per_micro_batch: int,
+) -> str:
     """``bf16`` or ``fp8``: what this rank runs for ``training.precision`` on this device and model.
 
     ``fp8`` on a device without fp8 tensor cores (or a CPU: ``capability`` None and no known name)
-    raises ``ValueError`` naming the field; ``auto`` is fp8 only on ``FP8_AUTO_GPUS`` from
-    ``FP8_AUTO_MIN_HIDDEN`` up, bf16 elsewhere.
+    raises ``ValueError`` naming the field; ``auto`` is fp8 only on ``FP8_AUTO_GPUS``, from
+    ``FP8_AUTO_MIN_HIDDEN`` up or within ``FP8_AUTO_NARROW`` (a rank's micro-batch of ``tokens_per_micro_batch``
+    tokens), bf16 elsewhere.
     """
     if requested == "bf16":
         return "bf16"
@@ -77,7 +89,11 @@ def resolve_precision(requested: str, *, device_name: str, capability: tuple[int
     if requested == "auto":
         gpu = gpu_for_device(device_name)
         measured = gpu is not None and gpu.name in FP8_AUTO_GPUS
-        return "fp8" if fp8_ok and measured and hidden_size >= FP8_AUTO_MIN_HIDDEN else "bf16"
+        narrow_hidden, narrow_tokens = FP8_AUTO_NARROW
+        wins = hidden_size >= FP8_AUTO_MIN_HIDDEN or (
+            hidden_size >= narrow_hidden and tokens_per_micro_batch >= narrow_tokens
+        )
+        return "fp8" if fp8_ok and measured and wins else "bf16"
     raise ValueError(f"training.precision must be one of bf16, fp8, auto; got {requested!r}.")
 
 

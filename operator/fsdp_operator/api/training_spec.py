@@ -238,9 +238,10 @@ class Training:
     )
     precision: Literal["bf16", "fp8", "auto"] = declare(
         "Matmul precision of the decoder blocks' linear layers. bf16; fp8: torchao float8 training, for GPUs with "
-        "fp8 tensor cores (L4, L40S, H100, H200; on H200 1.13x bf16 tokens/s for Qwen2.5-1.5B, 1.26x for a "
-        "7B-shaped model); auto: fp8 where it was measured to win (H100 or H200 and a hidden size of 3584 or "
-        "more), else bf16.",
+        "fp8 tensor cores (L4, L40S, H100, H200; on H200 1.12x bf16 tokens/s for Qwen2.5-1.5B at 16,384 tokens a "
+        "GPU's micro-batch but 0.90x at 8,192, 1.26x for a 7B-shaped model); auto: fp8 where it was measured to win "
+        "(H100 or H200, and a hidden size of 3584 or more, or of 1536 or more with batchSizePerRank x seqLen of at "
+        "least 16,384), else bf16.",
         default="bf16",
         train="precision",
     )
