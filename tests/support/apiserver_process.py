@@ -49,8 +49,10 @@ def _request_key(request: web.Request) -> tuple[str, str, str, str]:
 async def _main(conn: Connection, plan: FaultPlan | None, rbac: list[dict[str, Any]] | None) -> None:
     requests: Counter[tuple[str, str, str, str]] = Counter()
     status_writes: Counter[str] = Counter()
-    created: dict[str, dict[str, float]] = {"jobs": {}, "clusters": {}, "loops": {}}
-    """Commit times of jobs and RayClusters, and when the controller first asked about each job."""
+    created: dict[str, dict[str, float]] = {"jobs": {}, "clusters": {}, "loops": {}, "jobs_cpu": {}, "clusters_cpu": {}}
+    """Commit times of jobs and RayClusters (`time.monotonic`, one clock for every process of the machine), when the
+    controller first asked about each job, and this process's CPU seconds at each commit (`*_cpu`): what the
+    emulated API server itself spent between two commits, which a real API server spends on other machines."""
 
     async def count(request: web.Request, response: web.StreamResponse) -> None:
         if not request.headers.get("User-Agent", "").startswith(OPERATOR_AGENTS):
@@ -72,20 +74,28 @@ async def _main(conn: Connection, plan: FaultPlan | None, rbac: list[dict[str, A
     store.create(crds, RAYCLUSTER_CRD)
     access = None if rbac is None else chart_rbac.secure_server(api, rbac)
 
-    def recorder(bucket: dict[str, float]) -> Any:
+    def recorder(kind: str) -> Any:
         def deliver(event: WatchEvent) -> None:
-            if event.type == "ADDED":
-                bucket.setdefault(event.object["metadata"]["name"], time.monotonic())
+            name = event.object["metadata"]["name"]
+            if event.type == "ADDED" and name not in created[kind]:
+                created[kind][name] = time.monotonic()
+                created[f"{kind}_cpu"][name] = time.process_time()
 
         return deliver
 
-    store.subscribe(store.resource(schema.PLURAL, schema.GROUP), None, None, recorder(created["jobs"]))
-    store.subscribe(store.resource("rayclusters", "ray.io"), None, None, recorder(created["clusters"]))
+    store.subscribe(store.resource(schema.PLURAL, schema.GROUP), None, None, recorder("jobs"))
+    store.subscribe(store.resource("rayclusters", "ray.io"), None, None, recorder("clusters"))
     conn.send(api.url)
     loop = asyncio.get_running_loop()
     while True:
         command = await loop.run_in_executor(None, conn.recv)
-        if command == "jobs":
+        if command == "phases":
+            # Polled while the jobs run: their phases only, not every status copied and sent each time.
+            def phase(job: dict[str, Any]) -> tuple[str, str]:
+                return str(job["metadata"]["name"]), str((job.get("status") or {}).get("phase", ""))
+
+            conn.send(dict(store.project(store.resource(schema.PLURAL, schema.GROUP), phase)))
+        elif command == "jobs":
             # The jobs' statuses, read here: a test that polled them over HTTP from the operator's process would
             # parse every job's status there, every poll, and count that as the operator's memory and CPU.
             jobs = store.find(schema.PLURAL, schema.GROUP)
@@ -134,6 +144,12 @@ class ApiServerProcess:
         """Every FSDPTrainingJob's status, by name (read in the API server's process)."""
         self._conn.send("jobs")
         result: dict[str, dict[str, Any]] = self._conn.recv()
+        return result
+
+    def phases(self) -> dict[str, str]:
+        """Every FSDPTrainingJob's phase, by name ('' before it has one)."""
+        self._conn.send("phases")
+        result: dict[str, str] = self._conn.recv()
         return result
 
     def stats(self) -> dict[str, Any]:
