@@ -42,7 +42,7 @@
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
 #   bench/h200_runs.sh health OUTDIR  # 1 GPU: the bundled function with spec.health's timings, watchdog and flight
 #                                     # recorder off and on, interleaved (off, on, off, on), tokens/s of each
-#   WHEELS=DIR bench/h200_runs.sh headline OUTDIR  # 1 GPU, one call (~8 min): torchtitan, the bench's best recipe
+#   WHEELS=DIR [PRECISION=fp8] bench/h200_runs.sh headline OUTDIR  # 1 GPU, one call (~8 min): torchtitan, the bench's best recipe
 #                                     # and the training function itself side by side (one MFU formula), the document
 #                                     # mask's ratio with compile on (on FlashAttention-4 with FA4SITE, FA4WHEELS as
 #                                     # for round10), a checkpoint's blocked and total time
@@ -386,9 +386,17 @@ round5-checkpoint)  # one GPU: asynchronous checkpoints of the 1.5B run, blocked
 notice)  # one GPU: a node's notice during the 1.5B run (fsdp_train.notice): notice -> saved, blocked and total save
     notice_run
     ;;
-headline)  # one GPU, one call: the three figures of docs/performance.md's headline, side by side
-    titan titan-native 170 --training.steps 30 --x.warmup 10
-    bench headline-speed 1 170 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window --recipes "${RECIPES:-ours-r5}"
+headline)  # one GPU, one call: the three figures of docs/performance.md's headline, side by side; PRECISION=fp8: every
+           # row in fp8 (torchtitan's float8 converter, ours-r12-fp8, the function with precision fp8 and
+           # lossChunkTokens 0; torchao's wheel in WHEELS)
+    recipes=ours-r5 titan_args=()
+    if [ "${PRECISION:-bf16}" = fp8 ]; then
+        wheel_site /tmp/torchao-site torchao "${WHEELS:?WHEELS: torchtitan, torchao}"/torchao-*.whl || exit 1
+        export PYTHONPATH="$PYTHONPATH:/tmp/torchao-site" R5_EXTRA=',"precision":"fp8","loss_chunk_tokens":0'
+        recipes=ours-r12-fp8 titan_args=(--model.converters quantize.linear.float8 --quantize.linear.float8.filter_fqns output)
+    fi
+    titan titan-native 170 --training.steps 30 --x.warmup 10 "${titan_args[@]}"
+    bench headline-speed 1 170 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window --recipes "${RECIPES:-$recipes}"
     # the mask's ratio on FlashAttention-4 where FA4SITE gives it (round ten), else on torch's varlen kernel
     ( [ -z "${FA4SITE:-}" ] || fa4_site /tmp/fa4site; round5_data_runs )
     CKPT_STEPS=${CKPT_STEPS:-60} CKPT_EVERY=${CKPT_EVERY:-30} round5_checkpoint
