@@ -138,10 +138,11 @@ def test_a_user_function_is_verified_reports_progress_resumes_and_a_stalled_or_s
 
 
 @pytest.mark.slow  # fast: the wrapper's Failure (test_user_function) and the status it makes (test_train_function)
+@pytest.mark.timeout(900)  # a Ray cluster's start and a run: past 300 s beside a whole `make test` (2026-12-04)
 def test_a_user_function_that_raises_fails_the_job_with_its_exception(tmp_path: Path) -> None:
     function = {"callable": "byo_checks.functions:fail", "code": str(CHECKS), "config": {"why": "out of ideas"}}
     path = function_job(tmp_path, "byo-fail", function)
-    proc, job = run_local(path, tmp_path)
+    proc, job = run_local(path, tmp_path, timeout=800)
     assert proc.returncode != 0 and "status" in job, proc.stdout[-4000:] + proc.stderr[-4000:]
     status = job["status"]
     assert status["phase"] == "Failed" and status["reason"] == "RayJobFailed"
