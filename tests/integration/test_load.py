@@ -164,9 +164,8 @@ async def run_load(count: int, rbac: list[dict[str, Any]], creator: Creator = cr
         lags: list[float] = []
         operator_cpu: list[tuple[float, float]] = []
         async with kuberay.running(tick=TICK):
-            monitor = asyncio.create_task(
-                _lag_monitor(lags, operator_cpu)
-            )  # started before kopf, which leaves it alone
+            # started before kopf, which leaves it alone
+            monitor = asyncio.create_task(_lag_monitor(lags, operator_cpu))
             baseline_kib = _memory_kib("VmRSS")
             cpu_before = _cpu_seconds()
             _reset_peak_memory()

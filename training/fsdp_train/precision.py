@@ -32,7 +32,7 @@ FP8_AUTO_MIN_HIDDEN = 3584
 
 FP8_AUTO_NARROW = (1536, 16_384)
 """``auto`` also picks fp8 from a hidden size of 1536 (Qwen2.5-1.5B) up where a rank's micro-batch holds at least
-16,384 tokens: 1.117x and 1.119x bf16 (seq 2048 x 8, seq 4096 x 4; round twelve), the loss on text within 0.25 % of
+16,384 tokens: 1.117x and 1.119x bf16 (seq 2048 x 8, seq 4096 x 4; round twelve), the loss on text within 1 % of
 bf16's at every one of 50 steps. At 8,192 tokens fp8 was slower (0.898x), at 4,096 too (0.78x, round four): the
 matmuls are too small to repay fp8's casts and scales. Between 8,192 and 16,384 tokens nothing was measured: bf16."""
 
