@@ -130,9 +130,14 @@ def test_the_immediate_collector_deletes_inside_the_request() -> None:
     with ThreadedApiServer(gc_delay=0.0) as api:
         k8s = Client(api.url)
         assert k8s.post(CRDS, widget_crd())[0] == 201
-        child(k8s, "child", owner_and_ref(k8s, "owner"))
+        ref = owner_and_ref(k8s, "owner")
+        child(k8s, "child", ref)
         assert k8s.delete(f"{WIDGETS}/owner")[0] == 200
         assert not exists(k8s, f"{CM}/child")
+        # A dependent created after its owner's deletion (its creator read the owner before): gone when the create
+        # answers, not left for ever (a Kueue Workload once outlived its RayCluster so, test_kueue.py).
+        child(k8s, "late", ref)
+        assert not exists(k8s, f"{CM}/late")
 
 
 def test_a_foreground_deletion_without_dependents_still_waits_for_the_collector(

@@ -252,6 +252,8 @@ def _suspended_cluster(kuberay: LocalKubeRay, name: str, *, suspend: bool) -> di
                                                                   "ranksPerWorker": 1}}})  # fmt: skip
     rc = render.raycluster(job, render.Security(token_auth=False))
     rc["spec"]["suspend"] = suspend
+    # No job is stored in these cases: a RayCluster naming an owner that does not exist is the collector's at once.
+    rc["metadata"].pop("ownerReferences", None)
     return rc
 
 

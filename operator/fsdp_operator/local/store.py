@@ -184,8 +184,8 @@ class Store:
     owner, and those created naming an owner that does not exist, that many seconds later from its own thread,
     as the real controller does in the background (seconds, minutes under load). None: no collector at all,
     dependents stay until someone deletes them, and a foreground deletion never completes (as on a cluster whose
-    kube-controller-manager is down). 0: at once, inside the deleting request, which no real cluster does; for
-    tests about something else."""
+    kube-controller-manager is down). 0: at once, inside the deleting request (or, for a dependent created naming an
+    owner that is gone, inside the creating one), which no real cluster does; for tests about something else."""
     _gc_due: list[tuple[float, int, str]] = field(default_factory=list)
     """(when, sequence, owner uid) the collector looks at, soonest first."""
     _gc_wakeup: threading.Condition = field(default_factory=threading.Condition)
@@ -330,9 +330,13 @@ class Store:
                 self._register(new_type)
             self.created[rtype.group_resource] += 1
             self._commit(rtype, "ADDED", obj)
-            if self.gc_delay and any(str(r.get("uid")) not in self._live_uids for r in _owner_references(meta)):
+            if self.gc_delay is not None and any(
+                str(r.get("uid")) not in self._live_uids for r in _owner_references(meta)
+            ):
                 # An owner that does not exist (deleted before, or never was): the collector deletes the dependent
-                # once every owner is verified absent (docs: "Owners and dependents").
+                # once every owner is verified absent (docs: "Owners and dependents"); the immediate one at once. A
+                # client that read the owner before its deletion and creates a dependent after it (a Kueue Workload
+                # for a RayCluster deleted meanwhile) otherwise leaves one that no collector ever looks at again.
                 self._schedule_collection(*{str(r.get("uid")) for r in _owner_references(meta)})
             return json_copy(obj)
 
