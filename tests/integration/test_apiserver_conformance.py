@@ -420,3 +420,29 @@ def test_a_crd_schema_of_the_wrong_shape_is_a_decoding_error(api: ThreadedApiSer
         'CustomResourceDefinition in version "v1" cannot be handled as a CustomResourceDefinition'
     )
     assert "spec.versions[0].schema.openAPIV3Schema.properties[spec]" in status["message"]
+
+
+def test_an_update_is_refused_only_for_the_fields_it_changes(api: ThreadedApiServer) -> None:
+    """Validation ratcheting (CRDValidationRatcheting, GA in 1.33): an object stored before its CRD's schema was
+    tightened keeps taking status writes and metadata changes; a change to the invalid field is held to the new
+    schema, and a new object is refused."""
+    assert post(api, CRDS, widget_crd())[0] == 201
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": {"name": "a"}, "spec": {"replicas": 5}}
+    assert post(api, WIDGETS, body)[0] == 201
+    crd = requests.get(f"{api.url}{CRDS}/{PLURAL}.{GROUP}", timeout=10).json()
+    spec_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec_schema["properties"]["replicas"]["maximum"] = 3
+    response = requests.put(f"{api.url}{CRDS}/{PLURAL}.{GROUP}", json=crd, timeout=10)
+    assert response.status_code == 200, response.text
+
+    def patch(path: str, change: dict[str, Any]) -> requests.Response:
+        headers = {"Content-Type": "application/merge-patch+json"}
+        return requests.patch(f"{api.url}{WIDGETS}/{path}", data=json.dumps(change), headers=headers, timeout=10)
+
+    assert patch("a/status", {"status": {"phase": "Running"}}).status_code == 200
+    assert patch("a", {"metadata": {"labels": {"team": "a"}}}).status_code == 200
+    refused = patch("a", {"spec": {"replicas": 4}})
+    assert refused.status_code == 422 and refused.json()["details"]["causes"][0]["field"] == "spec.replicas"
+    assert patch("a", {"spec": {"replicas": 2}}).status_code == 200
+    code, status = post(api, WIDGETS, {**body, "metadata": {"name": "b"}})
+    assert code == 422 and "spec.replicas" in status["message"], status

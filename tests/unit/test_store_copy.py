@@ -1,10 +1,10 @@
-"""The emulated API server's copy of stored objects (`store.json_copy`): deep, equal, and never shared."""
+"""The emulated API server's copy of stored objects (`resources.json_copy`): deep, equal, and never shared."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fsdp_operator.local.store import json_copy
+from fsdp_operator.local.resources import json_copy
 from hypothesis import given
 from hypothesis import strategies as st
 

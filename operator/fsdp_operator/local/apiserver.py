@@ -357,8 +357,9 @@ class ApiServer:
         if method == "PUT":
             self._count("update", target)
             response = _Response()
-            body = self._validate(rtype, version, await _read_body(request), query, request, response)
-            self._admit(request, target, body, _current(self.store, target))
+            current = _current(self.store, target)
+            body = self._validate(rtype, version, await _read_body(request), query, request, response, current)
+            self._admit(request, target, body, current)
             updated = self.store.update(
                 rtype,
                 name,
@@ -381,7 +382,9 @@ class ApiServer:
                 self._admit(request, target, result, current)
                 return result
 
-            patched = self.store.patch(rtype, name, admitted, namespace, subresource=subresource, dry_run=dry_run)
+            patched = self.store.patch(
+                rtype, name, admitted, namespace, subresource=subresource, dry_run=dry_run, private=True
+            )
             return response.json(self._served(patched, rtype, version))
         if method == "DELETE":
             self._count("delete", target)
@@ -418,7 +421,7 @@ class ApiServer:
         def applied(current: Obj | None) -> Obj:
             served = None if current is None else self._served(current, rtype, version)
             result = server_side_apply.apply(served, config, rtype, manager, force=force)
-            result = self._validate(rtype, version, result, query, request, response)
+            result = self._validate(rtype, version, result, query, request, response, current)
             self._admit(request, target, result, current)
             return result
 
@@ -429,7 +432,9 @@ class ApiServer:
                     raise ApiError(404, "NotFound", f'{rtype.group_resource} "{name}" not found')
                 created = self.store.create(rtype, applied(None), namespace, dry_run=dry_run)
                 return response.json(self._served(created, rtype, version), status=201)
-            patched = self.store.patch(rtype, name, applied, namespace, subresource=subresource, dry_run=dry_run)
+            patched = self.store.patch(
+                rtype, name, applied, namespace, subresource=subresource, dry_run=dry_run, private=True
+            )
         return response.json(self._served(patched, rtype, version))
 
     def _admit(self, request: web.Request, target: _Target, new: Obj, old: Obj | None) -> None:
@@ -530,7 +535,7 @@ class ApiServer:
             result = apply(served, patch)
             if not isinstance(result, dict):
                 raise ApiError(422, "Invalid", "the patch turned the object into a non-object")
-            return self._validate(rtype, version, result, query, request, response)
+            return self._validate(rtype, version, result, query, request, response, current)
 
         return patch_fn
 
@@ -542,13 +547,14 @@ class ApiServer:
         query: Mapping[str, str],
         request: web.Request,
         response: _Response,
+        old: Obj | None = None,
     ) -> Obj:
         """Default, prune unknown fields of and validate custom resources, with `fieldValidation`, like the real
-        server (defaults are pruned values, so defaulting first leaves the unknown fields to report the same)."""
+        server; an update's errors on fields it leaves as `old` has them do not count (`validation.validate`)."""
         schema = rtype.schemas.get(version)
         if schema is None:
             return workloads.default_and_validate(rtype, body)
-        pruned, unknown = validation.prune(validation.default(body, schema), schema)
+        pruned, unknown = validation.default_and_prune(body, schema)
         name = str((body.get("metadata") or {}).get("name", ""))
         mode = query.get("fieldValidation", "Warn")  # the real server's default since v1.27
         if unknown and mode == "Strict":
@@ -561,7 +567,7 @@ class ApiServer:
             )
         if unknown and mode == "Warn":
             response.warnings.extend(f'unknown field "{path}"' for path in unknown)
-        errors = validation.validate(pruned, schema)
+        errors = validation.validate(pruned, schema, old)
         if errors:
             causes = [{"reason": "FieldValueInvalid", "message": message, "field": path} for path, message in errors]
             summary = ", ".join(f"{path}: {message}" for path, message in errors)

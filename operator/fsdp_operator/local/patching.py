@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from fsdp_operator.local.resources import json_copy
+
 
 class PatchError(ValueError):
     """A patch that cannot be applied; the server answers 422 (or 400 for a malformed patch)."""
@@ -17,7 +19,7 @@ class PatchError(ValueError):
 def merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch: dicts merge recursively, null deletes, everything else replaces."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
+        return json_copy(patch)
     result: dict[str, Any] = dict(target) if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:

@@ -212,37 +212,38 @@ def _role_rules(store: Store, ref: Mapping[str, Any], namespace: str) -> Iterabl
     plural = "clusterroles" if kind == "ClusterRole" else "roles" if kind == "Role" else ""
     if not plural:
         return []
-    rtype = store.resource(plural, RBAC_GROUP)
-    try:
-        role = store.get(rtype, name, namespace if kind == "Role" else None)
-    except ApiError:
+    role = store.peek(store.resource(plural, RBAC_GROUP), name, namespace if kind == "Role" else None)
+    if role is None:
         return []  # a binding to a role that does not exist grants nothing
     return [r for r in role.get("rules") or [] if isinstance(r, Mapping)]
 
 
 def _bindings(store: Store, plural: str) -> list[Obj]:
-    items, _ = store.list_objects(store.resource(plural, RBAC_GROUP), None, lambda _: True)
-    return items
+    return store.project(store.resource(plural, RBAC_GROUP), lambda binding: binding)
 
 
 def allowed(store: Store, user: User, attrs: Attributes) -> bool:
-    """Whether any binding of `user` grants `attrs` (RBAC only allows; there are no deny rules)."""
-    for binding in _bindings(store, "clusterrolebindings"):
-        if not any(_subject_matches(s, user, "") for s in binding.get("subjects") or []):
-            continue
-        if any(_rule_matches(r, attrs) for r in _role_rules(store, binding.get("roleRef") or {}, "")):
-            return True
-    if not attrs.namespace:
-        return False  # cluster-scoped requests (and lists across all namespaces) need a ClusterRoleBinding
-    for binding in _bindings(store, "rolebindings"):
-        namespace = str((binding.get("metadata") or {}).get("namespace") or "")
-        if namespace != attrs.namespace:
-            continue
-        if not any(_subject_matches(s, user, namespace) for s in binding.get("subjects") or []):
-            continue
-        if any(_rule_matches(r, attrs) for r in _role_rules(store, binding.get("roleRef") or {}, namespace)):
-            return True
-    return False
+    """Whether any binding of `user` grants `attrs` (RBAC only allows; there are no deny rules).
+
+    Every request is authorized, so the bindings and roles are read as stored, under the store's lock, not copied
+    (copying them was a tenth of the emulated server's CPU with many jobs at once); nothing read is changed."""
+    with store.lock:
+        for binding in _bindings(store, "clusterrolebindings"):
+            if not any(_subject_matches(s, user, "") for s in binding.get("subjects") or []):
+                continue
+            if any(_rule_matches(r, attrs) for r in _role_rules(store, binding.get("roleRef") or {}, "")):
+                return True
+        if not attrs.namespace:
+            return False  # cluster-scoped requests (and lists across all namespaces) need a ClusterRoleBinding
+        for binding in _bindings(store, "rolebindings"):
+            namespace = str((binding.get("metadata") or {}).get("namespace") or "")
+            if namespace != attrs.namespace:
+                continue
+            if not any(_subject_matches(s, user, namespace) for s in binding.get("subjects") or []):
+                continue
+            if any(_rule_matches(r, attrs) for r in _role_rules(store, binding.get("roleRef") or {}, namespace)):
+                return True
+        return False
 
 
 def name_from_field_selector(field_selector: str) -> str:

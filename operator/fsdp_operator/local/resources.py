@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 Obj = dict[str, Any]
+
+_ATOMS = (str, int, float, bool, type(None))
+_T = TypeVar("_T")
+
+
+def json_copy(value: _T) -> _T:
+    """A deep copy of JSON data (what the store holds: dicts, lists, strings, numbers, booleans, null), about three
+    times faster than `copy.deepcopy`, which keeps a memo for shared and cyclic references JSON cannot have. Every
+    read, write and watch event copies an object: with many jobs at once `deepcopy` was a quarter of the emulated API
+    server's CPU (docs/reliability.md, "Load"). Anything else is handed to `copy.deepcopy`."""
+    kind = type(value)
+    if kind is dict:
+        return cast(_T, {key: json_copy(item) for key, item in cast(dict[Any, Any], value).items()})
+    if kind is list:
+        return cast(_T, [json_copy(item) for item in cast(list[Any], value)])
+    if kind in _ATOMS:
+        return value
+    return copy.deepcopy(value)
+
 
 # Field selectors every type supports, plus the ones real built-in types add.
 _META_FIELDS = frozenset({"metadata.name", "metadata.namespace"})

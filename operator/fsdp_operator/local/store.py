@@ -9,7 +9,6 @@ other threads may all call it.
 
 from __future__ import annotations
 
-import copy
 import heapq
 import itertools
 import random
@@ -21,29 +20,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar, cast
+from typing import TypeVar
 
 from fsdp_operator.local import structural
 from fsdp_operator.local.patching import merge_patch
-from fsdp_operator.local.resources import InvalidDefinition, Obj, ResourceType, builtin_types, type_from_crd
+from fsdp_operator.local.resources import InvalidDefinition, Obj, ResourceType, builtin_types, json_copy, type_from_crd
 
-_ATOMS = (str, int, float, bool, type(None))
 _T = TypeVar("_T")
-
-
-def json_copy(value: _T) -> _T:
-    """A deep copy of JSON data (what the store holds: dicts, lists, strings, numbers, booleans, null), about three
-    times faster than `copy.deepcopy`, which keeps a memo for shared and cyclic references JSON cannot have. Every
-    read, write and watch event copies an object: with many jobs at once `deepcopy` was a quarter of the emulated API
-    server's CPU (docs/reliability.md, "Load"). Anything else is handed to `copy.deepcopy`."""
-    kind = type(value)
-    if kind is dict:
-        return cast(_T, {key: json_copy(item) for key, item in cast(dict[Any, Any], value).items()})
-    if kind is list:
-        return cast(_T, [json_copy(item) for item in cast(list[Any], value)])
-    if kind in _ATOMS:
-        return value
-    return copy.deepcopy(value)
 
 
 # Namespaces a fresh cluster has.
@@ -254,6 +237,12 @@ class Store:
                 raise not_found(rtype, name)
             return json_copy(obj)
 
+    def peek(self, rtype: ResourceType, name: str, namespace: str | None = None) -> Obj | None:
+        """The stored object itself, not a copy (None when absent): for the server's own readers of a few fields on
+        every request (RBAC's roles). Use it under `lock`, and never change or keep it."""
+        with self.lock:
+            return self.objects[rtype.key].get((self._ns(rtype, namespace), name))
+
     def list_objects(
         self, rtype: ResourceType, namespace: str | None = None, predicate: Callable[[Obj], bool] | None = None
     ) -> tuple[list[Obj], int]:
@@ -350,14 +339,16 @@ class Store:
         subresource: str = "",
         require_resource_version: bool = False,
         dry_run: bool = False,
+        private: bool = False,
     ) -> Obj:
-        """Replace an object (PUT, or the result of a PATCH). A stale resourceVersion in the body is 409."""
+        """Replace an object (PUT, or the result of a PATCH). A stale resourceVersion in the body is 409.
+        `private`: nobody else holds `body` (a patch's result), so it is stored without a copy."""
         with self.lock:
             ns = self._ns(rtype, namespace)
             old = self.objects[rtype.key].get((ns, name))
             if old is None:
                 raise not_found(rtype, name)
-            new = json_copy(body)
+            new = body if private else json_copy(body)
             meta = new.get("metadata")
             if not isinstance(meta, dict):
                 new["metadata"] = meta = {}
@@ -375,7 +366,9 @@ class Store:
                     "metadata.resourceVersion",
                 )
             if subresource == "status":
-                result = json_copy(old)
+                # Stored objects are never changed in place (copy on write): the new version shares all but its
+                # metadata, which the commit stamps, and its status with the old one.
+                result = {**old, "metadata": dict(old["metadata"])}
                 if "status" in new:
                     result["status"] = new["status"]
                 else:
@@ -440,12 +433,16 @@ class Store:
         *,
         subresource: str = "",
         dry_run: bool = False,
+        private: bool = False,
     ) -> Obj:
         """Apply a patch function to the current object atomically (a resourceVersion in the result is a
-        precondition, as with the real server)."""
+        precondition, as with the real server). `private`: `apply` builds its result from the copy it is given and
+        copies of the patch (the server's patches), so the result is stored without another copy."""
         with self.lock:
             current = self.get(rtype, name, namespace)
-            return self.update(rtype, name, apply(current), namespace, subresource=subresource, dry_run=dry_run)
+            return self.update(
+                rtype, name, apply(current), namespace, subresource=subresource, dry_run=dry_run, private=private
+            )
 
     def merge(
         self,

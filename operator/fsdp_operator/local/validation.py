@@ -1,18 +1,19 @@
 """Structural-schema pruning, defaulting and validation of custom resources, as the real API server applies them.
 
 Docs: "Extend the Kubernetes API with CustomResourceDefinitions", sections "Field pruning", "Defaulting"
-("Defaulting and Nullable") and "Validation".
+("Defaulting and Nullable"), "Validation" and "Validation ratcheting".
 """
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
 import jsonschema.protocols
 
-from fsdp_operator.local.resources import Obj
+from fsdp_operator.local.resources import Obj, json_copy
 
 # Always kept at the root of a custom resource (and of embedded resources), whatever the schema says.
 _ROOT_FIELDS = ("apiVersion", "kind", "metadata")
@@ -21,14 +22,23 @@ _ROOT_FIELDS = ("apiVersion", "kind", "metadata")
 def prune(obj: Obj, schema: Obj) -> tuple[Obj, list[str]]:
     """Drop fields the schema does not declare; return the pruned copy and the dropped paths."""
     unknown: list[str] = []
-    pruned = _prune(copy.deepcopy(obj), schema, "", unknown, root=True)
+    pruned = _prune(json_copy(obj), schema, "", unknown, root=True)
     return pruned, unknown
+
+
+def default_and_prune(obj: Obj, schema: Obj) -> tuple[Obj, list[str]]:
+    """`prune(default(obj))` on one copy, as the server treats every write (defaults are pruned values, so
+    defaulting first leaves the unknown fields to report the same)."""
+    result = json_copy(obj)
+    _default(result, schema)
+    unknown: list[str] = []
+    return _prune(result, schema, "", unknown, root=True), unknown
 
 
 def prune_value(value: Any, schema: Obj, *, embedded: bool = False) -> tuple[Any, list[str]]:
     """Prune a bare value (a schema default) under its own schema; `embedded` keeps apiVersion/kind/metadata."""
     unknown: list[str] = []
-    return _prune(copy.deepcopy(value), schema, "", unknown, root=embedded), unknown
+    return _prune(json_copy(value), schema, "", unknown, root=embedded), unknown
 
 
 def default(obj: Obj, schema: Obj) -> Obj:
@@ -37,7 +47,7 @@ def default(obj: Obj, schema: Obj) -> Obj:
     A default is set where its field is absent, or null without `nullable: true`; nested defaults only under
     a parent object that exists (or was itself defaulted). Nulls of non-nullable fields without a default
     are dropped ("Defaulting and Nullable")."""
-    result = copy.deepcopy(obj)
+    result = json_copy(obj)
     _default(result, schema)
     return result
 
@@ -53,7 +63,7 @@ def _default(value: Any, schema: Any) -> None:
             if key in value and value[key] is None and not child.get("nullable"):
                 del value[key]
             if key not in value and "default" in child:
-                value[key] = copy.deepcopy(child["default"])
+                value[key] = json_copy(child["default"])
         additional = schema.get("additionalProperties")
         for key in list(value):
             if key in properties:
@@ -63,13 +73,13 @@ def _default(value: Any, schema: Any) -> None:
                     if "default" not in additional:
                         del value[key]
                         continue
-                    value[key] = copy.deepcopy(additional["default"])
+                    value[key] = json_copy(additional["default"])
                 _default(value[key], additional)
     elif isinstance(value, list) and isinstance(schema.get("items"), dict):
         items = schema["items"]
         for i, item in enumerate(value):
             if item is None and not items.get("nullable") and "default" in items:
-                value[i] = copy.deepcopy(items["default"])
+                value[i] = json_copy(items["default"])
             _default(value[i], items)
 
 
@@ -121,31 +131,71 @@ def _to_json_schema(schema: Any) -> Any:
     return result
 
 
-_VALIDATORS: dict[int, tuple[Obj, jsonschema.protocols.Validator]] = {}
+_SHELL_KEYWORDS = frozenset({"type", "properties", "required", "description", "title"})
+"""Root keywords that never look into a field's value: the root validated apart from its fields is then exact."""
+
+
+@dataclass
+class _Compiled:
+    """The validators of one stored schema: of the whole object, and of the root apart (`shell`, None when a root
+    keyword looks into values) and of each root field, for updates that leave some root fields unchanged."""
+
+    whole: jsonschema.protocols.Validator
+    shell: jsonschema.protocols.Validator | None
+    properties: Obj
+    fields: dict[str, jsonschema.protocols.Validator] = field(default_factory=dict)
+
+    def field_validator(self, key: str) -> jsonschema.protocols.Validator:
+        if key not in self.fields:
+            self.fields[key] = jsonschema.Draft4Validator(self.properties[key])
+        return self.fields[key]
+
+
+_VALIDATORS: dict[int, tuple[Obj, _Compiled]] = {}
 """Validators by the id of the schema they were built from (kept alive with it, so the id is not reused)."""
 _MAX_VALIDATORS = 256
 
 
-def _validator(schema: Obj) -> jsonschema.protocols.Validator:
-    """The validator of a stored schema, built once: converting the schema on every request cost more than
+def _compiled(schema: Obj) -> _Compiled:
+    """The validators of a stored schema, built once: converting the schema on every request cost more than
     validating (a schema is replaced, never changed in place, when its CRD is updated)."""
     cached = _VALIDATORS.get(id(schema))
     if cached is not None and cached[0] is schema:
         return cached[1]
     json_schema = _to_json_schema(schema)
+    properties = json_schema.get("properties", {})
     # metadata is validated by the server itself, not by the CRD's schema.
-    json_schema.get("properties", {}).pop("metadata", None)
+    properties.pop("metadata", None)
     # OpenAPI v3.0 schemas are JSON Schema draft 4 (boolean exclusiveMinimum), plus the conversions above.
-    validator = jsonschema.Draft4Validator(json_schema)
+    shell = None
+    if set(json_schema) <= _SHELL_KEYWORDS:
+        shell = jsonschema.Draft4Validator({**json_schema, "properties": {key: {} for key in properties}})
+    compiled = _Compiled(jsonschema.Draft4Validator(json_schema), shell, properties)
     if len(_VALIDATORS) >= _MAX_VALIDATORS:
         _VALIDATORS.clear()
-    _VALIDATORS[id(schema)] = (schema, validator)
-    return validator
+    _VALIDATORS[id(schema)] = (schema, compiled)
+    return compiled
 
 
-def validate(obj: Obj, schema: Obj) -> list[tuple[str, str]]:
-    """Schema violations as (field path, message); empty when the object is valid."""
-    return _errors(_validator(schema), obj)
+def validate(obj: Obj, schema: Obj, old: Obj | None = None) -> list[tuple[str, str]]:
+    """Schema violations as (field path, message); empty when the object is valid.
+
+    With `old`, the stored object an update or patch replaces, errors on its unchanged fields do not count: the
+    server "ignores errors raised on unchanged fields of custom resources across UPDATE/PATCH requests"
+    (CRDValidationRatcheting, on by default since 1.30, GA in 1.33: KEP-4008, and the docs' "Validation ratcheting").
+    Here a field is unchanged at the root (`spec`, `status`): a status write does not validate the spec again, but a
+    changed root field is validated whole, where the real server also ratchets the unchanged fields inside it (only an
+    object stored before its CRD's schema was tightened can tell the difference)."""
+    compiled = _compiled(schema)
+    if old is None:
+        return _formatted(_raw(compiled.whole, obj))
+    changed = [key for key in obj if key in compiled.properties and (key not in old or old[key] != obj[key])]
+    if compiled.shell is None:
+        return _formatted(e for e in _raw(compiled.whole, obj) if not e[0] or e[0][0] in changed)
+    raw = _raw(compiled.shell, obj)
+    for key in changed:
+        raw += _raw(compiled.field_validator(key), obj[key], key)
+    return _formatted(raw)
 
 
 def validate_value(value: Any, schema: Obj) -> list[tuple[str, str]]:
@@ -153,9 +203,17 @@ def validate_value(value: Any, schema: Obj) -> list[tuple[str, str]]:
     return [("" if path == "<root>" else path, message) for path, message in validate(value, schema)]
 
 
-def _errors(validator: jsonschema.protocols.Validator, obj: Any) -> list[tuple[str, str]]:
+_Raw = tuple[list[str | int], str]
+"""An error's path, as parts, and its message."""
+
+
+def _raw(validator: jsonschema.protocols.Validator, value: Any, *prefix: str) -> list[_Raw]:
+    return [([*prefix, *error.absolute_path], error.message) for error in validator.iter_errors(value)]
+
+
+def _formatted(raw: Iterable[_Raw]) -> list[tuple[str, str]]:
     errors = []
-    for error in sorted(validator.iter_errors(obj), key=lambda e: list(map(str, e.absolute_path))):
-        path = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in error.absolute_path).replace(".[", "[")
-        errors.append((path or "<root>", f"Invalid value: {error.message}"))
+    for parts, message in sorted(raw, key=lambda error: list(map(str, error[0]))):
+        path = ".".join(str(p) if isinstance(p, str) else f"[{p}]" for p in parts).replace(".[", "[")
+        errors.append((path or "<root>", f"Invalid value: {message}"))
     return errors
