@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import multiprocessing
 import os
 import resource
 import time
 import traceback
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -115,17 +116,39 @@ async def _lag_monitor(lags: list[float], cpu: list[tuple[float, float]], period
         lags.append(loop.time() - before - period)
 
 
+@contextlib.asynccontextmanager
+async def collector_pauses() -> AsyncIterator[list[tuple[float, float]]]:
+    """(time.monotonic at the end, seconds) of each garbage collection in this process while the block runs."""
+    pauses: list[tuple[float, float]] = []
+    started = [0.0]
+
+    def record(phase: str, _: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            pauses.append((time.monotonic(), time.perf_counter() - started[0]))
+
+    gc.callbacks.append(record)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(record)
+
+
 def cpu_at(samples: list[tuple[float, float]], when: float) -> float:
     """CPU seconds at `when`, from (time, CPU seconds) samples in time order (the last one at or before it)."""
     before = [cpu for at, cpu in samples if at <= when]
     return before[-1] if before else samples[0][1]
 
 
-def burst_cpu(created: dict[str, dict[str, float]], operator_cpu: list[tuple[float, float]]) -> dict[str, float]:
+def burst_cpu(
+    created: dict[str, dict[str, float]], operator_cpu: list[tuple[float, float]], pauses: list[tuple[float, float]]
+) -> dict[str, float]:
     """The burst (the first job's commit to the last RayCluster's): how long it took, and the CPU seconds the
     emulated API server and the operator's process each spent in it (the API server's from its own clock at the
-    commits; the operator's from its samples, to 50 ms). On two cores both near 1.0 means the burst's wall time is
-    the two processes' work, of which the API server's is an emulator's, not the operator's."""
+    commits; the operator's from its samples, to 50 ms), and the operator's process's garbage collections in it. On
+    two cores both near 1.0 means the burst's wall time is the two processes' work, of which the API server's is an
+    emulator's, not the operator's."""
     start, end = min(created["jobs"].values()), max(created["clusters"].values())
     first_job = min(created["jobs"], key=created["jobs"].__getitem__)
     last_cluster = max(created["clusters"], key=created["clusters"].__getitem__)
@@ -133,6 +156,7 @@ def burst_cpu(created: dict[str, dict[str, float]], operator_cpu: list[tuple[flo
         "seconds": end - start,
         "apiserver_cpu_s": created["clusters_cpu"][last_cluster] - created["jobs_cpu"][first_job],
         "operator_cpu_s": cpu_at(operator_cpu, end) - cpu_at(operator_cpu, start),
+        "operator_gc_s": sum(seconds for at, seconds in pauses if start <= at <= end),
     }
 
 
@@ -172,7 +196,10 @@ async def run_load(count: int, rbac: list[dict[str, Any]], creator: Creator = cr
             kube = AioKube(api.url, headers=dict(OPERATOR_AUTH), timeout=CONFIG.kube_timeout)
             runtime = Runtime(CONFIG, kube=kube, ray=ray.client)
             try:
-                async with kopf_operator(build_registry(runtime, login=False), api.url, token=OPERATOR_TOKEN):
+                async with (
+                    kopf_operator(build_registry(runtime, login=False), api.url, token=OPERATOR_TOKEN),
+                    collector_pauses() as pauses,
+                ):
                     started = time.monotonic()
                     await creator(api.url, count)
                     phases: Counter[str] = Counter()
@@ -208,7 +235,7 @@ async def run_load(count: int, rbac: list[dict[str, Any]], creator: Creator = cr
             "max": max(latencies),
         },
         "create_to_loop_s": {"p50": percentile(to_loop, 0.5), "p95": percentile(to_loop, 0.95)},
-        "burst": burst_cpu(created, operator_cpu),
+        "burst": burst_cpu(created, operator_cpu, pauses),
         "clusters_seen": len(kuberay.seen_uids),
         "denied": [call for call in stats["denied"] if call[0] == ACCOUNT.name],
         "submissions": list(ray.created),
@@ -282,7 +309,8 @@ def report(figures: dict[str, Any]) -> str:
         f"{figures['baseline_rss_mb']:.0f} MB); event-loop lag p99 {lag['p99']:.0f} ms, max {lag['max']:.0f} ms; "
         f"{figures['cpu_s_per_job']:.3f} CPU-s/job in the operator's process; the burst (first job to last "
         f"RayCluster) {b['seconds']:.2f} s, in which the API server used {b['apiserver_cpu_s']:.2f} CPU-s and the "
-        f"operator's process {b['operator_cpu_s']:.2f}; machine load average "
+        f"operator's process {b['operator_cpu_s']:.2f} (of which {b['operator_gc_s']:.3f} s collecting garbage); "
+        "machine load average "
         f"{figures['load_average_start']:.1f} at the start, {figures['load_average']:.1f} at the end"
     )
 
@@ -320,7 +348,7 @@ def test_load_300_jobs_at_once() -> None:
     assert figures["peak_rss_mb"] < 300, report(figures)
     latency = figures["create_to_cluster_s"]
     assert latency["max"] <= 2 * latency["p95"] + 1.0, report(figures)
-    # Not asserted: the target is not met yet (docs/reliability.md gives the figures, 1.7-2.6 s at p95 on a quiet
-    # machine), and a suite that is evidence in the docs must pass on the commit it describes.
+    # Not asserted: the target is not met reliably yet (docs/reliability.md, fifth session: 0.88-1.19 s at p95, under
+    # 1 s in three of six runs), and a suite that is evidence in the docs must pass on the commit it describes.
     if latency["p95"] >= P95_TARGET:
         print(f"LOAD p95 {latency['p95']:.2f} s: over the {P95_TARGET:g} s target")
