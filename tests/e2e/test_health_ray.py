@@ -69,14 +69,16 @@ def test_a_stalled_rank_is_named_and_restart_resumes_and_a_slow_rank_is_a_stragg
     health = {"hangTimeoutSeconds": HANG_TIMEOUT, "onHang": "Restart", "stragglerWindowSteps": 5}
     slow_rank = 0  # two ranks: rank 1 stalls, rank 0 is the slow one
     hook = f"stall={STALL_RANK}:12,slow={slow_rank}:0.4"
-    job = bundled_job(tmp_path, "tiny-stall", steps=30, hook=hook, health=health, ranks=2, backoffLimit=1)
+    # 45 steps: the second attempt's 35, each at least 0.4 s on rank 0, outlast REPORT_EVERY_SECONDS however fast the
+    # machine (with 30, a quiet machine finished the attempt before its ranks' first health report was due).
+    job = bundled_job(tmp_path, "tiny-stall", steps=45, hook=hook, health=health, ranks=2, backoffLimit=1)
     proc, obj = run_local(job, tmp_path, timeout=RUN_TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     status = obj["status"]
     assert status["phase"] == "Succeeded", status.get("message")
     # The first attempt stalled before step 12; the second resumed from the step-10 checkpoint and finished.
     assert status["attempts"] == 2 and status["failedAttempts"] == 1
-    assert status["result"]["resumedFromStep"] == 10 and status["progress"]["step"] == 30
+    assert status["result"]["resumedFromStep"] == 10 and status["progress"]["step"] == 45
     health_status = status["health"]
     assert_the_stall_is_named(health_status["lastStall"], "fault_hooks.py:")
     assert health_status["lastStall"]["attempt"] == 1
