@@ -163,14 +163,13 @@ def test_a_preempted_job_is_queued_again_and_resumes_from_its_checkpoint(apiserv
             urgent = queued("urgent")
             urgent["metadata"]["labels"] = {"kueue.x-k8s.io/priority-class": "high"}
             w.apply(urgent)
-            preempted = await w.phase("Preempted", "Preempted", name="low")
+            preempted = await w.phase_passed("Preempted", "Preempted", name="low")
             assert "Preempted to accommodate a workload" in preempted["message"], preempted
             assert preempted["attempts"] == 2 and preempted.get("failedAttempts", 0) == 0
             assert preempted["checkpoint"]["step"] == 3  # the checkpoint the next attempt resumes from
             await eventually(lambda: not running(w.ray, w.sid(1, "low")), message="the preempted Ray job runs on")
             w.checkpoints.hold_at.clear()
-            queued_again = await w.phase("Queued", name="low")
-            assert queued_again["queue"]["preemptions"] == 1
+            await w.phase_passed("Queued", name="low", where=lambda status: status["queue"].get("preemptions") == 1)
             await w.phase("Succeeded", name="urgent", timeout=60)
             done = await w.phase("Succeeded", name="low", timeout=60)
         assert w.kueue.evicted == ["low-ray"] and w.kueue.admitted == ["low-ray", "urgent-ray", "low-ray"]

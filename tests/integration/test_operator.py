@@ -217,6 +217,37 @@ class World:
             raise AssertionError(f"never reached {phase}/{reason}; status: {self.status(name)}") from None
         return found
 
+    async def phase_passed(
+        self,
+        phase: str,
+        reason: str | None = None,
+        *,
+        name: str = "qwen",
+        where: Callable[[dict[str, Any]], bool] = lambda status: True,
+        timeout: float = 60,
+    ) -> dict[str, Any]:
+        """The first status the present job `name` had with `phase` (and `reason`, and `where`), from the API server's
+        change history: a phase a job passes through in one pass (Preempted, then Queued again) can be gone before a
+        poll of the present status sees it, on a loaded machine."""
+
+        def passed() -> dict[str, Any] | None:
+            job = self.job(name)
+            uid = (job or {}).get("metadata", {}).get("uid")
+            with self.api.store.lock:
+                changes = [e.object for e in self.api.store.history if e.key == (schema.GROUP, schema.PLURAL)]
+            for obj in changes:
+                status, meta = obj.get("status") or {}, obj["metadata"]
+                ours = meta["name"] == name and meta.get("uid") == uid and status.get("phase") == phase
+                if ours and (reason is None or status.get("reason") == reason) and where(status):
+                    return dict(status)
+            return None
+
+        try:
+            found: dict[str, Any] = await eventually(passed, timeout=timeout)
+        except AssertionError:
+            raise AssertionError(f"never passed {phase}/{reason}; status: {self.status(name)}") from None
+        return found
+
     def sid(self, attempt: int, name: str = "qwen") -> str:
         job = self.job(name)
         assert job is not None
