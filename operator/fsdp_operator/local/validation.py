@@ -28,8 +28,12 @@ def prune(obj: Obj, schema: Obj) -> tuple[Obj, list[str]]:
 
 
 def default_and_prune(obj: Obj, schema: Obj) -> tuple[Obj, list[str]]:
-    """`prune(default(obj))` on one copy, as the server treats every write (defaults are pruned values, so
-    defaulting first leaves the unknown fields to report the same)."""
+    """A copy of the object with the schema's defaults applied, then pruned, as the real server treats each write
+    (defaults are pruned values, so defaulting first leaves the unknown fields to report the same); the dropped paths.
+
+    A default is set where its field is absent, or null without `nullable: true`; nested defaults only under
+    a parent object that exists (or was itself defaulted). Nulls of non-nullable fields without a default
+    are dropped ("Defaulting and Nullable")."""
     result = json_copy(obj)
     _default(result, schema)
     unknown: list[str] = []
@@ -40,17 +44,6 @@ def prune_value(value: Any, schema: Obj, *, embedded: bool = False) -> tuple[Any
     """Prune a bare value (a schema default) under its own schema; `embedded` keeps apiVersion/kind/metadata."""
     unknown: list[str] = []
     return _prune(json_copy(value), schema, "", unknown, root=embedded), unknown
-
-
-def default(obj: Obj, schema: Obj) -> Obj:
-    """The object with the schema's defaults applied, as the real server applies them to each request.
-
-    A default is set where its field is absent, or null without `nullable: true`; nested defaults only under
-    a parent object that exists (or was itself defaulted). Nulls of non-nullable fields without a default
-    are dropped ("Defaulting and Nullable")."""
-    result = json_copy(obj)
-    _default(result, schema)
-    return result
 
 
 def _default(value: Any, schema: Any) -> None:

@@ -34,7 +34,6 @@ Logger = logging.Logger | logging.LoggerAdapter[Any]
 MANAGED = {render.LABEL_MANAGED_BY: render.MANAGED_BY}
 GC_THRESHOLDS = (20_000, 10, 10)
 """The garbage collector's thresholds while the operator runs: young collections every 20,000 allocations."""
-DEFAULT_GC_THRESHOLDS = gc.get_threshold()
 
 
 def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegistry:
@@ -46,6 +45,7 @@ def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegi
     """
     registry = kopf.OperatorRegistry()
     config = runtime.config
+    thresholds_before = gc.get_threshold()
 
     @kopf.on.startup(registry=registry)
     def fsdp_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -86,7 +86,7 @@ def build_registry(runtime: Runtime, *, login: bool = True) -> kopf.OperatorRegi
     async def fsdp_cleanup(**_: Any) -> None:
         await runtime.close()
         gc.unfreeze()
-        gc.set_threshold(*DEFAULT_GC_THRESHOLDS)
+        gc.set_threshold(*thresholds_before)
 
     @kopf.daemon(
         schema.GROUP,
