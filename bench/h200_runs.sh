@@ -396,7 +396,7 @@ headline)  # one GPU, one call: the three figures of docs/performance.md's headl
         recipes=ours-r12-fp8 titan_args=(--model.converters quantize.linear.float8 --quantize.linear.float8.filter_fqns output)
     fi
     titan titan-native 170 --training.steps 30 --x.warmup 10 "${titan_args[@]}"
-    bench headline-speed 1 170 --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window --recipes "${RECIPES:-$recipes}"
+    bench headline-speed 1 "${HEADLINE_BENCH_LIMIT:-240}" --seq-len 2048 --batch 8 --warmup 6 --steps 20 --timing window --recipes "${RECIPES:-$recipes}"
     # the mask's ratio on FlashAttention-4 where FA4SITE gives it (round ten), else on torch's varlen kernel
     ( [ -z "${FA4SITE:-}" ] || fa4_site /tmp/fa4site; round5_data_runs )
     CKPT_STEPS=${CKPT_STEPS:-60} CKPT_EVERY=${CKPT_EVERY:-30} round5_checkpoint
