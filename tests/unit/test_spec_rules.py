@@ -631,18 +631,19 @@ def test_a_training_config_longer_than_one_argument_may_be_is_refused() -> None:
 
 
 def test_a_config_over_one_argument_is_refused_naming_its_largest_field() -> None:
-    from fsdp_operator.api.spec import _check_command_line
+    from fsdp_operator.api import command_line
+    from fsdp_operator.api.spec import _train_paths
 
     job = parse_job(manifest({}))
     found: list[str] = []
-    _check_command_line(job.spec, {"data": "'" * 30000}, found)
+    command_line.check({"data": "'" * 30000}, job.spec.runtime_env.env_vars, lambda n: _train_paths()[n], found)
     (message,) = found
     assert message.startswith("spec.data.source: the training config would be a 15")
     assert "Linux starts no process with one over 131072 bytes" in message
 
 
 def test_the_longest_accepted_strings_still_fit_one_argument() -> None:
-    from fsdp_operator.api.spec import MAX_ARG_STRLEN
+    from fsdp_operator.api.command_line import MAX_ARG_STRLEN
 
     longest = "s3://" + "b" * 63 + "/" + "p" * 900
     spec = {

@@ -304,6 +304,8 @@ def _object(cls: type, raw: Any, path: str, problems: Problems, *, keep_manifest
 
 def _value(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> Any:
     """`value` checked against `hint` (without its `| None`: `Declared.inner`)."""
+    if hint is Any:  # first: the API server's own fields (managedFields) hold many such values, on every pass
+        return value
     secret = meta.secret or is_credential_like(path)
     if hint is bool:
         if not isinstance(value, bool):
@@ -333,8 +335,6 @@ def _value(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> 
         return _list(hint, meta, value, path, problems)
     if origin is dict:
         return _map(hint, meta, value, path, problems)
-    if hint is Any:
-        return value
     raise TypeError(f"{path}: no parser for the declared type {hint!r}")  # a declaration error, found by tests
 
 
@@ -427,6 +427,7 @@ def _list(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> A
         problems.append(f"{path}: more than {meta.max_items} items ({len(value)})")
         return BAD
     (item_hint,) = get_args(hint)
+    item_hint, item_meta = _unwrap_optional(item_hint), _item_meta(meta)
     before = len(problems)
     items = []
     for i, item in enumerate(value):
@@ -435,7 +436,7 @@ def _list(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> A
             checked = _object(meta.shape, item, sub, problems, keep_manifest_form=True)
             items.append(checked)
         else:
-            items.append(_value(_unwrap_optional(item_hint), _item_meta(meta), item, sub, problems))
+            items.append(_value(item_hint, item_meta, item, sub, problems))
     return BAD if len(problems) > before else items
 
 
@@ -465,13 +466,13 @@ def _map(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> An
         maximum=meta.maximum,
         max_length=meta.max_length,
     )
+    item_hint = _unwrap_optional(value_hint)
     before = len(problems)
     result = {}
     for key, item in value.items():
         if not isinstance(key, str):
             problems.append(f"{path}: keys must be strings, got {type_name(key)} {show(key)}")
             continue
-        sub = f"{path}.{show_key(key)}"
         if (hidden := _hidden_character(None, key)) is not None:
             problems.append(f"{path}: a key {hidden}")
             continue
@@ -483,6 +484,10 @@ def _map(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> An
             if reason is not None:
                 problems.append(f"{path}: key {show(key)} {reason}")
                 continue
+        if item_hint is Any:
+            result[key] = item
+            continue
+        sub = f"{path}.{show_key(key)}"
         if value_hint == (int | str):
             if isinstance(item, bool) or not isinstance(item, int | str):
                 _wrong("integer or string", item, sub, problems, meta.secret)
@@ -494,7 +499,7 @@ def _map(hint: Any, meta: Meta, value: Any, path: str, problems: Problems) -> An
                 problems.append(f"{sub}: {hidden}")
             result[key] = item
         else:
-            result[key] = _value(_unwrap_optional(value_hint), value_meta, item, sub, problems)
+            result[key] = _value(item_hint, value_meta, item, sub, problems)
     return BAD if len(problems) > before else result
 
 

@@ -27,17 +27,15 @@ Adding a field
 
 from __future__ import annotations
 
-import json
 import math
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from fsdp_train import catalog
 from fsdp_train.config import ConfigError, TrainConfig
 
-from fsdp_operator.api import cluster_rules, fields, formats, queueing, schema
+from fsdp_operator.api import cluster_rules, command_line, fields, formats, memo, queueing, schema
 from fsdp_operator.api.env_rules import _env_rules, _refuse_control_plane
 from fsdp_operator.api.fields import Problems, Quantity, show, show_key
 from fsdp_operator.api.fields import field as declare
@@ -512,12 +510,8 @@ def parse_job(manifest: Any) -> Job:
     if raw_spec is None:
         problems.append("spec: required (`spec: {}` takes every default)")
     else:
-        values = fields.parse(Spec, raw_spec, "spec", problems)
-        if values is not None:
-            spec = fields.build(Spec, values)
-            _check_train_config(spec, problems)
-        elif isinstance(raw_spec, dict) and isinstance(raw_spec.get("trainFunction"), dict):
-            bundled_fields_despite_a_malformed_function(raw_spec, Spec, problems)
+        spec, spec_problems = _parsed_spec(raw_spec)
+        problems.extend(spec_problems)
     if meta is not None and spec is not None:
         queueing.check_labels(meta["labels"], spec.queue_name, problems)
     if problems or meta is None or spec is None:
@@ -534,6 +528,23 @@ def parse_job(manifest: Any) -> Job:
     if problems:
         raise SpecError(problems)
     return job
+
+
+def _parse_spec(raw_spec: Any) -> tuple[Spec | None, tuple[str, ...]]:
+    """The Spec (None when a field is malformed) and every problem of `spec` alone, as parse_job reports them."""
+    problems: Problems = []
+    values = fields.parse(Spec, raw_spec, "spec", problems)
+    if values is None:
+        if isinstance(raw_spec, dict) and isinstance(raw_spec.get("trainFunction"), dict):
+            bundled_fields_despite_a_malformed_function(raw_spec, Spec, problems)
+        return None, tuple(problems)
+    spec = fields.build(Spec, values)
+    _check_train_config(spec, problems)
+    return spec, tuple(problems)
+
+
+# A spec's parse is a pure function of its JSON (Spec is frozen): 1,024 specs of at most 64 KiB each remembered.
+_parsed_spec = memo.JsonMemo(_parse_spec, max_entries=1024, max_key_chars=64 * 1024)
 
 
 # TrainConfig fields no spec field sets (yet); a declared field with the same `train=` name wins.
@@ -558,43 +569,8 @@ def _check_train_config(spec: Spec, problems: Problems) -> None:
         detail = re.sub(r"training\.([a-z_]+)", lambda m: paths.get(m.group(1), m.group(0)), e.detail)
         problems.append(f"{paths.get(e.field, 'spec.training')}: {detail}")
         return
-    _check_command_line(spec, config.to_dict(), problems)
 
+    def spec_path(name: str) -> str:  # the field a refusal names, computed for a refusal only
+        return _train_paths().get(name, "spec.training")
 
-# Linux refuses to start a process when one of its arguments or environment strings is longer than
-# MAX_ARG_STRLEN (32 pages: 131072 bytes, the closing NUL included; execve(2), "Limits on size of arguments and
-# environment"), and when all of them together pass a quarter of the stack limit (2 MiB with the usual 8 MiB).
-# Ray runs the entrypoint as `/bin/sh -c ENTRYPOINT`: the training config travels in that one argument
-# (render.submission), the runtime environment's variables in the environment.
-MAX_ARG_STRLEN = 131072
-ENTRYPOINT_OVERHEAD = 8192
-"""What the entrypoint holds besides the training config (the command, Ray Train's scaling, the job name and
-checkpoint storage, each shell-quoted): room kept for it below MAX_ARG_STRLEN."""
-ENVIRONMENT_BUDGET = 1024 * 1024
-"""The part of execve's 2 MiB the job's own variables and entrypoint may take (Ray, the image and Kubernetes
-set variables of their own)."""
-
-
-def command_line_bytes(value: Any) -> int:
-    """Bytes `value` takes as JSON in the entrypoint, shell-quoted as render.submission quotes it."""
-    return len(shlex.quote(json.dumps(value, separators=(",", ":"), sort_keys=True)).encode())
-
-
-def _check_command_line(spec: Spec, config: dict[str, Any], problems: Problems) -> None:
-    size = command_line_bytes(config)
-    limit = MAX_ARG_STRLEN - 1 - ENTRYPOINT_OVERHEAD
-    if size > limit:
-        paths = _train_paths()
-        largest = max(config, key=lambda name: command_line_bytes(config[name]))
-        problems.append(
-            f"{paths.get(largest, 'spec.training')}: the training config would be a {size}-byte command-line "
-            f"argument, and Linux starts no process with one over {MAX_ARG_STRLEN} bytes (the entrypoint keeps "
-            f"{limit} for it); this field takes {command_line_bytes(config[largest])}: shorten it"
-        )
-        return
-    environment = sum(len(f"{name}={value}".encode()) + 1 for name, value in spec.runtime_env.env_vars.items())
-    if environment + size > ENVIRONMENT_BUDGET:
-        problems.append(
-            f"spec.runtimeEnv.envVars: {environment} bytes of environment next to a {size}-byte training config; "
-            f"the job's own may take {ENVIRONMENT_BUDGET} bytes of the 2 MiB Linux allows a process for both"
-        )
+    command_line.check(config.to_dict(), spec.runtime_env.env_vars, spec_path, problems)

@@ -53,7 +53,7 @@ CODE = Grammar("code location", _code, 1024)
 
 MAX_CONFIG_BYTES = 32 * 1024
 """The most `config` may take as JSON: it travels in the Ray job's entrypoint, beside the training config
-(spec.ENTRYPOINT_OVERHEAD keeps room for both far below Linux's limit on one argument)."""
+(command_line.ENTRYPOINT_OVERHEAD keeps room for both far below Linux's limit on one argument)."""
 MAX_CONFIG_DEPTH = 32
 
 
