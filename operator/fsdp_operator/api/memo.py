@@ -51,7 +51,8 @@ def json_key(value: object, max_chars: int) -> str | None:
 
 class JsonMemo(Generic[Result]):
     """`compute(value)` remembered for the last `max_entries` distinct values `json_key` accepts (least recently
-    used out first); other values are computed every time. Results are shared between callers: frozen ones only."""
+    used out first); other values are computed every time. Results are shared between callers: frozen ones only.
+    No lock: the operator parses on its event loop's thread (its log worker is a process with a memo of its own)."""
 
     def __init__(self, compute: Callable[[object], Result], max_entries: int, max_key_chars: int) -> None:
         self._compute = compute
