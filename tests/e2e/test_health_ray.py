@@ -147,7 +147,8 @@ def test_a_user_function_slowed_on_one_rank_names_it_a_straggler(tmp_path: Path)
 @pytest.mark.slow
 def test_a_clean_200_step_run_raises_no_straggler_and_no_stall(tmp_path: Path) -> None:
     job = bundled_job(tmp_path, "tiny-clean", steps=200, hook="", health={"stragglerWindowSteps": 20})
-    _, obj = run_local(job, tmp_path, timeout=RUN_TIMEOUT)
+    proc, obj = run_local(job, tmp_path, timeout=RUN_TIMEOUT)
+    assert "status" in obj, f"run-local wrote no status (exit {proc.returncode}):\n{proc.stdout[-4000:]}"
     status = obj["status"]
     assert status["phase"] == "Succeeded", status.get("message")
     conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}

@@ -24,13 +24,20 @@ CHECKPOINT_INTERVAL = 20
 STEPS = 300
 
 
-async def set_suspend(run: LocalRun, cluster: str, suspend: bool) -> None:
-    """What Kueue does to a queued RayCluster: admit (false) or evict (true)."""
+async def set_suspend(run: LocalRun, cluster: str, suspend: bool, timeout: float = 120) -> None:
+    """What Kueue does to a queued RayCluster: admit (false) or evict (true). The job turns Queued in the pass that
+    creates its RayCluster (the status is written before the pass acts), so the cluster may not exist yet: until it
+    does, the API server answers 404 and the patch is tried again."""
     assert run.http is not None
     path = f"/apis/ray.io/v1/namespaces/{run.namespace}/rayclusters/{cluster}"
     headers = {"Content-Type": "application/merge-patch+json"}
-    async with run.http.patch(run.api.url + path, json={"spec": {"suspend": suspend}}, headers=headers) as response:
-        assert response.status == 200, await response.text()
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        async with run.http.patch(run.api.url + path, json={"spec": {"suspend": suspend}}, headers=headers) as reply:
+            if reply.status != 404 or asyncio.get_running_loop().time() > deadline:
+                assert reply.status == 200, await reply.text()
+                return
+        await asyncio.sleep(0.2)
 
 
 def test_a_preempted_job_resumes_from_its_checkpoint_with_real_ray(tmp_path: Path) -> None:
