@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import multiprocessing
 import os
 import resource
@@ -101,6 +102,19 @@ def _reset_peak_memory() -> None:
         Path("/proc/self/clear_refs").write_text("5")
 
 
+def reference_seconds() -> float:
+    """This machine's speed, so that runs on different machines compare: the best of three runs of a fixed piece of
+    pure Python (dictionary inserts, string formatting, a sort: the kind of work the operator does), in seconds. The
+    same code ran three to four times slower on one session's machine than on another's (docs/reliability.md)."""
+    best = math.inf
+    for _ in range(3):
+        started = time.perf_counter()
+        table = {f"job-{i:06d}": {"step": i, "phase": "Running"} for i in range(200_000)}
+        sorted(table, key=lambda name: table[name]["step"] % 97)
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
@@ -181,6 +195,7 @@ async def run_load(count: int, rbac: list[dict[str, Any]], creator: Creator = cr
     The API server enforces `rbac` (the chart's, as `helm template` renders it): the operator runs as the chart's
     ServiceAccount, the test and the KubeRay double as a cluster admin."""
     load_at_start = os.getloadavg()[0]
+    reference = reference_seconds()
     with ApiServerProcess(rbac=rbac) as api:
         ray = FakeRay(script=LoadScript())
         kuberay = FakeKubeRay(api.url, ray)
@@ -245,6 +260,7 @@ async def run_load(count: int, rbac: list[dict[str, Any]], creator: Creator = cr
         "status_writes_per_job": {"mean": sum(writes.values()) / count, "max": max(writes.values())},
         "cpu_s_per_job": cpu / count,
         "load_average_start": load_at_start,
+        "reference_s": reference,
         "load_average": os.getloadavg()[0],
         "peak_rss_mb": peak_kib / 1024,
         "baseline_rss_mb": baseline_kib / 1024,
@@ -311,7 +327,8 @@ def report(figures: dict[str, Any]) -> str:
         f"RayCluster) {b['seconds']:.2f} s, in which the API server used {b['apiserver_cpu_s']:.2f} CPU-s and the "
         f"operator's process {b['operator_cpu_s']:.2f} (of which {b['operator_gc_s']:.3f} s collecting garbage); "
         "machine load average "
-        f"{figures['load_average_start']:.1f} at the start, {figures['load_average']:.1f} at the end"
+        f"{figures['load_average_start']:.1f} at the start, {figures['load_average']:.1f} at the end; the machine's "
+        f"reference workload {figures['reference_s']:.3f} s"
     )
 
 

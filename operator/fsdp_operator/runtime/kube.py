@@ -226,8 +226,13 @@ class AioKube:
         content_type: str = "application/json",
         query: Mapping[str, str] | None = None,
         allow: tuple[int, ...] = (),
+        answer: bool = True,
     ) -> tuple[int, Obj]:
-        """One request of the call table (`calls.py`): its method and path come from `call`, nothing else."""
+        """One request of the call table (`calls.py`): its method and path come from `call`, nothing else.
+
+        Without `answer` a success's body is not parsed (an empty object is returned): a create's answer is the whole
+        object back (a RayCluster's with every default the API server added), and no caller of a create, a delete or
+        an event reads it."""
         method, path = call.method, call.path(namespace, name)
         url = self.server + path + (f"?{urlencode(query)}" if query else "")
         data = None if body is None else json.dumps(body)
@@ -238,6 +243,8 @@ class AioKube:
             if info is not None:
                 self.use_credentials(info)
                 status, text = await self._send(method, url, path, data, content_type)
+        if status < 400 and not answer:
+            return status, {}
         try:
             payload = json.loads(text) if text else {}
         except ValueError:
@@ -272,7 +279,7 @@ class AioKube:
 
     async def _create(self, call: calls.Call, manifest: Obj) -> bool:
         namespace = str(manifest["metadata"].get("namespace", "default"))
-        status, _ = await self._request(call, namespace, body=manifest, allow=(409,))
+        status, _ = await self._request(call, namespace, body=manifest, allow=(409,), answer=False)
         return status != 409
 
     async def get_job(self, namespace: str, name: str) -> Obj | None:
@@ -316,12 +323,12 @@ class AioKube:
         call = {"Secret": calls.DELETE_SECRET, "NetworkPolicy": calls.DELETE_POLICY, "RayCluster": calls.DELETE_CLUSTER}
         # Background propagation, as kubectl's default; the uid precondition answers 409 for a newer object.
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
-        status, _ = await self._request(call[kind], namespace, name, body=body, allow=(404, 409))
+        status, _ = await self._request(call[kind], namespace, name, body=body, allow=(404, 409), answer=False)
         return status not in (404, 409)
 
     async def delete_pod(self, namespace: str, name: str, uid: str) -> bool:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}}
-        status, _ = await self._request(calls.DELETE_POD, namespace, name, body=body, allow=(404, 409))
+        status, _ = await self._request(calls.DELETE_POD, namespace, name, body=body, allow=(404, 409), answer=False)
         return status not in (404, 409)
 
     async def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
@@ -369,4 +376,4 @@ class AioKube:
             "lastTimestamp": now,
             "count": 1,
         }
-        await self._request(calls.CREATE_EVENT, namespace, body=event)
+        await self._request(calls.CREATE_EVENT, namespace, body=event, answer=False)
