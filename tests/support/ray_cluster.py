@@ -42,6 +42,12 @@ NODE_START_TIMED_OUT = "The current node timed out during startup"
 """What `ray.init` and `ray start` raise when the node's raylet has not registered with the GCS within Ray's fixed 30 s
 (`ray/_private/node.py`); on a loaded 2-core machine its agents can start later than that."""
 
+HEAD_START_SECONDS = 120.0
+"""How long `local_cluster` waits for its head's GCS to listen, starts that exited first included."""
+NODES_SECONDS = 300.0
+"""How long `local_cluster` waits for all three nodes, restarts of exited nodes (the head's: the whole cluster)
+included."""
+
 
 def run_ray_driver(
     script: Path, env: dict[str, str], timeout: float = 300, tries: int = 5
@@ -101,15 +107,9 @@ def group_exists(pgid: int) -> bool:
     return True
 
 
-def wait_for_port(port: int, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
-        time.sleep(0.2)
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def wait_for_nodes(address: str, count: int, timeout: float, tend: Callable[[], None] = lambda: None) -> None:
@@ -181,20 +181,37 @@ def local_cluster(**worker_env: str) -> Iterator[str]:
         started.append(proc.pid)
         return proc
 
-    def restart_exited_workers() -> None:
-        # A worker node whose `ray start --block` exited (its raylet did not register within Ray's 30 s on a loaded
-        # machine: NODE_START_TIMED_OUT) is started again, as the kubelet restarts a pod's exited container.
+    def start_head() -> subprocess.Popen[bytes]:
+        """The head, once its GCS listens (the workers register there); a start that exits first is made again."""
+        deadline = time.monotonic() + HEAD_START_SECONDS
+        while True:
+            head = start(0)
+            while head.poll() is None and not listening(port):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {HEAD_START_SECONDS} s")
+                time.sleep(0.2)
+            if head.poll() is None:
+                return head
+            stop_groups([head.pid], grace=2.0)  # what its session left behind
+
+    def restart_exited_nodes() -> None:
+        # A node whose `ray start --block` exited (its raylet did not register within Ray's 30 s on a loaded
+        # machine: NODE_START_TIMED_OUT) is started again, as the kubelet restarts a pod's exited container. The
+        # workers joined the head's GCS: when the head exited, the whole cluster starts again, the head first.
+        if procs[0].poll() is not None:
+            stop_groups([proc.pid for proc in procs], grace=2.0)
+            procs[0] = start_head()
+            procs[1:] = [start(index) for index in range(1, len(procs))]
+            return
         for index in range(1, len(procs)):
             if procs[index].poll() is not None:
                 stop_groups([procs[index].pid], grace=2.0)  # what its session left behind
                 procs[index] = start(index)
 
     try:
-        for index in range(len(commands)):
-            procs.append(start(index))
-            if index == 0:
-                wait_for_port(port, timeout=90)  # the head's GCS must be up before workers register
-        wait_for_nodes(address, 3, timeout=240, tend=restart_exited_workers)
+        procs.append(start_head())
+        procs.extend(start(index) for index in range(1, len(commands)))
+        wait_for_nodes(address, 3, timeout=NODES_SECONDS, tend=restart_exited_nodes)
         yield address
     finally:
         # Each `ray start` leads its own session: stopping that process group stops exactly the Ray
