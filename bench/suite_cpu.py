@@ -79,22 +79,20 @@ def note_processes(seen: dict[int, list[Seen]], stop: threading.Event, boot: flo
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
                 continue
+            pid = int(entry.name)
             try:
-                stat = Path(f"/proc/{entry.name}/stat").read_text()
+                stat = Path(f"/proc/{pid}/stat").read_text()
                 start_ticks = int(stat.rsplit(")", 1)[1].split()[19])
-                if (int(entry.name), start_ticks) in known:
+                if (pid, start_ticks) in known:
                     continue
-                known.add((int(entry.name), start_ticks))
-                command = Path(f"/proc/{entry.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                environ = Path(f"/proc/{entry.name}/environ").read_bytes().split(b"\0")
+                known.add((pid, start_ticks))
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except (OSError, IndexError, ValueError):
                 continue  # gone meanwhile, or not ours to read
-            test = next(
-                (e[len(b"PYTEST_CURRENT_TEST=") :] for e in environ if e.startswith(b"PYTEST_CURRENT_TEST=")), b""
-            )
-            seen[int(entry.name)].append(
-                Seen(boot + start_ticks / TICKS, command.strip(), test.decode(errors="replace"))
-            )
+            test = next((e[len(CURRENT_TEST) :] for e in environ if e.startswith(CURRENT_TEST)), b"")
+            started = boot + start_ticks / TICKS
+            seen[pid].append(Seen(started, command.strip(), test.decode(errors="replace")))
 
 
 def kind(command: str, comm: str) -> str:
