@@ -225,6 +225,49 @@ def test_missing_inputs_are_refused_in_seconds_before_any_cluster_each_named(tmp
         assert took < 60
 
 
+@pytest.mark.parametrize("end", ["timeout", "interrupt"])
+def test_a_run_that_does_not_finish_saves_the_last_status_it_saw(tmp_path: Path, end: str) -> None:
+    """`--status-out` holds the job as run-local last saw it when it gives up (`--timeout`) or is stopped (Ctrl-C):
+    a pipeline reading the file gets the job's last phase, and the exit code says it did not finish."""
+    from fsdp_operator.local.run import TERMINAL_PHASES
+
+    fsdpctl = Path(sys.executable).with_name("fsdpctl")
+    status_file = tmp_path / "job.json"
+    command = [str(fsdpctl), "run-local", "-f", str(EXAMPLE), "--status-out", str(status_file)]
+    log = tmp_path / "run-local.out"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            command + (["--timeout", "5"] if end == "timeout" else []),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    try:
+        if end == "interrupt":
+            deadline = time.monotonic() + 300
+            # Stopped once the operator has written a phase (the first status line), as a person would press Ctrl-C.
+            while "Provisioning" not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert "Provisioning" in log.read_text(), log.read_text()[-3000:]
+            proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    output = log.read_text()
+    assert proc.returncode == (1 if end == "timeout" else 130), output[-3000:]
+    if end == "timeout":
+        assert "error: the job did not finish within --timeout 5 s" in output, output[-3000:]
+    job = json.loads(status_file.read_text())
+    assert job["kind"] == "FSDPTrainingJob" and job["metadata"]["name"] == "tiny-cpu"
+    phase = (job.get("status") or {}).get("phase") or "no status yet"
+    assert phase not in TERMINAL_PHASES
+    assert f"the job's last status seen (phase {phase}) saved to {status_file}" in output, output[-3000:]
+    assert "Traceback" not in output
+    assert_nothing_left(output)
+
+
 def test_bad_yaml_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("apiVersion: fsdp.dev/v1alpha1\nkind: FSDPTrainingJob\nmetadata: {name: x}\nspec: {workers: [\n")

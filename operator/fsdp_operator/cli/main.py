@@ -250,7 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop waiting and stop everything after this many seconds (default: the job's "
         "runPolicy.activeDeadlineSeconds + 120, when the operator has failed it anyway; no limit without one)",
     )
-    p.add_argument("--status-out", metavar="FILE", help="also write the final FSDPTrainingJob (JSON) to FILE")
+    p.add_argument(
+        "--status-out",
+        metavar="FILE",
+        help="also write the final FSDPTrainingJob (JSON) to FILE (the last one seen when the run times out or "
+        "is stopped)",
+    )
     p.set_defaults(func=cmd_run_local)
 
     p = sub.add_parser("local", help="helpers for trying jobs on this machine")

@@ -295,6 +295,7 @@ class LocalRun:
         self.http: aiohttp.ClientSession | None = None
         self.kubeconfig = workdir / "kubeconfig"
         self.operator_kubeconfig = workdir / "operator.kubeconfig"
+        self.last_job: Obj | None = None  # the job as `follow` last read it
 
     @property
     def job_path(self) -> str:
@@ -358,6 +359,7 @@ class LocalRun:
         while True:
             code, job = await self._get(self.job_path)
             if code == 200:
+                self.last_job = job
                 status = job.get("status") or {}
                 progress.show(status)
                 if status.get("phase") in TERMINAL_PHASES:
@@ -431,6 +433,8 @@ async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, st
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop_requested.set)
     code = EXIT_FAILED
+    saved = Path(status_out) if status_out else Path(tempfile.gettempdir()) / f"fsdp-run-local-{run.name}.json"
+    saved_final = False
     handler = logging.FileHandler(workdir / "kuberay.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     stand_in_log = logging.getLogger("fsdp_operator.local.kuberay")
@@ -459,8 +463,8 @@ async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, st
         interrupted.cancel()
         progress.close()
         status = job.get("status", {})
-        saved = Path(status_out) if status_out else Path(tempfile.gettempdir()) / f"fsdp-run-local-{run.name}.json"
         saved.write_text(json.dumps(job, indent=2))
+        saved_final = True
         out.write(
             "\n"
             + "\n".join(summary_lines(status, saved_to=str(saved), message=code_for(status) == EXIT_SUCCEEDED))
@@ -495,6 +499,12 @@ async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, st
         return EXIT_FAILED
     finally:
         progress.close()
+        if not saved_final and run.last_job is not None:
+            # Timed out, interrupted or broken: what a pipeline reading the file gets is the last status seen (the
+            # exit code says the job did not finish), not nothing.
+            saved.write_text(json.dumps(run.last_job, indent=2))
+            phase = (run.last_job.get("status") or {}).get("phase") or "no status yet"
+            progress.line(f"the job's last status seen (phase {phase}) saved to {saved}")
         left = await run.stop()
         if run.access.denied:
             refused = sorted(
