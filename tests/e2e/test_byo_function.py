@@ -152,7 +152,7 @@ def test_a_user_function_that_raises_fails_the_job_with_its_exception(tmp_path: 
 
 
 @pytest.mark.slow  # the example's YAML is parsed in tests/unit/test_train_function.py
-@pytest.mark.timeout(900)  # a Ray cluster's start and a whole run: past 300 s beside other Ray cases (2026-12-04)
+@pytest.mark.timeout(1800)  # two clusters' starts and two whole runs: each past 300 s beside other work (2026-12-05)
 def test_the_example_trains_a_tiny_gpt2_with_fsdp2(tmp_path: Path) -> None:
     example = yaml.safe_load((EXAMPLE / "job.yaml").read_text())
     spec = example["spec"]
@@ -175,7 +175,7 @@ def test_the_example_trains_a_tiny_gpt2_with_fsdp2(tmp_path: Path) -> None:
     # latest checkpoint by Ray Train: the example continues from its weights and optimizer state.
     spec["trainFunction"]["config"]["steps"] = steps + 4
     path.write_text(yaml.safe_dump(example))
-    proc, job = run_local(path, tmp_path)
+    proc, job = run_local(path, tmp_path, timeout=800)  # its cluster starts again: as long as the first
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     status = job["status"]
     assert status["phase"] == "Succeeded" and status["progress"]["stepOfTotal"] == f"{steps + 4}/{steps + 4}"

@@ -9,12 +9,10 @@ import contextlib
 import json
 import math
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -51,48 +49,45 @@ def run_local(
     during: Callable[[str], None] | None = None,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     """`fsdpctl run-local` to its end; `during(api_url)` runs meanwhile, as a person's kubectl would (the run's
-    emulated API server takes unauthenticated calls as a cluster admin)."""
+    emulated API server takes unauthenticated calls as a cluster admin).
+
+    Stopped early (a failed `during`, `timeout`, or the test's own time limit), run-local gets Ctrl-C and cleans up
+    behind itself, as a person's run would: a kill would leave its operator and Ray nodes running."""
     fsdpctl = Path(sys.executable).with_name("fsdpctl")
     status_file = tmp_path / "job.json"
     run_timeout = str(max(timeout - 100, 300))  # run-local stops first, and cleans up behind itself
     command = [str(fsdpctl), "run-local", "-f", str(job), "--status-out", str(status_file), "--timeout", run_timeout]
     environment = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
-    if during is None:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=environment)
-    else:
-        proc = _run_alongside(command, environment, timeout, during)
-    assert_nothing_left(proc.stdout)
-    # The operator runs as a ServiceAccount with the roles of the call table (the chart's): nothing refused.
-    assert "RBAC refused the operator" not in proc.stdout, proc.stdout[-4000:]
-    job_object = json.loads(status_file.read_text()) if status_file.exists() else {}
-    return proc, job_object
-
-
-def _run_alongside(
-    command: list[str], env: dict[str, str], timeout: float, during: Callable[[str], None]
-) -> subprocess.CompletedProcess[str]:
-    lines: list[str] = []
-    api_url: queue.Queue[str] = queue.Queue()
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
-
-        def read() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.append(line)
-                if found := re.search(r"API server (http://\S+?),", line):
-                    api_url.put(found.group(1))
-
-        reader = threading.Thread(target=read, daemon=True)
-        reader.start()
-        try:
-            during(api_url.get(timeout=120))
-            proc.wait(timeout=timeout)
-        finally:
-            if proc.poll() is None:  # `during` failed: run-local stops and cleans up on SIGINT
-                proc.send_signal(signal.SIGINT)
+    out, err = tmp_path / "run-local.out", tmp_path / "run-local.err"
+    with out.open("w") as out_file, err.open("w") as err_file:
+        proc = subprocess.Popen(command, stdout=out_file, stderr=err_file, env=environment)
+    try:
+        if during is not None:
+            during(_api_url(out, proc))
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
                 proc.wait(timeout=120)
-        reader.join(timeout=30)
-    return subprocess.CompletedProcess(command, proc.returncode, "".join(lines), "")
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    completed = subprocess.CompletedProcess(command, proc.returncode, out.read_text(), err.read_text())
+    assert_nothing_left(completed.stdout)
+    # The operator runs as a ServiceAccount with the roles of the call table (the chart's): nothing refused.
+    assert "RBAC refused the operator" not in completed.stdout, completed.stdout[-4000:]
+    job_object = json.loads(status_file.read_text()) if status_file.exists() else {}
+    return completed, job_object
+
+
+def _api_url(out: Path, proc: subprocess.Popen[bytes]) -> str:
+    """The run's API server, from the line run-local prints once it listens."""
+    deadline = time.monotonic() + 120
+    while not (found := re.search(r"API server (http://\S+?),", text := out.read_text())):
+        assert proc.poll() is None and time.monotonic() < deadline, f"run-local printed no API server: {text[-2000:]}"
+        time.sleep(0.2)
+    return found.group(1)
 
 
 def api(url: str, method: str = "GET", query: str = "") -> dict[str, Any]:
@@ -147,8 +142,9 @@ def assert_what_happened_on_the_ranks(status: dict[str, Any], name: str) -> None
 
 # The data job below runs the same cluster and checks the same status fields, with real data on top.
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a Ray cluster's start and a run: past 300 s beside another Ray lane (2026-12-05)
 def test_tiny_cpu_job_succeeds_and_the_status_tells_what_happened(tmp_path: Path) -> None:
-    proc, job = run_local(EXAMPLE, tmp_path)
+    proc, job = run_local(EXAMPLE, tmp_path, timeout=800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     status = job["status"]
     assert status["phase"] == "Succeeded"
@@ -164,6 +160,7 @@ def test_tiny_cpu_job_succeeds_and_the_status_tells_what_happened(tmp_path: Path
 
 
 @pytest.mark.slow  # the failure path is covered fast by the integration tests (FakeRay) and ray_entry unit tests
+@pytest.mark.timeout(900)  # a Ray cluster's start and a run: past 300 s beside another Ray lane (2026-12-05)
 def test_a_failing_training_ends_failed_with_one_line_said_once(tmp_path: Path) -> None:
     """A failure no preflight can see (the training raises after step 2): status.message is one line naming the
     cause, printed once by run-local; Ray's log tail is in status.failureLog and in a file, not on the screen."""
@@ -174,7 +171,7 @@ def test_a_failing_training_ends_failed_with_one_line_said_once(tmp_path: Path) 
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(manifest))
     started = time.monotonic()
-    proc, job = run_local(path, tmp_path)
+    proc, job = run_local(path, tmp_path, timeout=800)
     took = time.monotonic() - started
     assert proc.returncode == 1 and job, proc.stdout[-4000:] + proc.stderr[-2000:]
     status = job["status"]
