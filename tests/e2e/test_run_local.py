@@ -66,19 +66,24 @@ def run_local(
             during(_api_url(out, proc))
         proc.wait(timeout=timeout)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
     completed = subprocess.CompletedProcess(command, proc.returncode, out.read_text(), err.read_text())
     assert_nothing_left(completed.stdout)
     # The operator runs as a ServiceAccount with the roles of the call table (the chart's): nothing refused.
     assert "RBAC refused the operator" not in completed.stdout, completed.stdout[-4000:]
     job_object = json.loads(status_file.read_text()) if status_file.exists() else {}
     return completed, job_object
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """A run-local still running gets Ctrl-C and its own cleanup (120 s), then a kill."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _api_url(out: Path, proc: subprocess.Popen[bytes]) -> str:
@@ -249,9 +254,7 @@ def test_a_run_that_does_not_finish_saves_the_last_status_it_saw(tmp_path: Path,
             proc.send_signal(signal.SIGINT)
         proc.wait(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     output = log.read_text()
     assert proc.returncode == (1 if end == "timeout" else 130), output[-3000:]
     if end == "timeout":
@@ -509,9 +512,7 @@ def test_a_head_that_dies_while_the_workers_join_is_reported_at_once(tmp_path: P
         assert killed_at is not None, log.read_text()[-3000:]
         proc.wait(timeout=200)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop(proc)
     output = log.read_text()
     reported = re.search(r"error: (the Ray head of RayCluster \S+ (is dying|exited)[^\n]*)", output)
     assert proc.returncode == 1 and reported, output[-3000:]
