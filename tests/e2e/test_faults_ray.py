@@ -91,15 +91,20 @@ async def run_with(manifest: dict[str, Any], tmp_path: Path, scenario: Callable[
     workdir = Path(tempfile.mkdtemp(prefix="fsdp-faults-"))
     os.environ[RUN_MARKER] = str(workdir)  # every process started from here on carries it (as run-local does)
     run = LocalRun(manifest, workdir, io.StringIO())
+    passed = False
     try:
         await run.start()
         await run.apply()
         result = await scenario(run)
+        passed = True
     finally:
         await run.delete_job()
         left = await run.stop()
+        if passed and not left:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:  # the operator's, the stand-in's and Ray's logs are what explains a failure: kept, and said where
+            print(f"run-local's files kept in {workdir}")
         assert not left, f"processes left behind: {left}"
-        shutil.rmtree(workdir, ignore_errors=True)
     # The operator ran as a ServiceAccount with the call table's roles (the chart's): nothing was refused.
     assert run.access.denied == [], run.access.denied
     return result
