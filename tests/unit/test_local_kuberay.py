@@ -122,18 +122,33 @@ def test_a_head_whose_ray_process_exits_is_reported_not_ready_as_a_kubelet_would
     assert conditions["RayClusterProvisioned"]["status"] == "True"  # the other conditions stay as they were
 
 
-@pytest.mark.parametrize("exits", [1, 99], ids=["exits-once", "exits-every-time"])
+@pytest.mark.parametrize(
+    ("exits", "joined"),
+    [
+        ({"rc-w-1": 1}, {"rc-w-0", "rc-w-1"}),
+        ({"rc-w-1": 99}, {"rc-w-0"}),
+        # Each node's restarts are its own: both use all of theirs and join on their last start.
+        ({"rc-w-0": 4, "rc-w-1": 4}, {"rc-w-0", "rc-w-1"}),
+        # One gives up, the other still joins after that, on its later start.
+        ({"rc-w-0": 4, "rc-w-1": 99}, {"rc-w-0"}),
+    ],
+    ids=["exits-once", "exits-every-time", "both-exit-until-their-last-start", "one-gives-up-the-other-joins-later"],
+)
 def test_a_worker_whose_ray_start_exits_before_it_joined_is_started_again_in_its_pod(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exits: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, exits: dict[str, int], joined: set[str]
 ) -> None:
     """As the kubelet restarts a container that exited: same pod, same IP, after a back-off; the others are not
-    touched. One that exits every time is left out after NODE_RESTARTS restarts (the cluster stays short)."""
+    touched. `exits`: how many of a pod's starts exit before it joins. Each node is started again at most
+    NODE_RESTARTS times, counted per node (one node's restarts never use up another's); one that exits every time
+    is left out (the cluster stays short) while the others go on joining."""
     from fsdp_operator.local import kuberay as kuberay_module
 
     monkeypatch.setattr(kuberay_module, "WORKER_RESTART_BACKOFF_SECONDS", 0.05)
     monkeypatch.setattr(kuberay_module, "WORKER_JOIN_SECONDS", 5.0)
+    assert kuberay_module.NODE_RESTARTS == 4  # the cases above count on it
     starts: list[tuple[str, str]] = []
     joins: set[int] = set()
+    ips = {"rc-w-0": "127.0.0.3", "rc-w-1": "127.0.0.4"}
 
     async def scenario() -> set[str]:
         kuberay = LocalKubeRay("http://127.0.0.1:1", tmp_path)
@@ -141,7 +156,10 @@ def test_a_worker_whose_ray_start_exits_before_it_joined_is_started_again_in_its
         (tmp_path / "head.log").write_text("")
 
         async def node(pod: str, ip: str, code: int | None) -> RayNode:
-            script = "import time; time.sleep(60)" if code is None else f"raise SystemExit({code})"
+            # rc-w-1's starts exit later than rc-w-0's: the two exit at different times, as on a loaded machine.
+            exit_after = 0.5 if pod == "rc-w-1" else 0.0
+            ends = "time.sleep(60)" if code is None else f"time.sleep({exit_after}); raise SystemExit({code})"
+            script = f"import time; {ends}"
             process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, start_new_session=True)
             made = RayNode(pod, ip, process, tmp_path / "head.log", tmp_path / f"n{len(cluster.nodes)}")
             cluster.nodes.append(made)
@@ -149,9 +167,13 @@ def test_a_worker_whose_ray_start_exits_before_it_joined_is_started_again_in_its
                 joins.add(made.pgid)  # only a node that does not exit joins Ray
             return made
 
+        def exit_code(pod: str) -> int | None:
+            started = 1 + sum(1 for p, _ in starts if p == pod)
+            return 1 if started <= exits.get(pod, 0) else None
+
         async def start_worker(pod: str, ip: str) -> RayNode:
             starts.append((pod, ip))
-            return await node(pod, ip, 1 if len(starts) < exits else None)
+            return await node(pod, ip, exit_code(pod))
 
         async def alive_nodes(_: LocalCluster) -> list[dict[str, str]]:
             latest = {n.ip: n for n in cluster.nodes}
@@ -159,7 +181,7 @@ def test_a_worker_whose_ray_start_exits_before_it_joined_is_started_again_in_its
 
         monkeypatch.setattr(kuberay, "_alive_nodes", alive_nodes)
         head = await node("rc-head", "127.0.0.2", None)
-        workers = [await node("rc-w-0", "127.0.0.3", None), await node("rc-w-1", "127.0.0.4", 1)]
+        workers = [await node(pod, ip, exit_code(pod)) for pod, ip in ips.items()]
         try:
             return await kuberay._joined(cluster, workers, start_worker, kuberay_module.WORKER_JOIN_SECONDS, head=head)
         finally:
@@ -167,11 +189,10 @@ def test_a_worker_whose_ray_start_exits_before_it_joined_is_started_again_in_its
             await kuberay.close()
 
     alive = asyncio.run(scenario())
-    if exits == 1:
-        assert alive == {"127.0.0.3", "127.0.0.4"} and starts == [("rc-w-1", "127.0.0.4")]
-    else:
-        assert alive == {"127.0.0.3"} and set(starts) == {("rc-w-1", "127.0.0.4")}
-        assert len(starts) == kuberay_module.NODE_RESTARTS
+    assert alive == {ips[pod] for pod in joined}
+    for pod, ip in ips.items():  # restarted in its pod, at its IP, once per start that exited, at most 4 times
+        assert starts.count((pod, ip)) == min(exits.get(pod, 0), kuberay_module.NODE_RESTARTS), starts
+    assert {ip for _, ip in starts} <= set(ips.values())
 
 
 def test_a_head_that_logs_its_fatal_line_is_reported_before_its_process_exits(

@@ -66,8 +66,10 @@ WORKER_JOIN_SECONDS = 300
 """How long a cluster's worker has to join Ray, per start."""
 WORKER_RESTART_BACKOFF_SECONDS = 10.0
 """The kubelet's first back-off before it restarts a container that exited, doubled each time after."""
+MAX_RESTART_BACKOFF_SECONDS = 300.0
+"""The kubelet's cap on that back-off (five minutes)."""
 NODE_RESTARTS = 4
-"""Starts of a node after its first (the kubelet restarts without end; a stand-in node that exits every time ends
+"""Starts of each node after its first (the kubelet restarts without end; a stand-in node that exits every time ends
 its cluster's start instead of a test's time)."""
 
 # A minimal RayCluster definition of our own (KubeRay's real CRD is not shipped with the project):
@@ -589,22 +591,34 @@ class LocalKubeRay:
         kubelet's back-off (10 s, doubled each time). On a loaded machine a node's agents can start too slowly for
         its raylet, which then exits ("Timed out waiting for file .../metrics_agent_port_*"), or the raylet can
         register later than the 30 s `ray start` waits for it ("The current node timed out during startup").
-        Each start has `seconds` to join (a start on a loaded machine can take minutes), at most NODE_RESTARTS
-        restarts."""
-        deadline, backoff, restarts = time.monotonic() + seconds, WORKER_RESTART_BACKOFF_SECONDS, 0
+        Each start has `seconds` to join (a start on a loaded machine can take minutes); each node is started again
+        at most NODE_RESTARTS times, counted per node as the kubelet counts a container's restarts (one node's
+        restarts never use up another's), and the wait goes on for the nodes still starting after one gave up."""
+        deadline = time.monotonic() + seconds
+        restarts = dict.fromkeys((n.pod_name for n in nodes), 0)
+        given_up: set[str] = set()
         while True:
-            alive = await self._wait_for(cluster, {n.ip for n in nodes}, deadline, head=head)
-            exited = [n for n in nodes if n.ip not in alive and n.process.returncode is not None]
-            if not exited or (head is not None and head_death(head)) or restarts == NODE_RESTARTS:
+            starting = {n.ip for n in nodes if n.pod_name not in given_up}
+            alive = await self._wait_for(cluster, starting, deadline, head=head)
+            if head is not None and head_death(head):
                 return alive
-            await asyncio.sleep(backoff)
-            backoff *= 2
-            for node in exited:
+            exited = [n for n in nodes if n.ip in starting - alive and n.process.returncode is not None]
+            newly_given_up = {n.pod_name for n in exited if restarts[n.pod_name] == NODE_RESTARTS}
+            given_up |= newly_given_up
+            again = [n for n in exited if n.pod_name not in given_up]
+            if not again:
+                if newly_given_up:
+                    continue  # the others may still join
+                return alive
+            # The kubelet's back-off: 10 s, doubled at each restart of the container, at most five minutes.
+            backoff = WORKER_RESTART_BACKOFF_SECONDS * 2 ** max(restarts[n.pod_name] for n in again)
+            await asyncio.sleep(min(backoff, MAX_RESTART_BACKOFF_SECONDS))
+            for node in again:
                 log.warning("Ray node %s exited before it joined (%s); starting it again", node.pod_name,
                             node.log_path)  # fmt: skip
                 await stop_nodes([node])  # what it left of its group (an agent, a raylet)
                 nodes[nodes.index(node)] = await start_again(node.pod_name, node.ip)
-            restarts += 1
+                restarts[node.pod_name] += 1
             deadline = max(deadline, time.monotonic() + seconds)
 
     async def _materialize(self, cluster: LocalCluster, rc: Obj) -> None:
