@@ -423,6 +423,34 @@ def test_unschedulable_workers_show_the_schedulers_message(apiserver: ThreadedAp
     scenario(apiserver, body)
 
 
+def test_a_crash_looping_worker_is_named_while_waiting_and_in_the_timeouts_failure(
+    apiserver: ThreadedApiServer,
+) -> None:
+    """The kubelet's word on a worker container it keeps restarting reaches the status through the pod watch."""
+    container = {
+        "name": "ray-worker",
+        "ready": False,
+        "restartCount": 3,
+        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s restarting failed container"}},
+        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+    }
+    said = "container ray-worker CrashLoopBackOff (restarted 3 times, last exit code 137 (OOMKilled)): back-off 40s"
+
+    async def body(w: World) -> None:
+        w.kuberay.worker_container_status = container
+        async with w.operator():
+            w.apply(manifest(runPolicy={"waitForWorkersTimeoutSeconds": 20}))
+            status = await w.phase_passed(
+                "Provisioning", "WorkersNotReady", where=lambda s: said in s.get("message", "")
+            )
+            assert status["message"].startswith("0/2 worker pods ready"), status["message"]
+            status = await w.phase("Failed", "WaitForWorkersTimeout")
+            assert said in status["message"], status["message"]
+        w.assert_no_duplicates(submissions=0)
+
+    scenario(apiserver, body)
+
+
 def test_ray_job_failure_without_retries_fails(apiserver: ThreadedApiServer) -> None:
     async def body(w: World) -> None:
         async with w.operator():

@@ -71,6 +71,9 @@ class FakeKubeRay:
         """Worker pods are scheduled but never become ready."""
         self.unschedulable = ""
         """When set, worker pods stay Pending with this scheduler message."""
+        self.worker_container_status: Obj | None = None
+        """When set, worker pods run and never become ready, with this as their container's status (the kubelet's
+        CrashLoopBackOff, ImagePullBackOff)."""
         self.seen_uids: list[str] = []
         """Every RayCluster (by uid) this controller ever saw: the duplicate check counts these."""
         self.clusters: dict[str, _Cluster] = {}
@@ -203,7 +206,13 @@ class FakeKubeRay:
                 continue
             if cluster is None or cluster.suspended:
                 cluster = await self._adopt(rc)
-            waiting = not cluster.ready and not cluster.failed and not self.never_ready and not self.unschedulable
+            waiting = (
+                not cluster.ready
+                and not cluster.failed
+                and not self.never_ready
+                and not self.unschedulable
+                and self.worker_container_status is None
+            )
             if waiting and time.monotonic() - cluster.created >= self.ready_delay:
                 await self._make_ready(cluster, rc)
 
@@ -269,6 +278,8 @@ class FakeKubeRay:
         for i in range(replicas):
             name = f"{cluster.name}-{group['groupName']}-worker-{i:05d}"
             status: Obj = {"phase": "Pending"}
+            if self.worker_container_status is not None:
+                status = {"phase": "Running", "containerStatuses": [self.worker_container_status]}
             if self.unschedulable:
                 status["conditions"] = [
                     {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",

@@ -122,6 +122,46 @@ def test_a_head_whose_ray_process_exits_is_reported_not_ready_as_a_kubelet_would
     assert conditions["RayClusterProvisioned"]["status"] == "True"  # the other conditions stay as they were
 
 
+def test_a_worker_that_used_up_its_restarts_shows_crash_loop_back_off_as_the_operator_reads_it(
+    apiserver: ThreadedApiServer, tmp_path: Path
+) -> None:
+    """What the kubelet shows of a container it keeps restarting, written through the API server's validation of a
+    pod's status and read back by the operator's own reader (`provisioning.containers_held`, through the pod
+    watch's view)."""
+    from fsdp_operator.runtime.provisioning import containers_held
+    from fsdp_operator.runtime.watched import _pod_view
+
+    async def scenario() -> dict[str, Any]:
+        kuberay = LocalKubeRay(apiserver.url, tmp_path)
+        try:
+            await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
+            rc = await kuberay._request(
+                "POST",
+                "/apis/ray.io/v1/namespaces/default/rayclusters",
+                {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": {}},
+            )
+            cluster = LocalCluster("default", "rc", rc["metadata"]["uid"], tmp_path / "c")  # the pods' owner
+            template = {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.58.0"}]}}
+            labels = {"ray.io/node-type": "worker", "ray.io/cluster": "rc"}
+            await kuberay._put_pod(cluster, "rc-w-0", labels, "127.0.0.3", ready=False, template=template)
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", "raise SystemExit(3)")
+            await process.wait()
+            worker = RayNode("rc-w-0", "127.0.0.3", process, tmp_path / "w.log", tmp_path / "n0")
+            await kuberay._report_crash_loop(cluster, worker, "ray-worker")
+            pod: dict[str, Any] = await kuberay._request("GET", "/api/v1/namespaces/default/pods/rc-w-0")
+            return pod
+        finally:
+            await kuberay.close()
+
+    pod = asyncio.run(scenario())
+    assert pod["status"]["phase"] == "Running"
+    assert [(c["type"], c["status"]) for c in pod["status"]["conditions"]] == [("Ready", "False")]
+    assert containers_held([_pod_view(pod)]) == (
+        "pod rc-w-0: container ray-worker CrashLoopBackOff (restarted 4 times, last exit code 3 (Error)): back-off "
+        f"5m0s restarting failed container=ray-worker pod=rc-w-0_default (its log: {tmp_path / 'w.log'})"
+    )
+
+
 @pytest.mark.parametrize(
     ("exits", "joined"),
     [

@@ -215,6 +215,22 @@ def test_unschedulable_at_the_timeout_fails_with_the_schedulers_words() -> None:
     assert without_events(d.actions) == [DeleteRayCluster("ml", CLUSTER)]
 
 
+@pytest.mark.parametrize("waited", [10, 300])
+def test_a_container_the_kubelet_holds_back_is_said_while_waiting_and_in_the_timeouts_failure(waited: int) -> None:
+    m = manifest(runPolicy={"waitForWorkersTimeoutSeconds": 300})
+    status = at(Phase.PROVISIONING, provisioning_since=NOW - timedelta(seconds=waited))
+    held = "pod qwen-ray-w-1: container ray-worker CrashLoopBackOff (restarted 5 times, last exit code 1 (Error))"
+    d = run(m, status, cluster=cluster(state="", ready_workers=1), containers_held=held)
+    gap = "1/2 worker pods ready (RayCluster state: no state yet)"
+    if waited < 300:
+        assert (d.status.phase, d.status.reason, d.status.message) == (
+            Phase.PROVISIONING, Reason.WORKERS_NOT_READY, f"{gap}; {held}",
+        )  # fmt: skip
+    else:
+        assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.WAIT_FOR_WORKERS_TIMEOUT)
+        assert d.status.message == f"waitForWorkersTimeoutSeconds (300s) exceeded: {gap}; {held}"
+
+
 @pytest.mark.parametrize(("elapsed", "fails"), [(3599, False), (3600, True)])
 def test_active_deadline_on_both_sides(elapsed: int, fails: bool) -> None:
     m = manifest(runPolicy={"activeDeadlineSeconds": 3600})

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from fsdp_operator.decide.observed import ApplyNetworkPolicy, CreateAuthSecret, CreateRayCluster, PostEvent, together
-from fsdp_operator.runtime.provisioning import EVENTS_EVERY, WhyWaiting
+from fsdp_operator.runtime.provisioning import EVENTS_EVERY, WhyWaiting, containers_held
 from fsdp_operator.runtime.settings import OperatorConfig
 from fsdp_operator.runtime.shared import Runtime
 from fsdp_operator.runtime.watched import Watched, not_older
@@ -115,17 +115,17 @@ def test_events_are_read_only_when_they_can_tell_something_and_at_most_once_per_
         why = WhyWaiting()
         for name in ("c-head", "c-w-0", "c-w-1"):
             rt.watched.pod("ns", pod(name, phase="Running"))
-        assert await why.read(rt, "ns", CLUSTER) == ("", "")
+        assert await why.read(rt, "ns", CLUSTER) == ("", "", "")
         assert kube.calls == []  # every pod there and none Pending: nothing to look up
         rt.watched.pod("ns", pod("c-w-1"), deleted=True)  # one missing: KubeRay's refusals are read
         assert await why.read(rt, "ns", CLUSTER) == ("", "KubeRay could not create a pod (FailedToCreateWorkerPod): "
-                                                         "pods is forbidden")  # fmt: skip
+                                                         "pods is forbidden", "")  # fmt: skip
         assert len(kube.calls) == 1
         for _ in range(5):  # within the period: the last reading, no request
             assert (await why.read(rt, "ns", CLUSTER))[1].startswith("KubeRay could not create")
         assert len(kube.calls) == 1
         rt.watched.pod("ns", pod("c-w-1", message="0/3 nodes are available"))  # the scheduler's word, from the pod
-        assert await why.read(rt, "ns", CLUSTER) == ("pod c-w-1: 0/3 nodes are available", "")
+        assert await why.read(rt, "ns", CLUSTER) == ("pod c-w-1: 0/3 nodes are available", "", "")
         assert len(kube.calls) == 1
         why.read_at -= EVENTS_EVERY * 1000.0  # the period has passed
         rt.watched.pod("ns", pod("c-w-1"))  # Pending without a condition: the scheduler's events are read
@@ -133,6 +133,61 @@ def test_events_are_read_only_when_they_can_tell_something_and_at_most_once_per_
         assert kube.calls[1:] == ["involvedObject.kind=Pod,reason=FailedScheduling"]
 
     asyncio.run(main())
+
+
+# A worker pod's status as the kubelet writes it while its container crash-loops (`kubectl get pod -o yaml`; the
+# waiting message is the kubelet's "back-off ... restarting failed container=... pod=..." text).
+CRASH_LOOPING: dict[str, Any] = {
+    "metadata": {"name": "c-w-1", "uid": "u1", "labels": {"ray.io/cluster": "c", "ray.io/node-type": "worker"}},
+    "spec": {"nodeName": "ip-10-0-1-7"},
+    "status": {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady"}],
+        "containerStatuses": [
+            {
+                "name": "ray-worker",
+                "ready": False,
+                "restartCount": 5,
+                "image": "public.ecr.aws/deep-learning-containers/ray:train-ml-cuda-v1.1",
+                "imageID": "sha256:" + "0" * 64,
+                "state": {
+                    "waiting": {
+                        "reason": "CrashLoopBackOff",
+                        "message": "back-off 2m40s restarting failed container=ray-worker pod=c-w-1_ns(u1)",
+                    }
+                },
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-12-05T10:00:00Z"}},
+            }
+        ],
+    },
+}
+
+
+def test_a_container_the_kubelet_holds_back_is_named_with_its_reason_restarts_and_last_exit() -> None:
+    """Through the pod watch's view, as a job loop reads it: CrashLoopBackOff with its restarts and last exit, an
+    image that cannot be pulled with the kubelet's message; a container still being created is no trouble."""
+
+    async def main() -> None:
+        rt = Runtime(OperatorConfig(interval=1000.0), kube=CountingKube([]))  # type: ignore[arg-type]
+        rt.watched.pods_watched = True
+        for name in ("c-head", "c-w-0"):
+            rt.watched.pod("ns", pod(name, phase="Running"))
+        rt.watched.pod("ns", CRASH_LOOPING)
+        assert (await WhyWaiting().read(rt, "ns", CLUSTER))[2] == (
+            "pod c-w-1: container ray-worker CrashLoopBackOff (restarted 5 times, last exit code 1 (Error)): "
+            "back-off 2m40s restarting failed container=ray-worker pod=c-w-1_ns(u1)"
+        )
+
+    asyncio.run(main())
+    pull = {"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "ray:nope"'}}
+    creating = {"waiting": {"reason": "ContainerCreating"}}
+    pods = [{"metadata": {"name": n}, "status": {"containerStatuses": [{"name": "ray-worker", "restartCount": 0,
+                                                                        "state": state}]}}
+            for n, state in (("c-w-0", creating), ("c-w-1", pull))]  # fmt: skip
+    assert (
+        containers_held(pods) == 'pod c-w-1: container ray-worker ImagePullBackOff: Back-off pulling image "ray:nope"'
+    )
+    assert containers_held(pods[:1]) == "" and containers_held([{"metadata": {"name": "x"}}]) == ""
 
 
 def test_an_event_is_news_unless_only_versions_field_managers_or_finalizers_changed() -> None:

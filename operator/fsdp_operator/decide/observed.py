@@ -162,6 +162,9 @@ class Observed:
     cluster: ClusterView | None = None
     unschedulable: str = ""
     """The scheduler's message for a Pending worker or head pod (FailedScheduling); empty when none."""
+    containers_held: str = ""
+    """A container of the cluster's pods that the kubelet keeps from running (CrashLoopBackOff, ImagePullBackOff,
+    ...), in its words with the pod's name; empty when none."""
     create_refused: str = ""
     """The API server's refusal of a create the job needs, for a reason a retry does not change by itself (RBAC,
     admission, validation, quota): of the job's Secret, NetworkPolicy or RayCluster by the operator, or of a pod by

@@ -322,14 +322,14 @@ def _wait_for_workers(job: Job, status: JobStatus, obs: Observed, package: str, 
                 message = f"workers not scheduled after {waited:.0f}s: {obs.unschedulable}"
                 return _finish(job, status, obs, Phase.FAILED, Reason.UNSCHEDULABLE, message, stop_job=False)
             message = f"waitForWorkersTimeoutSeconds ({timeout}s) exceeded: {gap}"
-            if obs.create_refused:
-                message += f"; {obs.create_refused}"
+            for why in (obs.containers_held, obs.create_refused):
+                message += f"; {why}" if why else ""
             return _finish(job, status, obs, Phase.FAILED, Reason.WAIT_FOR_WORKERS_TIMEOUT, message, stop_job=False)
-        reason, message = Reason.WORKERS_NOT_READY, gap
+        reason, message = Reason.WORKERS_NOT_READY, gap + (f"; {obs.containers_held}" if obs.containers_held else "")
         if obs.unschedulable:
             reason, message = Reason.UNSCHEDULABLE, obs.unschedulable
         elif obs.create_refused:
-            reason, message = Reason.CREATE_REFUSED, f"{gap}; {obs.create_refused}"
+            reason, message = Reason.CREATE_REFUSED, f"{message}; {obs.create_refused}"
         new = replace(
             status,
             reason=reason,

@@ -700,6 +700,8 @@ class LocalKubeRay:
         for worker in workers:
             if worker.ip in alive:
                 await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=True, template=group["template"])
+            elif worker.process.returncode is not None:  # it used up its restarts
+                await self._report_crash_loop(cluster, worker, worker_container.get("name", "ray-worker"))
         ready = len(alive)
         state = {"state": "ready"} if ready == replicas else {}
         conditions = [
@@ -728,6 +730,31 @@ class LocalKubeRay:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(head.process.wait()), HEAD_WATCH_SECONDS)
         await self._report_head_death(cluster, head, why)
+
+    async def _report_crash_loop(self, cluster: LocalCluster, node: RayNode, container: str) -> None:
+        """A node that exited at each of its starts, as the kubelet shows a container it keeps restarting: the pod
+        Running and not Ready, the container waiting in CrashLoopBackOff with its restarts and last exit ("Container
+        restarts", https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#container-restarts). This
+        stand-in starts it no more."""
+        now = now_rfc3339()
+        code = node.process.returncode
+        # The kubelet's words, and where this stand-in keeps the node's log (what `kubectl logs --previous` shows).
+        message = f"back-off 5m0s restarting failed container={container} pod={node.pod_name}_{cluster.namespace}"
+        message += f" (its log: {node.log_path})"
+        pod_status = {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+                            "message": f"containers with unready status: [{container}]", "lastTransitionTime": now}],
+            "containerStatuses": [{
+                "name": container, "ready": False, "restartCount": NODE_RESTARTS,
+                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": message}},
+                "lastState": {"terminated": {"exitCode": code if code is not None else 1, "reason": "Error",
+                                             "finishedAt": now}},
+            }],
+        }  # fmt: skip
+        path = f"/api/v1/namespaces/{cluster.namespace}/pods/{node.pod_name}/status"
+        with contextlib.suppress(RuntimeError, aiohttp.ClientError):
+            await self._request("PATCH", path, {"status": pod_status}, "application/merge-patch+json")
 
     async def _report_head_death(self, cluster: LocalCluster, head: RayNode, why: str) -> None:
         """The head pod Failed and not Ready, the RayCluster's HeadPodReady False, `cluster.failure` set."""

@@ -353,8 +353,10 @@ class JobLoop:
 
         if status.phase == Phase.PROVISIONING:
             if cluster.state != "ready":
-                why, refused = await self.why_waiting.read(self.rt, self.namespace, cluster_obj)
-                return Observed(now=now, cluster=cluster, unschedulable=why, create_refused=refused)
+                why, refused, held = await self.why_waiting.read(self.rt, self.namespace, cluster_obj)
+                return Observed(
+                    now=now, cluster=cluster, unschedulable=why, create_refused=refused, containers_held=held
+                )
             if not self.address:
                 return Observed(now=now, cluster=cluster, ray_error="no dashboard address in RayCluster status")
             try:

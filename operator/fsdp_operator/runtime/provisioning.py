@@ -75,8 +75,9 @@ class WhyWaiting:
         self.read_at = float("-inf")
         self.from_events = ("", "")
 
-    async def read(self, rt: Runtime, namespace: str, cluster: Obj) -> tuple[str, str]:
-        """(the scheduler's message for a Pending pod, KubeRay's latest refusal of a pod): '' for none."""
+    async def read(self, rt: Runtime, namespace: str, cluster: Obj) -> tuple[str, str, str]:
+        """(the scheduler's message for a Pending pod, KubeRay's latest refusal of a pod, a container the kubelet
+        keeps from running): '' for none."""
         name = str(cluster["metadata"]["name"])
         if rt.watched.pods_watched:
             pods = rt.watched.pods(namespace, name)
@@ -90,7 +91,8 @@ class WhyWaiting:
                 await failed_scheduling(rt.kube, namespace, pending) if pending else "",
                 await pods_refused(rt.kube, namespace, name) if short else "",
             )
-        return message or (self.from_events[0] if pending else ""), self.from_events[1] if short else ""
+        unschedulable = message or (self.from_events[0] if pending else "")
+        return unschedulable, self.from_events[1] if short else "", containers_held(pods)
 
 
 def scheduler_condition(pods: list[Obj]) -> tuple[str, set[str]]:
@@ -106,6 +108,50 @@ def scheduler_condition(pods: list[Obj]) -> tuple[str, set[str]]:
             ):
                 return f"pod {pod['metadata']['name']}: {condition['message']}", set()
     return "", {p["metadata"]["name"] for p in pending}
+
+
+HELD_REASONS = frozenset(
+    {
+        # pkg/kubelet/container/sync_result.go and pkg/kubelet/kuberuntime/kuberuntime_container.go
+        "CrashLoopBackOff",
+        "RunContainerError",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "PreStartHookError",
+        "PostStartHookError",
+        # pkg/kubelet/images/types.go
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "ImageInspectError",
+    }
+)
+"""The reasons of a container's `waiting` state that the kubelet gives when it cannot (or will not yet again) run
+it: each needs a person or keeps failing, unlike `ContainerCreating` and `PodInitializing`, which pass."""
+
+
+def containers_held(pods: list[Obj]) -> str:
+    """The first container of the cluster's pods that the kubelet keeps from running, in its words: the pod, the
+    container, its waiting reason and message, and for one that ran, its restarts and last exit. '' when none."""
+    for pod in pods:
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason")
+            if reason not in HELD_REASONS:
+                continue
+            said = f"pod {pod['metadata']['name']}: container {container.get('name', '?')} {reason}"
+            last = (container.get("lastState") or {}).get("terminated") or {}
+            restarts = container.get("restartCount")
+            if isinstance(restarts, int) and restarts > 0:
+                exited = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
+                if exited and last.get("reason"):
+                    exited += f" ({last['reason']})"
+                said += f" (restarted {restarts} times{exited})"
+            if waiting.get("message"):
+                said += f": {str(waiting['message'])[:300]}"
+            return said
+    return ""
 
 
 async def failed_scheduling(kube: Kube, namespace: str, names: set[str]) -> str:

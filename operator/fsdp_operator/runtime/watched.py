@@ -61,8 +61,9 @@ NODE_TYPE_LABEL = "ray.io/node-type"
 
 
 def _pod_view(body: Mapping[str, Any]) -> Obj:
-    """What the loops read of a pod: its name, phase and conditions (`provisioning.unschedulable`); its uid, node,
-    node type and deletion (`nodes.node_notices`)."""
+    """What the loops read of a pod: its name, phase, conditions and the kubelet's word on each container
+    (`provisioning.scheduler_condition`, `provisioning.containers_held`); its uid, node, node type and deletion
+    (`nodes.node_notices`)."""
     meta = body.get("metadata") or {}
     status = body.get("status") or {}
     view: Obj = {
@@ -72,7 +73,15 @@ def _pod_view(body: Mapping[str, Any]) -> Obj:
             "labels": {k: v for k, v in (meta.get("labels") or {}).items() if k == NODE_TYPE_LABEL},
         },
         "spec": {"nodeName": (body.get("spec") or {}).get("nodeName") or ""},
-        "status": {"phase": status.get("phase", "Pending"), "conditions": list(status.get("conditions") or [])},
+        "status": {
+            "phase": status.get("phase", "Pending"),
+            "conditions": list(status.get("conditions") or []),
+            "containerStatuses": [
+                {key: c[key] for key in ("name", "restartCount", "state", "lastState") if key in c}
+                for c in status.get("containerStatuses") or []
+                if isinstance(c, dict)
+            ],
+        },
     }
     if meta.get("deletionTimestamp"):
         view["metadata"]["deletionTimestamp"] = meta["deletionTimestamp"]
