@@ -79,6 +79,18 @@ def test_marked_processes_are_found_and_killed() -> None:
         child.kill()
 
 
+async def created_cluster(kuberay: LocalKubeRay, tmp_path: Path) -> LocalCluster:
+    """RayCluster `rc` in the API server (its kind served first), as the stand-in's record of it: the owner of the
+    pods a test writes (the API server's garbage collector removes a pod whose owner does not exist)."""
+    await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
+    rc = await kuberay._request(
+        "POST",
+        "/apis/ray.io/v1/namespaces/default/rayclusters",
+        {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": {}},
+    )
+    return LocalCluster("default", "rc", rc["metadata"]["uid"], tmp_path / "c")
+
+
 def test_a_head_whose_ray_process_exits_is_reported_not_ready_as_a_kubelet_would(
     apiserver: ThreadedApiServer, tmp_path: Path
 ) -> None:
@@ -87,13 +99,7 @@ def test_a_head_whose_ray_process_exits_is_reported_not_ready_as_a_kubelet_would
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         kuberay = LocalKubeRay(apiserver.url, tmp_path)
         try:
-            await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
-            rc = await kuberay._request(
-                "POST",
-                "/apis/ray.io/v1/namespaces/default/rayclusters",
-                {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": {}},
-            )
-            cluster = LocalCluster("default", "rc", rc["metadata"]["uid"], tmp_path / "c")
+            cluster = await created_cluster(kuberay, tmp_path)
             template = {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.58.0"}]}}
             await kuberay._put_pod(
                 cluster, "rc-head", {"ray.io/node-type": "head"}, "127.0.0.2", ready=True, template=template
@@ -134,13 +140,7 @@ def test_a_worker_that_used_up_its_restarts_shows_crash_loop_back_off_as_the_ope
     async def scenario() -> dict[str, Any]:
         kuberay = LocalKubeRay(apiserver.url, tmp_path)
         try:
-            await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
-            rc = await kuberay._request(
-                "POST",
-                "/apis/ray.io/v1/namespaces/default/rayclusters",
-                {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": {}},
-            )
-            cluster = LocalCluster("default", "rc", rc["metadata"]["uid"], tmp_path / "c")  # the pods' owner
+            cluster = await created_cluster(kuberay, tmp_path)
             template = {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.58.0"}]}}
             labels = {"ray.io/node-type": "worker", "ray.io/cluster": "rc"}
             await kuberay._put_pod(cluster, "rc-w-0", labels, "127.0.0.3", ready=False, template=template)
@@ -253,13 +253,7 @@ def test_a_head_that_logs_its_fatal_line_is_reported_before_its_process_exits(
         with log_path.open("wb") as out:
             process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, stdout=out)
         try:
-            await kuberay._request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", RAYCLUSTER_CRD)
-            rc = await kuberay._request(
-                "POST",
-                "/apis/ray.io/v1/namespaces/default/rayclusters",
-                {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "rc"}, "spec": {}},
-            )
-            cluster = LocalCluster("default", "rc", rc["metadata"]["uid"], tmp_path / "c")
+            cluster = await created_cluster(kuberay, tmp_path)
             template = {"spec": {"containers": [{"name": "ray-head", "image": "rayproject/ray:2.58.0"}]}}
             await kuberay._put_pod(
                 cluster, "rc-head", {"ray.io/node-type": "head"}, "127.0.0.2", ready=True, template=template
