@@ -319,6 +319,68 @@ async def _until(condition: Any, seconds: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
+def test_a_head_started_again_gets_new_ports_and_the_cluster_its_endpoints(
+    apiserver: ThreadedApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every pod here shares the machine's ports: a head whose first start exited is started again on a dashboard and
+    GCS port of its own (the first start's were found taken), and the workers and the RayCluster's endpoints follow."""
+    from fsdp_operator.local import kuberay as kuberay_module
+
+    monkeypatch.setattr(kuberay_module, "WORKER_RESTART_BACKOFF_SECONDS", 0.05)
+    started: list[tuple[str, list[str]]] = []
+    joined: set[str] = set()
+
+    async def scenario() -> dict[str, Any]:
+        kuberay = LocalKubeRay(apiserver.url, tmp_path)
+
+        async def start_node(cluster: LocalCluster, pod: str, args: list[str], *_: Any, **__: Any) -> RayNode:
+            ip = f"127.0.0.{len(started) + 2}"
+            first_head = "--head" in args and not any("--head" in a for _, a in started)
+            script = "raise SystemExit(1)" if first_head else "import time; time.sleep(60)"
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, start_new_session=True)
+            started.append((pod, args))
+            node = RayNode(pod, ip, process, tmp_path / "n.log", tmp_path / f"n{len(started)}")
+            cluster.nodes.append(node)
+            if not first_head:
+                joined.add(ip)
+            return node
+
+        async def alive_nodes(cluster: LocalCluster) -> list[dict[str, str]]:
+            latest = {n.ip: n for n in cluster.nodes}
+            return [{"node_ip": ip, "state": "ALIVE"} for ip, n in latest.items() if ip in joined]
+
+        monkeypatch.setattr(kuberay, "_start_node", start_node)
+        monkeypatch.setattr(kuberay, "_alive_nodes", alive_nodes)
+        monkeypatch.setattr(kuberay, "watch_head", lambda *_: asyncio.sleep(0))
+        try:
+            rc = _suspended_cluster(kuberay, "again", suspend=False)
+            cluster = await created_cluster(kuberay, tmp_path)
+            rc["metadata"] = {**rc["metadata"], "name": "rc", "uid": cluster.uid, "generation": 1}
+            await kuberay._materialize(cluster, rc)
+            await kuberay_module.stop_nodes(cluster.nodes)
+            found: dict[str, Any] = await kuberay._request("GET", "/apis/ray.io/v1/namespaces/default/rayclusters/rc")
+            return found
+        finally:
+            await kuberay.close()
+
+    rc = asyncio.run(scenario())
+    (first, first_args), (again, head_args), (_, worker_args) = started
+    assert first == again and "head" in first  # the same pod, started again
+
+    def port(args: list[str], flag: str) -> str:
+        (value,) = [a.split("=", 1)[1] for a in args if a.startswith(f"--{flag}=")]
+        return value
+
+    assert port(head_args, "dashboard-port") != port(first_args, "dashboard-port")
+    assert port(head_args, "port") != port(first_args, "port")
+    assert port(worker_args, "address").endswith(f":{port(head_args, 'port')}")  # the workers join the new GCS
+    assert rc["status"]["state"] == "ready"
+    assert rc["status"]["endpoints"] == {
+        "dashboard": port(head_args, "dashboard-port"),
+        "gcs-server": port(head_args, "port"),
+    }
+
+
 def test_a_suspended_raycluster_gets_no_pods_and_no_process(apiserver: ThreadedApiServer, tmp_path: Path) -> None:
     """KubeRay's RayClusterSpec.suspend: "A suspended RayCluster will have head pods and worker pods deleted"."""
 

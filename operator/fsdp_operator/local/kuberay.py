@@ -652,18 +652,23 @@ class LocalKubeRay:
         head_env = _container_env(head_container, head_name, self.next_node_name(), secrets)
         if head_env.get("RAY_AUTH_MODE") == "token":
             cluster.token = head_env.get("RAY_AUTH_TOKEN", "")
-        head_args = [
-            "--head",
-            "--num-cpus=0",
-            "--num-gpus=0",
-            f"--port={cluster.gcs_port}",
-            "--include-dashboard=true",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-port={cluster.dashboard_port}",
-            f"--ray-client-server-port={free_port()}",
-        ]
 
         async def start_head(pod_name: str, ip: str | None = None) -> RayNode:
+            if ip is not None:
+                # A restart: new ports (a pod has its own; here every pod shares the machine's). The earlier start's
+                # dashboard port was found taken at restarts in a slow run beside other Ray clusters ("Failed to bind
+                # to 127.0.0.1:PORT because it's already occupied", at each of four restarts).
+                cluster.dashboard_port, cluster.gcs_port = free_port(), free_port()
+            head_args = [
+                "--head",
+                "--num-cpus=0",
+                "--num-gpus=0",
+                f"--port={cluster.gcs_port}",
+                "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-port={cluster.dashboard_port}",
+                f"--ray-client-server-port={free_port()}",
+            ]
             return await self._start_node(cluster, pod_name, head_args, head_env, _memory_limit(head_container), ip)
 
         heads = [await start_head(head_name)]
