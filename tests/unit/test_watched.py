@@ -10,7 +10,9 @@ from fsdp_operator.decide.observed import ApplyNetworkPolicy, CreateAuthSecret, 
 from fsdp_operator.runtime.provisioning import EVENTS_EVERY, WhyWaiting, containers_held
 from fsdp_operator.runtime.settings import OperatorConfig
 from fsdp_operator.runtime.shared import Runtime
-from fsdp_operator.runtime.watched import Watched, not_older
+from fsdp_operator.runtime.watched import Watched, _pod_view, not_older
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def job(version: str, uid: str = "u1", phase: str = "") -> dict[str, Any]:
@@ -188,6 +190,24 @@ def test_a_container_the_kubelet_holds_back_is_named_with_its_reason_restarts_an
         containers_held(pods) == 'pod c-w-1: container ray-worker ImagePullBackOff: Back-off pulling image "ray:nope"'
     )
     assert containers_held(pods[:1]) == "" and containers_held([{"metadata": {"name": "x"}}]) == ""
+
+
+_KEYS = st.sampled_from(["name", "state", "waiting", "reason", "message", "lastState", "terminated", "exitCode",
+                         "restartCount", "CrashLoopBackOff"])  # fmt: skip
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from(["", "CrashLoopBackOff", "ImagePullBackOff"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(_KEYS, children, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(st.lists(_JSON, max_size=3))
+def test_any_container_statuses_through_the_watchs_view_are_read_without_raising(statuses: list[Any]) -> None:
+    """Whatever a pod's containerStatuses hold (a watch brings what the API server stored), the reader says a line or
+    nothing: never raises."""
+    view = _pod_view({"metadata": {"name": "p"}, "status": {"containerStatuses": statuses}})
+    said = containers_held([view])
+    assert said == "" or said.startswith("pod p: container ")
 
 
 def test_an_event_is_news_unless_only_versions_field_managers_or_finalizers_changed() -> None:

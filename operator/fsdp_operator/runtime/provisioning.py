@@ -136,12 +136,12 @@ def containers_held(pods: list[Obj]) -> str:
     container, its waiting reason and message, and for one that ran, its restarts and last exit. '' when none."""
     for pod in pods:
         for container in (pod.get("status") or {}).get("containerStatuses") or []:
-            waiting = (container.get("state") or {}).get("waiting") or {}
+            waiting = _path(container, "state", "waiting")
             reason = waiting.get("reason")
-            if reason not in HELD_REASONS:
+            if not isinstance(reason, str) or reason not in HELD_REASONS:
                 continue
             said = f"pod {pod['metadata']['name']}: container {container.get('name', '?')} {reason}"
-            last = (container.get("lastState") or {}).get("terminated") or {}
+            last = _path(container, "lastState", "terminated")
             restarts = container.get("restartCount")
             if isinstance(restarts, int) and restarts > 0:
                 exited = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
@@ -152,6 +152,13 @@ def containers_held(pods: list[Obj]) -> str:
                 said += f": {str(waiting['message'])[:300]}"
             return said
     return ""
+
+
+def _path(obj: object, *keys: str) -> Obj:
+    """`obj[k1][k2]...` where each is an object; {} where one is missing or not an object."""
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj if isinstance(obj, dict) else {}
 
 
 async def failed_scheduling(kube: Kube, namespace: str, names: set[str]) -> str:
