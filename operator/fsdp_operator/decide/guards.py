@@ -20,7 +20,6 @@ from fsdp_operator.decide.observed import (
     Observed,
     StopJob,
     _count,
-    _mapping,
 )
 from fsdp_operator.decide.status import (
     ConditionType,
@@ -30,11 +29,12 @@ from fsdp_operator.decide.status import (
     cleared_run_data,
     set_condition,
 )
+from fsdp_operator.decide.untrusted import mapping
 
 
 def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems: str, obs: Observed) -> Decision:
     now = obs.now
-    meta = _mapping(manifest.get("metadata"))
+    meta = mapping(manifest.get("metadata"))
     generation = _count(meta.get("generation"))
     already = status.phase == Phase.FAILED and status.reason == Reason.VALIDATION_FAILED
     # Not `done` (kopf never restarts a daemon that returned): a fixed spec must start the job over.

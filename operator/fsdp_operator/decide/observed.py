@@ -14,6 +14,7 @@ from fsdp_operator.capacity.plan import ZoneChoice
 from fsdp_operator.decide.status import (
     JobStatus,
 )
+from fsdp_operator.decide.untrusted import mapping
 from fsdp_operator.decide.workload import WorkloadView
 
 # Ray's job states (ray.job_submission.JobStatus values).
@@ -56,10 +57,10 @@ class ClusterView:
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> ClusterView:
-        meta = _mapping(obj.get("metadata"))
-        status = _mapping(obj.get("status"))
+        meta = mapping(obj.get("metadata"))
+        status = mapping(obj.get("status"))
         references = meta.get("ownerReferences")
-        owners = [_mapping(o) for o in references] if isinstance(references, list) else []
+        owners = [mapping(o) for o in references] if isinstance(references, list) else []
         owner: Mapping[str, Any] = next((o for o in owners if o.get("controller") is True), {})
         return cls(
             name=str(meta.get("name", "")),
@@ -74,13 +75,13 @@ class ClusterView:
             dashboard_url=dashboard_url(obj),
             reason=str(status.get("reason") or ""),
             head_not_ready=_head_not_ready(status.get("conditions")),
-            suspended=_mapping(obj.get("spec")).get("suspend") is True,
+            suspended=mapping(obj.get("spec")).get("suspend") is True,
         )
 
 
 def _head_not_ready(conditions: Any) -> str:
     for condition in conditions if isinstance(conditions, list) else []:
-        c = _mapping(condition)
+        c = mapping(condition)
         if c.get("type") == "HeadPodReady" and c.get("status") == "False":
             return f"{c.get('reason') or 'HeadPodNotReady'}: {c.get('message') or 'no message'}"[:512]
     return ""
@@ -103,10 +104,6 @@ class ChildView:
     def from_object(cls, kind: str, obj: Mapping[str, Any]) -> ChildView:
         view = ClusterView.from_object(obj)
         return cls(kind, view.name, view.uid, view.owner_uid, view.owner_kind, view.owner_name, view.deleting)
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _count(value: Any) -> int:

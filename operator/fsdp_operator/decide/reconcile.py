@@ -57,7 +57,6 @@ from fsdp_operator.decide.observed import (
     StopJob,
     SubmitJob,
     _count,
-    _mapping,
 )
 from fsdp_operator.decide.pass_errors import error_cleared, error_recorded, fold_contained
 from fsdp_operator.decide.status import (
@@ -70,6 +69,7 @@ from fsdp_operator.decide.status import (
     set_condition,
     with_lifecycle_conditions,
 )
+from fsdp_operator.decide.untrusted import mapping
 
 # --- the state machine ------------------------------------------------------------------------------
 
@@ -90,7 +90,7 @@ def reconcile(
     new = decision.status
     if observed.cluster is not None and observed.cluster.dashboard_url and not status.terminal:
         new = replace(new, dashboard_url=observed.cluster.dashboard_url)
-    generation = _count(_mapping(manifest.get("metadata")).get("generation"))
+    generation = _count(mapping(manifest.get("metadata")).get("generation"))
     new = with_lifecycle_conditions(status, new, now=observed.now, generation=generation)
     if new is not decision.status:
         decision = replace(decision, status=new)

@@ -17,13 +17,11 @@ from typing import Any
 
 from fsdp_train.events import clean_text
 
+from fsdp_operator.decide.untrusted import mapping
+
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 """The label Kueue puts on a Workload: the uid of the object it queues (here the RayCluster)."""
 TEXT_LIMIT = 512
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _text(value: Any) -> str:
@@ -46,9 +44,9 @@ class WorkloadView:
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any]) -> WorkloadView:
-        meta, status = _mapping(obj.get("metadata")), _mapping(obj.get("status"))
+        meta, status = mapping(obj.get("metadata")), mapping(obj.get("status"))
         raw = status.get("conditions")
-        conditions = {str(c.get("type")): c for c in (_mapping(c) for c in (raw if isinstance(raw, list) else [])) if c}
+        conditions = {str(c.get("type")): c for c in (mapping(c) for c in (raw if isinstance(raw, list) else [])) if c}
 
         def true(type_: str) -> bool:
             return conditions.get(type_, {}).get("status") == "True"
@@ -67,7 +65,7 @@ class WorkloadView:
             name=_text(meta.get("name")),
             quota_reserved=true("QuotaReserved"),
             admitted=true("Admitted"),
-            cluster_queue=_text(_mapping(status.get("admission")).get("clusterQueue")),
+            cluster_queue=_text(mapping(status.get("admission")).get("clusterQueue")),
             pending=pending,
             evicted=said("Evicted") if true("Evicted") else "",
         )
@@ -77,11 +75,11 @@ def workload_of(items: Sequence[Any], cluster_uid: str) -> WorkloadView | None:
     """The Workload of the RayCluster `cluster_uid` among `items` (a list answer): the one it owns, newest first."""
     owned = []
     for item in items:
-        meta = _mapping(_mapping(item).get("metadata"))
+        meta = mapping(mapping(item).get("metadata"))
         references = meta.get("ownerReferences")
-        owners = [_mapping(o) for o in references] if isinstance(references, list) else []
+        owners = [mapping(o) for o in references] if isinstance(references, list) else []
         if any(o.get("uid") == cluster_uid for o in owners):
-            owned.append((str(meta.get("creationTimestamp") or ""), _mapping(item)))
+            owned.append((str(meta.get("creationTimestamp") or ""), mapping(item)))
     if not owned:
         return None
     return WorkloadView.from_object(max(owned, key=lambda pair: pair[0])[1])

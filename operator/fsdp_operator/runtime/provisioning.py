@@ -12,6 +12,7 @@ from fsdp_operator.api.render import INSTANCE_TYPE_LABEL, RAY_CLUSTER_LABEL
 from fsdp_operator.api.spec import ZONE_LABEL, Job, NotAJobError, SpecError, parse_job
 from fsdp_operator.capacity.ec2 import NoCredentials
 from fsdp_operator.capacity.plan import ZoneChoice
+from fsdp_operator.decide.untrusted import mapping
 from fsdp_operator.runtime.kube import Kube, KubeError
 from fsdp_operator.runtime.shared import Runtime
 
@@ -135,13 +136,14 @@ def containers_held(pods: list[Obj]) -> str:
     """The first container of the cluster's pods that the kubelet keeps from running, in its words: the pod, the
     container, its waiting reason and message, and for one that ran, its restarts and last exit. '' when none."""
     for pod in pods:
-        for container in (pod.get("status") or {}).get("containerStatuses") or []:
-            waiting = _path(container, "state", "waiting")
+        for listed in (pod.get("status") or {}).get("containerStatuses") or []:
+            container = mapping(listed)
+            waiting = mapping(mapping(container.get("state")).get("waiting"))
             reason = waiting.get("reason")
             if not isinstance(reason, str) or reason not in HELD_REASONS:
                 continue
             said = f"pod {pod['metadata']['name']}: container {container.get('name', '?')} {reason}"
-            last = _path(container, "lastState", "terminated")
+            last = mapping(mapping(container.get("lastState")).get("terminated"))
             restarts = container.get("restartCount")
             if isinstance(restarts, int) and restarts > 0:
                 exited = f", last exit code {last['exitCode']}" if "exitCode" in last else ""
@@ -152,13 +154,6 @@ def containers_held(pods: list[Obj]) -> str:
                 said += f": {str(waiting['message'])[:300]}"
             return said
     return ""
-
-
-def _path(obj: object, *keys: str) -> Obj:
-    """`obj[k1][k2]...` where each is an object; {} where one is missing or not an object."""
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, dict) else None
-    return obj if isinstance(obj, dict) else {}
 
 
 async def failed_scheduling(kube: Kube, namespace: str, names: set[str]) -> str:
