@@ -121,6 +121,18 @@ def test_create_get_and_errors(k8s: Client) -> None:
     assert len(generated["metadata"]["name"]) == len("gen-") + 5
 
 
+def test_a_yaml_bodys_aliases_are_stored_as_separate_objects(apiserver: ThreadedApiServer, k8s: Client) -> None:
+    # A request's body is stored without a copy; YAML's aliases (`&labels`, `*labels`) name one mapping twice, which
+    # JSON cannot, so the server makes them two first: nothing stored is shared with another place.
+    body = "metadata: {name: aliased, labels: &labels {a: b}, annotations: *labels}\ndata: {a: '1'}\n"
+    response = k8s.session.post(k8s.url + CM, data=body, headers={"Content-Type": "application/yaml"}, timeout=10)
+    assert response.status_code == 201, response.text
+    stored = apiserver.store.peek(apiserver.store.resource("configmaps"), "aliased", "default")
+    assert stored is not None
+    assert stored["metadata"]["labels"] == stored["metadata"]["annotations"] == {"a": "b"}
+    assert stored["metadata"]["labels"] is not stored["metadata"]["annotations"]
+
+
 def test_resource_version_is_one_global_counter(k8s: Client) -> None:
     versions = [int(k8s.post(CM, configmap(f"cm{i}"))[1]["metadata"]["resourceVersion"]) for i in range(3)]
     ns = k8s.post("/api/v1/namespaces", {"metadata": {"name": "other"}})[1]

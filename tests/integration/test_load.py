@@ -2,7 +2,8 @@
 
 Measured: wall time until every job is terminal; creation -> RayCluster created (p50, p95, max: from the
 API server's commit times); the operator's API requests and status writes per job; the peak memory of the
-operator's process (which also hosts the fake KubeRay and Ray, so an upper bound); event-loop lag.
+operator's process (which also hosts the fake KubeRay and Ray, so an upper bound); event-loop lag; the CPU and the
+garbage collections of the operator's process and of the API server's in the burst.
 
 The operator runs as the chart's ServiceAccount under the chart's RBAC (rendered by `helm template`), as in every
 other fixture, and in a fresh process of its own (`run_load_apart`), not in pytest's; the jobs are created from
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import math
 import multiprocessing
 import os
@@ -25,7 +25,7 @@ import resource
 import time
 import traceback
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -43,6 +43,7 @@ from fsdp_train.events import Placement, Step, Summary, Transport
 from integration.test_operator import EFA_LINE, manifest
 from support.apiserver_process import ApiServerProcess
 from support.chart_rbac import ACCOUNT, ADMIN_AUTH, OPERATOR_AUTH, OPERATOR_TOKEN, rendered_rbac
+from support.collector import collector_pauses, paused_within
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import kopf_operator
 
@@ -130,25 +131,6 @@ async def _lag_monitor(lags: list[float], cpu: list[tuple[float, float]], period
         lags.append(loop.time() - before - period)
 
 
-@contextlib.asynccontextmanager
-async def collector_pauses() -> AsyncIterator[list[tuple[float, float]]]:
-    """(time.monotonic at the end, seconds) of each garbage collection in this process while the block runs."""
-    pauses: list[tuple[float, float]] = []
-    started = [0.0]
-
-    def record(phase: str, _: dict[str, int]) -> None:
-        if phase == "start":
-            started[0] = time.perf_counter()
-        else:
-            pauses.append((time.monotonic(), time.perf_counter() - started[0]))
-
-    gc.callbacks.append(record)
-    try:
-        yield pauses
-    finally:
-        gc.callbacks.remove(record)
-
-
 def cpu_at(samples: list[tuple[float, float]], when: float) -> float:
     """CPU seconds at `when`, from (time, CPU seconds) samples in time order (the last one at or before it)."""
     before = [cpu for at, cpu in samples if at <= when]
@@ -156,11 +138,14 @@ def cpu_at(samples: list[tuple[float, float]], when: float) -> float:
 
 
 def burst_cpu(
-    created: dict[str, dict[str, float]], operator_cpu: list[tuple[float, float]], pauses: list[tuple[float, float]]
+    created: dict[str, dict[str, float]],
+    operator_cpu: list[tuple[float, float]],
+    pauses: list[tuple[float, float]],
+    apiserver_pauses: list[tuple[float, float]],
 ) -> dict[str, float]:
     """The burst (the first job's commit to the last RayCluster's): how long it took, and the CPU seconds the
     emulated API server and the operator's process each spent in it (the API server's from its own clock at the
-    commits; the operator's from its samples, to 50 ms), and the operator's process's garbage collections in it. On
+    commits; the operator's from its samples, to 50 ms), and each process's garbage collections in it. On
     two cores both near 1.0 means the burst's wall time is the two processes' work, of which the API server's is an
     emulator's, not the operator's."""
     start, end = min(created["jobs"].values()), max(created["clusters"].values())
@@ -170,7 +155,8 @@ def burst_cpu(
         "seconds": end - start,
         "apiserver_cpu_s": created["clusters_cpu"][last_cluster] - created["jobs_cpu"][first_job],
         "operator_cpu_s": cpu_at(operator_cpu, end) - cpu_at(operator_cpu, start),
-        "operator_gc_s": sum(seconds for at, seconds in pauses if start <= at <= end),
+        "operator_gc_s": paused_within(pauses, start, end),
+        "apiserver_gc_s": paused_within(apiserver_pauses, start, end),
     }
 
 
@@ -211,22 +197,20 @@ async def run_load(count: int, rbac: list[dict[str, Any]], creator: Creator = cr
             kube = AioKube(api.url, headers=dict(OPERATOR_AUTH), timeout=CONFIG.kube_timeout)
             runtime = Runtime(CONFIG, kube=kube, ray=ray.client)
             try:
-                async with (
-                    kopf_operator(build_registry(runtime, login=False), api.url, token=OPERATOR_TOKEN),
-                    collector_pauses() as pauses,
-                ):
-                    started = time.monotonic()
-                    await creator(api.url, count)
-                    phases: Counter[str] = Counter()
-                    loop = asyncio.get_running_loop()
-                    while True:
-                        # Read in the API server's process (through its pipe, off this event loop).
-                        phases = Counter((await loop.run_in_executor(None, api.phases)).values())
-                        if phases["Succeeded"] + phases["Failed"] == count:
-                            break
-                        await asyncio.sleep(0.5)
-                    wall = time.monotonic() - started
-                    statuses = await loop.run_in_executor(None, api.jobs)
+                with collector_pauses() as pauses:
+                    async with kopf_operator(build_registry(runtime, login=False), api.url, token=OPERATOR_TOKEN):
+                        started = time.monotonic()
+                        await creator(api.url, count)
+                        phases: Counter[str] = Counter()
+                        loop = asyncio.get_running_loop()
+                        while True:
+                            # Read in the API server's process (through its pipe, off this event loop).
+                            phases = Counter((await loop.run_in_executor(None, api.phases)).values())
+                            if phases["Succeeded"] + phases["Failed"] == count:
+                                break
+                            await asyncio.sleep(0.5)
+                        wall = time.monotonic() - started
+                        statuses = await loop.run_in_executor(None, api.jobs)
             finally:
                 monitor.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -250,7 +234,7 @@ async def run_load(count: int, rbac: list[dict[str, Any]], creator: Creator = cr
             "max": max(latencies),
         },
         "create_to_loop_s": {"p50": percentile(to_loop, 0.5), "p95": percentile(to_loop, 0.95)},
-        "burst": burst_cpu(created, operator_cpu, pauses),
+        "burst": burst_cpu(created, operator_cpu, pauses, stats["collector_pauses"]),
         "clusters_seen": len(kuberay.seen_uids),
         "denied": [call for call in stats["denied"] if call[0] == ACCOUNT.name],
         "submissions": list(ray.created),
@@ -324,7 +308,8 @@ def report(figures: dict[str, Any]) -> str:
         f"{w['mean']:.1f}, max {w['max']}; peak RSS {figures['peak_rss_mb']:.0f} MB (baseline "
         f"{figures['baseline_rss_mb']:.0f} MB); event-loop lag p99 {lag['p99']:.0f} ms, max {lag['max']:.0f} ms; "
         f"{figures['cpu_s_per_job']:.3f} CPU-s/job in the operator's process; the burst (first job to last "
-        f"RayCluster) {b['seconds']:.2f} s, in which the API server used {b['apiserver_cpu_s']:.2f} CPU-s and the "
+        f"RayCluster) {b['seconds']:.2f} s, in which the API server used {b['apiserver_cpu_s']:.2f} CPU-s (of which "
+        f"{b['apiserver_gc_s']:.3f} s collecting garbage) and the "
         f"operator's process {b['operator_cpu_s']:.2f} (of which {b['operator_gc_s']:.3f} s collecting garbage); "
         "machine load average "
         f"{figures['load_average_start']:.1f} at the start, {figures['load_average']:.1f} at the end; the machine's "
@@ -365,7 +350,8 @@ def test_load_300_jobs_at_once() -> None:
     assert figures["peak_rss_mb"] < 300, report(figures)
     latency = figures["create_to_cluster_s"]
     assert latency["max"] <= 2 * latency["p95"] + 1.0, report(figures)
-    # Not asserted: the target is not met reliably yet (docs/reliability.md, fifth session: 0.88-1.19 s at p95, under
-    # 1 s in three of six runs), and a suite that is evidence in the docs must pass on the commit it describes.
+    # Not asserted: the target is not met (docs/reliability.md: under 1 s in three of nine runs on the fifth session's
+    # machine, 1.22-1.66 s on the ninth's, where the operator's process alone used 1.5-1.9 CPU-s in the burst), and a
+    # suite that is evidence in the docs must pass on the commit it describes.
     if latency["p95"] >= P95_TARGET:
         print(f"LOAD p95 {latency['p95']:.2f} s: over the {P95_TARGET:g} s target")

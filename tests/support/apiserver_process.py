@@ -27,6 +27,7 @@ from fsdp_operator.runtime.handlers import GC_THRESHOLDS
 from fsdp_operator.runtime.kube import USER_AGENT
 
 from support import chart_rbac
+from support.collector import collector_pauses
 
 OPERATOR_AGENTS = ("kopf/", USER_AGENT)
 
@@ -48,7 +49,9 @@ def _request_key(request: web.Request) -> tuple[str, str, str, str]:
     return client, method, plural, subresource
 
 
-async def _main(conn: Connection, plan: FaultPlan | None, rbac: list[dict[str, Any]] | None) -> None:
+async def _main(
+    conn: Connection, plan: FaultPlan | None, rbac: list[dict[str, Any]] | None, pauses: list[tuple[float, float]]
+) -> None:
     requests: Counter[tuple[str, str, str, str]] = Counter()
     status_writes: Counter[str] = Counter()
     created: dict[str, dict[str, float]] = {"jobs": {}, "clusters": {}, "loops": {}, "jobs_cpu": {}, "clusters_cpu": {}}
@@ -108,6 +111,7 @@ async def _main(conn: Connection, plan: FaultPlan | None, rbac: list[dict[str, A
                     "requests": [[*key, n] for key, n in requests.items()],
                     "status_writes": dict(status_writes),
                     "created": created,
+                    "collector_pauses": pauses,
                     "injected": dict(api.faults.injected) if api.faults else {},
                     "denied": [] if access is None else [tuple(c) for c in access.denied],
                 }
@@ -121,7 +125,8 @@ def _serve(conn: Connection, plan: FaultPlan | None, rbac: list[dict[str, Any]] 
     # The operator's collector thresholds (`handlers.GC_THRESHOLDS`): at Python's default the collector was a tenth
     # of this process's CPU under load, which a real API server does not spend.
     gc.set_threshold(*GC_THRESHOLDS)
-    asyncio.run(_main(conn, plan, rbac))
+    with collector_pauses() as pauses:
+        asyncio.run(_main(conn, plan, rbac, pauses))
 
 
 class ApiServerProcess:

@@ -23,11 +23,31 @@ def _containers(value: Any) -> list[int]:
     return []
 
 
+def _types(value: Any) -> list[type]:
+    """Every value's exact type, in order: `True == 1` and `1 == 1.0`, so equality alone would not tell."""
+    if isinstance(value, dict):
+        return [dict, *(t for key, item in value.items() for t in (type(key), *_types(item)))]
+    if isinstance(value, list):
+        return [list, *(t for item in value for t in _types(item))]
+    return [type(value)]
+
+
 @given(JSON)
 def test_a_copy_is_equal_and_shares_no_dict_or_list(value: Any) -> None:
     copied = json_copy(value)
     assert copied == value
+    assert _types(copied) == _types(value)
     assert not set(_containers(copied)) & set(_containers(value))
+
+
+def test_what_appears_twice_is_two_in_the_copy() -> None:
+    env = [{"name": "A", "value": "1"}]
+    value = {"head": {"env": env}, "worker": {"env": env}}
+    copied = json_copy(value)
+    assert copied == value
+    assert copied["head"]["env"] is not copied["worker"]["env"]
+    copied["head"]["env"][0]["value"] = "2"
+    assert copied["worker"]["env"][0]["value"] == "1"
 
 
 def test_what_is_not_json_is_copied_deeply_all_the_same() -> None:

@@ -48,7 +48,7 @@ from fsdp_operator.local import admission as admission_plugins
 from fsdp_operator.local import apply as server_side_apply
 from fsdp_operator.local import patching, podvalidation, protobuf, rbac, tables, validation, workloads
 from fsdp_operator.local.faults import FaultInjector
-from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType
+from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType, json_copy
 from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
 from fsdp_operator.local.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent, invalid_fields
 from fsdp_operator.local.structural import FieldError
@@ -333,7 +333,7 @@ class ApiServer:
                         raise invalid_fields(rtype, name, pod_errors)
                     response.warnings.extend(podvalidation.pod_warnings(body))
                 self._admit(request, target, body, None)
-                created = self.store.create(rtype, body, namespace, dry_run=dry_run)
+                created = self.store.create(rtype, body, namespace, dry_run=dry_run, private=True)
                 return response.json(self._served(created, rtype, version), status=201)
             if method == "DELETE":
                 self._count("deletecollection", target)
@@ -933,7 +933,9 @@ async def _read_body(request: web.Request, *, optional: bool = False) -> Obj:
             message = f"the emulated API server reads this body only as JSON: {e}"
             raise ApiError(415, "UnsupportedMediaType", message) from e
     try:
-        body = yaml.safe_load(raw) if "yaml" in request.content_type else json.loads(raw)
+        # YAML's aliases share one dict or list between places; the copy makes them two, as JSON always has them, so
+        # that a body can be stored as it is (`Store.create`'s `private`).
+        body = json_copy(yaml.safe_load(raw)) if "yaml" in request.content_type else json.loads(raw)
     except (ValueError, yaml.YAMLError) as e:
         raise ApiError(400, "BadRequest", f"error decoding the request body: {e}") from e
     if not isinstance(body, dict):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import marshal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -14,15 +15,28 @@ _T = TypeVar("_T")
 
 
 def json_copy(value: _T) -> _T:
-    """A deep copy of JSON data (what the store holds: dicts, lists, strings, numbers, booleans, null), about three
-    times faster than `copy.deepcopy`, which keeps a memo for shared and cyclic references JSON cannot have. Every
-    read, write and watch event copies an object: with many jobs at once `deepcopy` was a quarter of the emulated API
-    server's CPU (docs/reliability.md, "Load"). Anything else is handed to `copy.deepcopy`."""
+    """A deep copy of JSON data (what the store holds: dicts, lists, strings, numbers, booleans, null). Every read,
+    write and watch event copies an object, so this is the emulated API server's commonest work with many jobs at once
+    (docs/reliability.md, "Load"): `marshal` copies a rendered RayCluster in about half the time of a Python walk, and
+    in a quarter of `copy.deepcopy`'s. Format version 2 writes no references, so a list or dict that appears twice in
+    `value` is two in the copy, as a JSON round trip makes it. What marshal does not take (a subclass, an object, a
+    nesting too deep) is copied by walking it."""
+    try:
+        return cast(_T, marshal.loads(marshal.dumps(cast(Any, value), _NO_REFERENCES)))
+    except ValueError:
+        return _walked_copy(value)
+
+
+_NO_REFERENCES = 2
+"""marshal's format version 2: version 3 and later share what `value` shares."""
+
+
+def _walked_copy(value: _T) -> _T:
     kind = type(value)
     if kind is dict:
-        return cast(_T, {key: json_copy(item) for key, item in cast(dict[Any, Any], value).items()})
+        return cast(_T, {key: _walked_copy(item) for key, item in cast(dict[Any, Any], value).items()})
     if kind is list:
-        return cast(_T, [json_copy(item) for item in cast(list[Any], value)])
+        return cast(_T, [_walked_copy(item) for item in cast(list[Any], value)])
     if kind in _ATOMS:
         return value
     return copy.deepcopy(value)

@@ -268,9 +268,19 @@ class Store:
 
     # ------------------------------------------------------------------ writes
 
-    def create(self, rtype: ResourceType, body: Obj, namespace: str | None = None, *, dry_run: bool = False) -> Obj:
+    def create(
+        self,
+        rtype: ResourceType,
+        body: Obj,
+        namespace: str | None = None,
+        *,
+        dry_run: bool = False,
+        private: bool = False,
+    ) -> Obj:
+        """Store a new object. `private`: nobody else holds `body` (a request's parsed body), so it is stored without a
+        copy."""
         with self.lock:
-            obj = json_copy(body)
+            obj = body if private else json_copy(body)
             obj["apiVersion"] = rtype.api_version(_version_of(obj, rtype))
             obj["kind"] = rtype.kind
             meta = obj.setdefault("metadata", {})
