@@ -147,7 +147,7 @@ def test_a_worker_that_used_up_its_restarts_shows_crash_loop_back_off_as_the_ope
             process = await asyncio.create_subprocess_exec(sys.executable, "-c", "raise SystemExit(3)")
             await process.wait()
             worker = RayNode("rc-w-0", "127.0.0.3", process, tmp_path / "w.log", tmp_path / "n0")
-            await kuberay._report_crash_loop(cluster, worker, "ray-worker")
+            await kuberay._report_crash_loop(cluster, worker, "ray-worker", 3)
             pod: dict[str, Any] = await kuberay._request("GET", "/api/v1/namespaces/default/pods/rc-w-0")
             return pod
         finally:
@@ -157,7 +157,7 @@ def test_a_worker_that_used_up_its_restarts_shows_crash_loop_back_off_as_the_ope
     assert pod["status"]["phase"] == "Running"
     assert [(c["type"], c["status"]) for c in pod["status"]["conditions"]] == [("Ready", "False")]
     assert containers_held([_pod_view(pod)]) == (
-        "pod rc-w-0: container ray-worker CrashLoopBackOff (restarted 4 times, last exit code 3 (Error)): back-off "
+        "pod rc-w-0: container ray-worker CrashLoopBackOff (restarted 3 times, last exit code 3 (Error)): back-off "
         f"5m0s restarting failed container=ray-worker pod=rc-w-0_default (its log: {tmp_path / 'w.log'})"
     )
 
@@ -379,6 +379,75 @@ def test_a_head_started_again_gets_new_ports_and_the_cluster_its_endpoints(
         "dashboard": port(head_args, "dashboard-port"),
         "gcs-server": port(head_args, "port"),
     }
+
+
+def test_a_worker_that_joins_after_its_wait_ran_out_is_marked_ready_and_the_cluster_then(
+    apiserver: ThreadedApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker still starting when its wait ran out (its process running, not in Ray yet) is not given up: when it
+    joins later its pod turns Ready and the RayCluster `ready`, as a readiness probe that passes late and KubeRay's
+    count of ready pods would have it. Until then the cluster says what it has."""
+    from fsdp_operator.local import kuberay as kuberay_module
+
+    monkeypatch.setattr(kuberay_module, "WORKER_JOIN_SECONDS", 0.5)
+    joined: set[str] = set()
+    seen: list[dict[str, Any]] = []
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        kuberay = LocalKubeRay(apiserver.url, tmp_path)
+
+        async def start_node(cluster: LocalCluster, pod: str, args: list[str], *_: Any, **__: Any) -> RayNode:
+            ip = f"127.0.0.{len(cluster.nodes) + 2}"
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", "import time; time.sleep(60)", start_new_session=True
+            )
+            node = RayNode(pod, ip, process, tmp_path / "n.log", tmp_path / f"n{len(cluster.nodes)}")
+            cluster.nodes.append(node)
+            if "--head" in args:
+                joined.add(ip)
+            return node
+
+        async def alive_nodes(cluster: LocalCluster) -> list[dict[str, str]]:
+            return [{"node_ip": ip, "state": "ALIVE"} for ip in sorted(joined)]
+
+        async def worker_joins_once_the_cluster_says_it_is_short() -> None:
+            # After the worker's wait ran out: the stand-in has reported the cluster provisioned short.
+            path = "/apis/ray.io/v1/namespaces/default/rayclusters/rc"
+            while True:
+                found = await kuberay._request("GET", path)
+                conditions = {c["type"]: c["status"] for c in found.get("status", {}).get("conditions", [])}
+                if conditions.get("RayClusterProvisioned") == "False":
+                    break
+                await asyncio.sleep(0.05)
+            seen.append(found)
+            joined.add("127.0.0.3")  # the worker, the second node started
+
+        monkeypatch.setattr(kuberay, "_start_node", start_node)
+        monkeypatch.setattr(kuberay, "_alive_nodes", alive_nodes)
+        monkeypatch.setattr(kuberay, "watch_head", lambda *_: asyncio.sleep(0))
+        try:
+            rc = _suspended_cluster(kuberay, "late", suspend=False)
+            cluster = await created_cluster(kuberay, tmp_path)
+            rc["metadata"] = {**rc["metadata"], "name": "rc", "uid": cluster.uid, "generation": 1}
+            joining = asyncio.create_task(worker_joins_once_the_cluster_says_it_is_short())
+            await asyncio.wait_for(kuberay._materialize(cluster, rc), 60)
+            await joining
+            await kuberay_module.stop_nodes(cluster.nodes)
+            (worker,) = [n for n in cluster.nodes if n.ip == "127.0.0.3"]
+            found = await kuberay._request("GET", "/apis/ray.io/v1/namespaces/default/rayclusters/rc")
+            pod = await kuberay._request("GET", f"/api/v1/namespaces/default/pods/{worker.pod_name}")
+            return found, pod
+        finally:
+            await kuberay.close()
+
+    rc, pod = asyncio.run(scenario())
+    (short,) = seen
+    assert short["status"].get("state") != "ready" and short["status"]["readyWorkerReplicas"] == 0
+    assert rc["status"]["state"] == "ready"
+    assert (rc["status"]["readyWorkerReplicas"], rc["status"]["availableWorkerReplicas"]) == (1, 1)
+    assert {c["type"]: c["status"] for c in rc["status"]["conditions"]}["RayClusterProvisioned"] == "True"
+    assert pod["status"]["phase"] == "Running"
+    assert [(c["type"], c["status"]) for c in pod["status"]["conditions"]] == [("Ready", "True")]
 
 
 def test_a_suspended_raycluster_gets_no_pods_and_no_process(apiserver: ThreadedApiServer, tmp_path: Path) -> None:

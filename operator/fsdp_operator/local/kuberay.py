@@ -223,6 +223,18 @@ class LocalCluster:
     """The RayCluster as materialized: a worker pod that went is made again from its group's template."""
 
 
+@dataclass
+class _WorkerPods:
+    """What a cluster's worker pods are made from, and which of them are shown Ready or in CrashLoopBackOff so far."""
+
+    labels: dict[str, str]
+    template: Obj
+    container: str
+    replicas: int
+    ready: set[str] = field(default_factory=set)
+    held: set[str] = field(default_factory=set)
+
+
 POD_RAY_VOLUME = "/tmp/ray"
 """Where the rendered pods mount their own Ray volume (`render.RAY_LOGS`): each local node's temp dir stands in."""
 
@@ -581,9 +593,10 @@ class LocalKubeRay:
         start_again: Callable[[str, str], Awaitable[RayNode]],
         seconds: float,
         head: RayNode | None = None,
+        restarts: dict[str, int] | None = None,
     ) -> set[str]:
         """The IPs of `nodes` alive in Ray, once all are (or `head` died, or `seconds` passed); `nodes` ends with
-        the processes that run.
+        the processes that run, and `restarts` (pod name -> starts after its first) with each node's count.
 
         A node whose `ray start` exits before it joined is started again in its pod, at its IP, as the kubelet
         restarts a container that exited (the pod's `restartPolicy` is `Always` by default; "Container restart
@@ -595,7 +608,9 @@ class LocalKubeRay:
         at most NODE_RESTARTS times, counted per node as the kubelet counts a container's restarts (one node's
         restarts never use up another's), and the wait goes on for the nodes still starting after one gave up."""
         deadline = time.monotonic() + seconds
-        restarts = dict.fromkeys((n.pod_name for n in nodes), 0)
+        restarts = {} if restarts is None else restarts
+        for node in nodes:
+            restarts.setdefault(node.pod_name, 0)
         given_up: set[str] = set()
         while True:
             starting = {n.ip for n in nodes if n.pod_name not in given_up}
@@ -697,23 +712,55 @@ class LocalKubeRay:
         workers = [await start_worker(pod_name) for pod_name in worker_names]
         for worker in workers:
             await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=False, template=group["template"])
-        alive = await self._joined(cluster, workers, start_worker, WORKER_JOIN_SECONDS, head=head)
+        restarts: dict[str, int] = {}
+        alive = await self._joined(cluster, workers, start_worker, WORKER_JOIN_SECONDS, head=head, restarts=restarts)
         if why := head_death(head):
             # The head died while the workers joined: said now, not after the workers' wait runs out.
             await self._report_head_death(cluster, head, why)
             return
+        workers_now = _WorkerPods(labels, group["template"], worker_container.get("name", "ray-worker"), replicas)
+        await self._report_workers(cluster, rc, workers_now, workers, alive, restarts)
+        # Watched from here on, after the first write of HeadPodReady=True (a head that died earlier is seen at once).
+        cluster.head_watch = asyncio.get_running_loop().create_task(self.watch_head(cluster, head))
+        # A worker still starting when its wait ran out (running, not joined) may join later: its pod turns Ready
+        # then, as its readiness probe would pass, and KubeRay counts it. Waited for until the cluster goes.
+        while late := [w for w in workers if w.ip not in alive and w.process.returncode is None]:
+            joined = await self._joined(cluster, late, start_worker, WORKER_JOIN_SECONDS, head=head, restarts=restarts)
+            if head_death(head):
+                return  # the head's watch says so
+            started = {n.pod_name: n for n in late}  # `_joined` replaced the ones it started again
+            workers = [started.get(w.pod_name, w) for w in workers]
+            if joined or any(w.process.returncode is not None for w in late):
+                alive |= joined
+                await self._report_workers(cluster, rc, workers_now, workers, alive, restarts)
+
+    async def _report_workers(
+        self,
+        cluster: LocalCluster,
+        rc: Obj,
+        pods: _WorkerPods,
+        workers: list[RayNode],
+        alive: set[str],
+        restarts: dict[str, int],
+    ) -> None:
+        """The worker pods as the kubelet shows them (Ready once joined; CrashLoopBackOff once a node used up its
+        restarts) and the RayCluster's status as KubeRay counts them: `ready` when every worker is."""
         for worker in workers:
-            if worker.ip in alive:
-                await self._put_pod(cluster, worker.pod_name, labels, worker.ip, ready=True, template=group["template"])
-            elif worker.process.returncode is not None:  # it used up its restarts
-                await self._report_crash_loop(cluster, worker, worker_container.get("name", "ray-worker"))
+            if worker.ip in alive and worker.pod_name not in pods.ready:
+                pod, ip = worker.pod_name, worker.ip
+                await self._put_pod(cluster, pod, pods.labels, ip, ready=True, template=pods.template)
+                pods.ready.add(pod)
+            elif worker.ip not in alive and worker.process.returncode is not None and worker.pod_name not in pods.held:
+                # It used up its restarts.
+                await self._report_crash_loop(cluster, worker, pods.container, restarts.get(worker.pod_name, 0))
+                pods.held.add(worker.pod_name)
         ready = len(alive)
-        state = {"state": "ready"} if ready == replicas else {}
+        state = {"state": "ready"} if ready == pods.replicas else {}
         conditions = [
             {"type": "HeadPodReady", "status": "True", "reason": "HeadPodRunningAndReady",
              "lastTransitionTime": now_rfc3339()},
-            {"type": "RayClusterProvisioned", "status": "True" if ready == replicas else "False",
-             "reason": "AllPodRunningAndReadyFirstTime" if ready == replicas else "RayClusterPodsProvisioning",
+            {"type": "RayClusterProvisioned", "status": "True" if ready == pods.replicas else "False",
+             "reason": "AllPodRunningAndReadyFirstTime" if ready == pods.replicas else "RayClusterPodsProvisioning",
              "lastTransitionTime": now_rfc3339()},
         ]  # fmt: skip
         await self._patch_status(
@@ -721,8 +768,6 @@ class LocalKubeRay:
             {**state, "readyWorkerReplicas": ready, "availableWorkerReplicas": ready, "conditions": conditions,
              "observedGeneration": rc["metadata"].get("generation", 1), "lastUpdateTime": now_rfc3339()},
         )  # fmt: skip
-        # Watched from here on, after the last write of HeadPodReady=True (a head that died earlier is seen at once).
-        cluster.head_watch = asyncio.get_running_loop().create_task(self.watch_head(cluster, head))
 
     async def watch_head(self, cluster: LocalCluster, head: RayNode) -> None:
         """When the head's Ray process exits, say so as a kubelet and KubeRay would: the pod's container terminated
@@ -736,7 +781,7 @@ class LocalKubeRay:
                 await asyncio.wait_for(asyncio.shield(head.process.wait()), HEAD_WATCH_SECONDS)
         await self._report_head_death(cluster, head, why)
 
-    async def _report_crash_loop(self, cluster: LocalCluster, node: RayNode, container: str) -> None:
+    async def _report_crash_loop(self, cluster: LocalCluster, node: RayNode, container: str, restarts: int) -> None:
         """A node that exited at each of its starts, as the kubelet shows a container it keeps restarting: the pod
         Running and not Ready, the container waiting in CrashLoopBackOff with its restarts and last exit ("Container
         restarts", https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#container-restarts). This
@@ -751,7 +796,7 @@ class LocalKubeRay:
             "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady",
                             "message": f"containers with unready status: [{container}]", "lastTransitionTime": now}],
             "containerStatuses": [{
-                "name": container, "ready": False, "restartCount": NODE_RESTARTS,
+                "name": container, "ready": False, "restartCount": restarts,
                 "state": {"waiting": {"reason": "CrashLoopBackOff", "message": message}},
                 "lastState": {"terminated": {"exitCode": code if code is not None else 1, "reason": "Error",
                                              "finishedAt": now}},
