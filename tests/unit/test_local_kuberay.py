@@ -312,6 +312,24 @@ def _suspended_cluster(kuberay: LocalKubeRay, name: str, *, suspend: bool) -> di
     return rc
 
 
+async def cluster_to_materialize(
+    kuberay: LocalKubeRay, tmp_path: Path, job: str
+) -> tuple[LocalCluster, dict[str, Any]]:
+    """RayCluster `rc` stored (`created_cluster`), and the manifest the operator renders for a one-worker job `job`,
+    as that RayCluster: what `_materialize` is given."""
+    rc = _suspended_cluster(kuberay, job, suspend=False)
+    cluster = await created_cluster(kuberay, tmp_path)
+    rc["metadata"] = {**rc["metadata"], "name": "rc", "uid": cluster.uid, "generation": 1}
+    return cluster, rc
+
+
+def stub_ray_nodes(monkeypatch: pytest.MonkeyPatch, kuberay: LocalKubeRay, start_node: Any, alive_nodes: Any) -> None:
+    """Ray nodes as a test makes them (`start_node`) and as it says they joined (`alive_nodes`); no head watch."""
+    monkeypatch.setattr(kuberay, "_start_node", start_node)
+    monkeypatch.setattr(kuberay, "_alive_nodes", alive_nodes)
+    monkeypatch.setattr(kuberay, "watch_head", lambda *_: asyncio.sleep(0))
+
+
 async def _until(condition: Any, seconds: float, what: str) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -349,13 +367,9 @@ def test_a_head_started_again_gets_new_ports_and_the_cluster_its_endpoints(
             latest = {n.ip: n for n in cluster.nodes}
             return [{"node_ip": ip, "state": "ALIVE"} for ip, n in latest.items() if ip in joined]
 
-        monkeypatch.setattr(kuberay, "_start_node", start_node)
-        monkeypatch.setattr(kuberay, "_alive_nodes", alive_nodes)
-        monkeypatch.setattr(kuberay, "watch_head", lambda *_: asyncio.sleep(0))
+        stub_ray_nodes(monkeypatch, kuberay, start_node, alive_nodes)
         try:
-            rc = _suspended_cluster(kuberay, "again", suspend=False)
-            cluster = await created_cluster(kuberay, tmp_path)
-            rc["metadata"] = {**rc["metadata"], "name": "rc", "uid": cluster.uid, "generation": 1}
+            cluster, rc = await cluster_to_materialize(kuberay, tmp_path, "again")
             await kuberay._materialize(cluster, rc)
             await kuberay_module.stop_nodes(cluster.nodes)
             found: dict[str, Any] = await kuberay._request("GET", "/apis/ray.io/v1/namespaces/default/rayclusters/rc")
@@ -422,13 +436,9 @@ def test_a_worker_that_joins_after_its_wait_ran_out_is_marked_ready_and_the_clus
             seen.append(found)
             joined.add("127.0.0.3")  # the worker, the second node started
 
-        monkeypatch.setattr(kuberay, "_start_node", start_node)
-        monkeypatch.setattr(kuberay, "_alive_nodes", alive_nodes)
-        monkeypatch.setattr(kuberay, "watch_head", lambda *_: asyncio.sleep(0))
+        stub_ray_nodes(monkeypatch, kuberay, start_node, alive_nodes)
         try:
-            rc = _suspended_cluster(kuberay, "late", suspend=False)
-            cluster = await created_cluster(kuberay, tmp_path)
-            rc["metadata"] = {**rc["metadata"], "name": "rc", "uid": cluster.uid, "generation": 1}
+            cluster, rc = await cluster_to_materialize(kuberay, tmp_path, "late")
             joining = asyncio.create_task(worker_joins_once_the_cluster_says_it_is_short())
             await asyncio.wait_for(kuberay._materialize(cluster, rc), 60)
             await joining
