@@ -718,8 +718,8 @@ class LocalKubeRay:
             # The head died while the workers joined: said now, not after the workers' wait runs out.
             await self._report_head_death(cluster, head, why)
             return
-        workers_now = _WorkerPods(labels, group["template"], worker_container.get("name", "ray-worker"), replicas)
-        await self._report_workers(cluster, rc, workers_now, workers, alive, restarts)
+        pods = _WorkerPods(labels, group["template"], worker_container.get("name", "ray-worker"), replicas)
+        await self._report_workers(cluster, rc, pods, workers, alive, restarts)
         # Watched from here on, after the first write of HeadPodReady=True (a head that died earlier is seen at once).
         cluster.head_watch = asyncio.get_running_loop().create_task(self.watch_head(cluster, head))
         # A worker still starting when its wait ran out (running, not joined) may join later: its pod turns Ready
@@ -732,7 +732,7 @@ class LocalKubeRay:
             workers = [started.get(w.pod_name, w) for w in workers]
             if joined or any(w.process.returncode is not None for w in late):
                 alive |= joined
-                await self._report_workers(cluster, rc, workers_now, workers, alive, restarts)
+                await self._report_workers(cluster, rc, pods, workers, alive, restarts)
 
     async def _report_workers(
         self,
