@@ -40,6 +40,9 @@
 #   WHEELS=DIR bench/h200_runs.sh round12-bench OUTDIR  # 1 GPU (~5 min): round twelve's bench recipes side by side
 #   bench/h200_runs.sh notice OUTDIR        # 1 GPU: a node's notice at step 35 of the 1.5B run (a save every 20
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
+#   bench/h200_runs.sh step-times OUTDIR   # 1 GPU (~3 min): every step's reported time and rate against the wall
+#                                         # clock (bench/step_times.py), checkpoints every 10 steps and an export at
+#                                         # the end; then the step timer's GPU unit test
 #   bench/h200_runs.sh health OUTDIR  # 1 GPU: the bundled function with spec.health's timings, watchdog and flight
 #                                     # recorder off and on, interleaved (off, on, off, on), tokens/s of each
 #   WHEELS=DIR [PRECISION=fp8] bench/h200_runs.sh headline OUTDIR  # 1 GPU, one call (~8 min): torchtitan, the bench's best recipe
@@ -382,6 +385,17 @@ round5-data)  # one GPU: the document mask with compile on a real corpus against
     ;;
 round5-checkpoint)  # one GPU: asynchronous checkpoints of the 1.5B run, blocked and total time
     round5_checkpoint
+    ;;
+step-times)  # one GPU: the step events' times and rates against the wall clock, around checkpoints and the last step
+    cfg='{"seq_len":2048,"batch_size_per_rank":8,"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":2e-5,"steps":'${STEPS:-40}',"model":"Qwen/Qwen2.5-1.5B","model_init":"random","checkpoint_path":"/tmp/fsdp-step-times","checkpoint_interval":10}'
+    cfg=$(with_overrides "$cfg")
+    rm -rf /tmp/fsdp-step-times
+    echo "\$ python bench/step_times.py --log $out/logs/step-times.log -- torchrun --nproc-per-node 1 -m fsdp_train --config-json '$cfg'"
+    timeout "${STEP_TIMES_LIMIT:-300}" "$py" bench/step_times.py --log "$out/logs/step-times.log" -- \
+        "$py" -m torch.distributed.run --standalone --nproc-per-node 1 -m fsdp_train --config-json "$cfg"
+    rm -rf /tmp/fsdp-step-times
+    echo "\$ python -m pytest --noconftest -q tests/unit/training/test_steps.py"
+    timeout 120 "$py" -m pytest --noconftest -q -p no:cacheprovider tests/unit/training/test_steps.py 2>&1 | tail -n 3
     ;;
 notice)  # one GPU: a node's notice during the 1.5B run (fsdp_train.notice): notice -> saved, blocked and total save
     notice_run

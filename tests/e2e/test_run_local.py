@@ -11,6 +11,7 @@ import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -161,6 +162,7 @@ def test_tiny_cpu_job_succeeds_and_the_status_tells_what_happened(tmp_path: Path
     result = status["result"]
     assert result["finalLoss"] < result["firstLoss"]
     assert status["progress"]["step"] == status["progress"]["totalSteps"] == 20
+    assert_the_column_agrees_with_the_mean(status)
     assert "tiny-cpu" in proc.stdout and "Succeeded" in proc.stdout
 
 
@@ -351,6 +353,7 @@ def test_a_tracked_data_job_drained_mid_epoch_resumes_learns_evaluates_and_expor
         assert_what_happened_on_the_ranks(status, "tiny-data")
         assert status["progress"]["step"] == status["progress"]["totalSteps"] == 40
         assert "tiny-data" in proc.stdout and "Succeeded" in proc.stdout
+        assert_the_column_agrees_with_the_mean(status)  # checkpoints every 10 steps, the drain's save, an export
 
         # The drain: every rank stopped after the same step, saved it, and the next attempt (uncounted) went on
         # from there: nothing lost.
@@ -396,6 +399,13 @@ def test_a_tracked_data_job_drained_mid_epoch_resumes_learns_evaluates_and_expor
     assert tokenizer.decode(int(got[0, -1].argmax())).strip() == "lazy"  # it learned the phrase
 
 
+def assert_the_column_agrees_with_the_mean(status: dict[str, Any]) -> None:
+    """The TOKENS/S column at the end (the last step's rate, over the last steps) within 2x of the summary's mean (the
+    same tokens over the same kind of time): a step read back at once, as the last one is, once showed 250x."""
+    column, mean = status["progress"]["tokensPerSecond"], status["result"]["tokensPerSecond"]
+    assert mean / 2 <= column <= mean * 2, (column, mean)
+
+
 def progress_metrics_grad_norm(status: dict[str, Any]) -> float:
     norm = status["progress"]["metrics"]["grad_norm"]
     assert isinstance(norm, float) and norm > 0, status["progress"]
@@ -430,6 +440,9 @@ def assert_tracked(uri: str, status: dict[str, Any], tmp_path: Path, model_dir: 
     for step, loss in status["progress"]["lossHistory"]:  # kept to 4 digits in the status
         assert math.isclose(recorded[step], loss, abs_tol=1e-4), (step, recorded[step], loss)
     assert [step for step, _ in history("grad_norm")] == list(range(1, 41))
+    # Every step's own time: none of them a read's (a checkpoint's step and the last step once logged 0.0004 s).
+    seconds = [value for _, value in history("step_seconds")]
+    assert len(seconds) == 40 and min(seconds) > statistics.median(seconds) / 10, seconds
     assert math.isclose(progress_metrics_grad_norm(status), history("grad_norm")[-1][1], rel_tol=1e-3, abs_tol=1e-4)
     evals = history("eval_loss")
     assert [step for step, _ in evals] == [10, 20, 30, 40]

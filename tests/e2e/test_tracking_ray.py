@@ -118,3 +118,33 @@ def test_a_tracker_stopped_mid_run_leaves_the_job_succeeded_with_a_warning(serve
     assert status["phase"] == "Succeeded" and status["progress"]["step"] == 400
     assert conditions(status)["TrackingHealthy"] == ("False", "TrackerUnreachable")
     assert status["tracking"]["runId"] == logged[0].info.run_id and status["tracking"]["problem"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_report_of_a_user_function_reaches_its_run_the_last_included(server: Server, tmp_path: Path) -> None:
+    """The example function, tracked: MLflow holds the loss of every report, point by point as status's lossHistory,
+    the last one included (the controller's tracker once went with the controller before sending it), and the run
+    is marked finished."""
+    example_dir = Path(__file__).resolve().parents[2] / "examples" / "byo-function"
+    manifest = yaml.safe_load((example_dir / "job.yaml").read_text())
+    manifest["metadata"]["name"] = "byo-tracked"
+    spec = manifest["spec"]
+    spec["trainFunction"]["code"] = str(example_dir)
+    spec["training"]["checkpoint"]["storage"] = str(tmp_path / "checkpoints")
+    spec["sharedVolume"]["mountPath"] = str(tmp_path)
+    spec["tracking"] = {"mlflow": {"trackingUri": server.uri, "experiment": "tests"}}
+    proc, job = run_local(write(manifest, tmp_path), tmp_path, timeout=800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = job["status"]
+    steps = spec["trainFunction"]["config"]["steps"]
+    assert status["phase"] == "Succeeded" and status["progress"]["step"] == steps
+    mlflow = client(server)
+    run = mlflow.get_run(status["tracking"]["runId"])
+    assert run.info.status == "FINISHED"
+    logged = history(mlflow, run.info.run_id, "loss")
+    assert [step for step, _ in logged] == list(range(1, steps + 1)), logged
+    points = status["progress"]["lossHistory"]
+    assert [step for step, _ in points] == list(range(1, steps + 1))
+    for (step, loss), (_, kept) in zip(logged, points, strict=True):
+        assert abs(loss - kept) <= 1e-4, (step, loss, kept)  # status keeps 4 digits

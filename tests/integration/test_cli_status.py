@@ -51,7 +51,7 @@ def test_status_shows_the_summary_and_the_loss_curve(
         "bandwidth  crossNode: all-reduce 0.412 GB/s, all-gather 0.391 GB/s",
         "steps      20/20",
         "loss       6.36 -> 5.6",
-        "tokens/s   8,068 (mean of training steps 2..N); 8,068 (last step, the table's column)",
+        "tokens/s   8,068 (mean of training steps 2..N); 8,068 (last 10 steps, the table's column)",
         "dashboard  http://127.0.0.2:8265",
     ]
     assert "  Complete  True    Completed" in lines

@@ -7,6 +7,7 @@ MFU follows ``docs/performance.md``: tokens/s/device x FLOPs/token / the device'
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -86,6 +87,10 @@ class StepMetrics:
     """The gradients' total norm before clipping; None when not computed (clipping off)."""
 
 
+RATE_WINDOW_STEPS = 10
+"""Steps a reported rate is over: one step's time wanders (a collection, a slow batch) more than ten steps' does."""
+
+
 class Backend(Protocol):
     def log(self, step: Step) -> None: ...
 
@@ -100,7 +105,14 @@ class EventsBackend:
 
 @dataclass(slots=True)
 class Metrics:
-    """Turns raw step timings into the ``Step`` event and keeps what the summary needs."""
+    """Turns raw step timings into the ``Step`` event and keeps what the summary needs.
+
+    The one definition of the run's rate, which every tool shows (the step event, status.progress and the TOKENS/S
+    column, MLflow's ``tokens_per_second``, the summary): tokens over the time of the steps that trained them, each
+    step's time as ``LaggedSteps`` measures it (never a read's). A step's rate is over the last
+    ``RATE_WINDOW_STEPS`` steps, the summary's over all; both leave out an attempt's first step, which pays for
+    compiling and warm-up, once a second one was timed.
+    """
 
     rank: int
     world_size: int
@@ -113,10 +125,19 @@ class Metrics:
     _steps: int = 0
     _tokens: int = 0
     _seconds: float = 0.0
+    _window: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW_STEPS))
 
     def log(self, m: StepMetrics) -> Step:
-        # A step too short for the clock has no rate (None), not a rate of 0.
-        tps = m.tokens / m.step_seconds if m.step_seconds > 0 else None
+        # The first step of a run pays for compilation and allocator warm-up; the rates leave it out from the second.
+        self._steps += 1
+        if self._steps == 2:
+            self._tokens, self._seconds = 0, 0.0
+            self._window.clear()
+        self._tokens += m.tokens
+        self._seconds += m.step_seconds
+        self._window.append((m.tokens, m.step_seconds))
+        # Steps too short for the clock have no rate (None), not a rate of 0.
+        tps = _rate(sum(t for t, _ in self._window), sum(s for _, s in self._window))
         per_device = tps / self.world_size if tps is not None else None
         loss = m.loss if math.isfinite(m.loss) else None  # a diverged loss is unknown, never NaN on the wire
         event = Step(
@@ -136,15 +157,9 @@ class Metrics:
             # Step's `extra`: a figure beside the loss, kept in status.progress.metrics and sent to the tracker.
             extra={"grad_norm": m.grad_norm} if m.grad_norm is not None and math.isfinite(m.grad_norm) else {},
         )
-        if self._steps == 0:
+        if self._steps == 1:
             self.first_loss = loss
         self.last = event
-        # The first step of a run pays for compilation and allocator warm-up; the mean leaves it out.
-        self._steps += 1
-        if self._steps == 2:
-            self._tokens, self._seconds = 0, 0.0
-        self._tokens += m.tokens
-        self._seconds += m.step_seconds
         if self.rank == 0:
             for backend in self.backends:
                 backend.log(event)
@@ -158,9 +173,13 @@ class Metrics:
     @property
     def mean_tokens_per_second(self) -> float | None:
         """None when no step was timed (a rerun of a finished run trains none)."""
-        return self._tokens / self._seconds if self._seconds > 0 else None
+        return _rate(self._tokens, self._seconds)
 
     @property
     def mean_mfu(self) -> float | None:
         rate = self.mean_tokens_per_second
         return mfu(rate / self.world_size, self.flops_per_token, self.peak) if rate is not None else None
+
+
+def _rate(tokens: int, seconds: float) -> float | None:
+    return tokens / seconds if seconds > 0 and math.isfinite(seconds) else None

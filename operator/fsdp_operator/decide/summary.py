@@ -59,10 +59,10 @@ def summary_lines(status: Mapping[str, Any], *, saved_to: str = "", message: boo
     mean, last = result.get("tokensPerSecond"), progress.get("tokensPerSecond")
     if mean is not None or last is not None:
         # Two figures, each labelled: the mean over training steps 2..N (evaluation, checkpoints and export are
-        # outside it), and the last step's, which the TOKENS/S column of `kubectl get` shows.
+        # outside it), and the last step's, over the last 10 steps, which the TOKENS/S column of `kubectl get` shows.
         figures = [f"{_number(mean)} (mean of training steps 2..N)"] if mean is not None else []
         if last is not None:
-            figures.append(f"{_number(last)} (last step, the table's column)")
+            figures.append(f"{_number(last)} (last 10 steps, the table's column)")
         mfu = f", MFU {_number(result['mfu'])}" if "mfu" in result else ""
         lines.append(f"tokens/s   {'; '.join(figures)}{mfu}")
     if status.get("dashboardURL"):

@@ -7,8 +7,10 @@ import time
 
 import pytest
 import torch
-from fsdp_train.metrics import Metrics
+from fsdp_train.metrics import RATE_WINDOW_STEPS, Metrics
 from fsdp_train.steps import LaggedSteps, collected_every
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def test_the_collector_is_off_inside_and_restored_after_even_on_an_error() -> None:
@@ -113,3 +115,58 @@ def test_on_a_gpu_a_read_waits_for_its_own_step_only_and_each_step_gets_its_own_
     seconds = [e.step_seconds for e in logged]
     assert [e.step for e in logged] == [1, 2, 3]
     assert all(0.8 * work < s < 2.5 * work for s in seconds), (seconds, work)
+
+
+class _Clock:
+    """The host's clock of a test: moves only when the test says the host worked or waited."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.01, 5.0),  # the step's work, which the CPU runs as it is queued
+            st.booleans(),  # read at once (a checkpoint, an evaluation, the first and the last step)
+            st.floats(0.0, 60.0),  # what the host did after it (a checkpoint's write, an export)
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
+def test_every_rate_is_tokens_over_the_time_of_the_steps_it_is_over_whatever_is_read_when(
+    plan: list[tuple[float, bool, float]],
+) -> None:
+    """The loop's pattern on the host path: a step's result is read one step late, or at once at a checkpoint and
+    at the last step, and a long pause may follow the read. Each step keeps its own work time (a step read right
+    after the one before it once got 0.0002 s, and the step after a checkpoint the checkpoint's time), so each rate
+    is tokens over the wall time its steps took (checkpoints and exports outside it), between the rates of its
+    fastest and slowest step, and the summary's mean is tokens over steps 2..N's time."""
+    clock, tokens = _Clock(), 1000
+    metrics = Metrics(rank=0, world_size=2, total_steps=len(plan), flops_per_token=1.0, peak=None)
+    steps = LaggedSteps(metrics, torch.device("cpu"), tokens_per_step=tokens, clock=clock)
+    logged = []
+    for step, (work, read_now, pause) in enumerate(plan, start=1):
+        start = steps.start()
+        clock.now += work
+        event = steps.launched(step, torch.tensor(float(step)), start, {})
+        logged += [event] if event is not None else []
+        if read_now or step == len(plan):
+            logged.append(steps.finish())
+            clock.now += pause
+    assert [e.step for e in logged] == list(range(1, len(plan) + 1))
+    works = [work for work, _, _ in plan]
+    for event, work in zip(logged, works, strict=True):
+        assert event.step_seconds == pytest.approx(work)
+        window = works[max(1, event.step - RATE_WINDOW_STEPS) : event.step] if event.step > 1 else works[:1]
+        assert event.tokens_per_second == pytest.approx(tokens * len(window) / sum(window))
+        assert tokens / max(window) * (1 - 1e-9) <= event.tokens_per_second <= tokens / min(window) * (1 + 1e-9)
+        assert event.tokens_per_second_per_device == pytest.approx(event.tokens_per_second / 2)
+    timed = works[1:] or works
+    assert metrics.mean_tokens_per_second == pytest.approx(tokens * len(timed) / sum(timed))
+    assert metrics.timed_seconds == pytest.approx(sum(timed))
