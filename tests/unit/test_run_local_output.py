@@ -187,3 +187,22 @@ def test_a_failed_phase_line_leaves_the_message_to_the_end() -> None:
     assert summary_lines({"phase": "Failed", "reason": "RayJobFailed", "message": "m"}, message=False)[0] == (
         "phase      Failed (RayJobFailed)"
     )
+
+
+def test_the_work_dir_goes_where_rays_socket_paths_fit_whatever_tmpdir_is() -> None:
+    """A TMPDIR longer than a few characters over /tmp (macOS's /var/folders/.../T/ is 49) once left the Ray head
+    unstarted and run-local waiting 300 s: every path a node's socket takes must fit AF_UNIX's 107 bytes."""
+    from fsdp_operator.local.run import RAY_SOCKET_UNDER_WORK_DIR, UNIX_SOCKET_PATH_MAX, work_dir_parent
+
+    assert work_dir_parent("/tmp") == ("/tmp", "")
+    mac = "/var/folders/zz/zyxvpxvq6csfxvn_n0000000000000/T/"
+    parent, why = work_dir_parent(mac)
+    assert parent == "/tmp" and "AF_UNIX" in why and mac in why
+    work_dir = f"{parent}/fsdp-local-abcdefgh"
+    assert len(work_dir) + RAY_SOCKET_UNDER_WORK_DIR <= UNIX_SOCKET_PATH_MAX
+    # The longest TMPDIR kept fits exactly; one character more moves the work dir.
+    longest = UNIX_SOCKET_PATH_MAX - RAY_SOCKET_UNDER_WORK_DIR - len("/fsdp-local-abcdefgh")
+    assert work_dir_parent("/" + "t" * (longest - 1))[1] == ""
+    assert work_dir_parent("/" + "t" * longest)[0] == "/tmp"
+    with pytest.raises(RuntimeError, match=r"TMPDIR .* is 49 characters.* /nowhere is not writable.* at most 13 "):
+        work_dir_parent(mac, fallback="/nowhere")

@@ -126,8 +126,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     try:
         kubernetes.config.load_kube_config(config_file=args.kubeconfig, context=args.context)  # type: ignore[no-untyped-call]
         _, active = kubernetes.config.list_kube_config_contexts(config_file=args.kubeconfig)  # type: ignore[no-untyped-call]
-    except (kubernetes.config.ConfigException, OSError) as e:
-        raise InputError(f"no usable kubeconfig: {e}") from e
+    except Exception as e:  # the client's loader raises whatever a malformed file makes it hit (YAML, TypeError, ...)
+        where = args.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        raise InputError(f"no usable kubeconfig ({where}): {type(e).__name__}: {' '.join(str(e).split())}") from e
     namespace = args.namespace or (active.get("context") or {}).get("namespace") or "default"
     api = kubernetes.client.CustomObjectsApi()
     try:

@@ -367,8 +367,17 @@ class LocalKubeRay:
                 "namespace": cluster.namespace,
                 "labels": {**(template_meta.get("labels") or {}), **labels},
                 "annotations": dict(template_meta.get("annotations") or {}),
+                # As KubeRay's `ctrl.SetControllerReference` sets them: `kubectl drain` evicts only pods whose owner is
+                # their controller ("cannot delete Pods that declare no controller" without `--force`).
                 "ownerReferences": [
-                    {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": cluster.name, "uid": cluster.uid}
+                    {
+                        "apiVersion": "ray.io/v1",
+                        "kind": "RayCluster",
+                        "name": cluster.name,
+                        "uid": cluster.uid,
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
                 ],
             },
             "spec": dict(template.get("spec") or {}),

@@ -252,6 +252,9 @@ def format_table(table: Obj) -> str:
 
 OPERATOR_ACCOUNT = "fsdp-operator"
 OPERATOR_TOKEN = "fsdp-operator-token"
+PERSON_TOKEN = "local"
+"""The token of the kubeconfig run-local writes for the person: the `kubernetes` client (`fsdpctl status`) sends it
+over plain HTTP, where kubectl sends none and is the anonymous admin; both act as a cluster admin."""
 
 
 def operator_rbac(namespace: str) -> list[Obj]:
@@ -286,6 +289,7 @@ class LocalRun:
         # itself, the KubeRay stand-in and the person's kubectl (no token over plain HTTP) act as a cluster admin.
         self.access = rbac.Access(anonymous=rbac.User("admin", (rbac.MASTERS,)))
         self.access.add_token(OPERATOR_TOKEN, rbac.service_account(self.namespace, OPERATOR_ACCOUNT))
+        self.access.add_token(PERSON_TOKEN, rbac.User("admin", (rbac.MASTERS,)))
         self.api = ApiServer(access=self.access, admission=OwnerReferencesPermissionEnforcement())
         self.kuberay = LocalKubeRay("", workdir / "r")
         # Pods are deleted gracefully, and the kubelet stand-in runs their preStop hooks (a worker can be drained).
@@ -316,7 +320,7 @@ class LocalRun:
         for doc in operator_rbac(self.namespace):
             group = doc["apiVersion"].split("/")[0]
             self.api.store.create(self.api.store.resource(doc["kind"].lower(), group), doc)
-        self.api.write_kubeconfig(self.kubeconfig, self.namespace)
+        self.api.write_kubeconfig(self.kubeconfig, self.namespace, user={"token": PERSON_TOKEN})
         self.api.write_kubeconfig(self.operator_kubeconfig, self.namespace, user={"token": OPERATOR_TOKEN})
         self.http = aiohttp.ClientSession()
         self.kuberay.api_url = self.api.url
@@ -420,8 +424,44 @@ def code_for(status: Obj) -> int:
     return EXIT_SUCCEEDED if status.get("phase") == "Succeeded" else EXIT_FAILED
 
 
+WORK_DIR_PREFIX = "fsdp-local-"
+UNIX_SOCKET_PATH_MAX = 107
+"""AF_UNIX's limit on a socket's path on Linux (`sun_path` is 108 bytes with its NUL); Ray checks its sockets
+against it (`validate_socket_filename`) and a head whose path is longer never starts."""
+RAY_SOCKET_UNDER_WORK_DIR = len("/r/c99/n99/session_2026-12-06_05-57-41_123456_4194304/sockets/plasma_store")
+"""The longest path a Ray node's socket takes under run-local's work dir: the local KubeRay's cluster and node
+folders (`kuberay.py`), Ray's session folder (date, time, microseconds, a pid up to Linux's 4194304) and socket."""
+
+
+def work_dir_parent(tmpdir: str, fallback: str = "/tmp") -> tuple[str, str]:
+    """Where run-local's work dir goes, and a line that says why when it is not `tmpdir`.
+
+    Under `tmpdir` (TMPDIR) when Ray's socket paths fit there; else under `fallback` (a TMPDIR of macOS,
+    `/var/folders/.../T/`, is 49 characters: the head never started, and run-local said so after 300 s).
+    RuntimeError, naming the limit, when neither is short enough and writable."""
+    work_dir = len(WORK_DIR_PREFIX) + 8 + 1  # mkdtemp's 8 random characters, and the separator
+    longest = UNIX_SOCKET_PATH_MAX - RAY_SOCKET_UNDER_WORK_DIR - work_dir
+    if len(tmpdir.rstrip("/")) <= longest:
+        return tmpdir, ""
+    if len(fallback) <= longest and os.access(fallback, os.W_OK | os.X_OK):
+        return fallback, (
+            f"the work dir is under {fallback}: under TMPDIR ({tmpdir}, {len(tmpdir)} characters) Ray's socket paths "
+            f"would pass AF_UNIX's {UNIX_SOCKET_PATH_MAX} bytes"
+        )
+    raise RuntimeError(
+        f"TMPDIR ({tmpdir}) is {len(tmpdir)} characters: Ray's socket paths under it would pass AF_UNIX's "
+        f"{UNIX_SOCKET_PATH_MAX} bytes, and {fallback} is not writable; set TMPDIR to a directory of at most "
+        f"{longest} characters"
+    )
+
+
 async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, status_out: str | None) -> int:
-    workdir = Path(tempfile.mkdtemp(prefix="fsdp-local-"))
+    try:
+        parent, moved = work_dir_parent(tempfile.gettempdir())
+    except RuntimeError as e:
+        out.write(f"error: {e}\n")
+        return EXIT_BAD_INPUT
+    workdir = Path(tempfile.mkdtemp(prefix=WORK_DIR_PREFIX, dir=parent))
     # Every process started below inherits this marker, so a leftover can be traced to its run.
     os.environ[RUN_MARKER] = str(workdir)
     run = LocalRun(manifest_to_apply(manifest, keep=keep), workdir, out)
@@ -441,8 +481,15 @@ async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, st
     stand_in_log.addHandler(handler)
     stand_in_log.setLevel(logging.INFO)
     try:
+        if moved:
+            progress.line(moved)
         await run.start()
         progress.line(f"API server {run.api.url}, work dir {workdir}")
+        # At once, not at the end: kubectl, `fsdpctl status` and GitOps tools can watch the job while it runs.
+        progress.line(
+            f"kubeconfig {run.kubeconfig}: KUBECONFIG={run.kubeconfig} kubectl get trainingjobs -w, "
+            f"or fsdpctl status {run.name}"
+        )
         await run.apply()
         progress.line(f"applied {schema.KIND} {run.namespace}/{run.name}")
         progress.line(
