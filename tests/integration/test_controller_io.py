@@ -191,8 +191,15 @@ def test_the_loop_retries_after_an_api_error_and_finishes(apiserver: ThreadedApi
         try:
             async with w.kuberay.running(tick=0.01):
                 w.apply(manifest())
-                # `run` returns by itself once the job is finished and nothing is left to do.
-                await asyncio.wait_for(loop.run(stopped), timeout=20)
+                running = asyncio.ensure_future(loop.run(stopped))
+                deadline = asyncio.get_running_loop().time() + 20
+                while w.status().get("phase") != "Succeeded" or w.clusters():
+                    assert not running.done() and asyncio.get_running_loop().time() < deadline, w.status()
+                    await asyncio.sleep(0.05)
+                # Finished with nothing left to do, the loop waits for news of the job (an edit) until kopf stops it.
+                assert not running.done()
+                stopped.event.set()
+                await asyncio.wait_for(running, timeout=20)
         finally:
             await kube.close()
         assert kube.failures == 0
@@ -205,12 +212,50 @@ def test_the_loop_retries_after_an_api_error_and_finishes(apiserver: ThreadedApi
     w.assert_no_duplicates()
 
 
-def test_a_spec_edited_to_invalid_while_running_stops_the_ray_job(apiserver: ThreadedApiServer) -> None:
+def test_an_edit_of_a_running_jobs_spec_is_refused_by_the_api_server_and_the_run_goes_on(
+    apiserver: ThreadedApiServer,
+) -> None:
+    """The CRD's CEL rules (`generate.immutability_rules`): the refusal names the field and how to run another spec;
+    nothing is stored, so the generation and observedGeneration stay the spec that runs."""
+
     async def body(w: World, loop: JobLoop) -> None:
         w.script.hold = True
         w.apply(manifest())
         await step_until(loop, lambda: at(w, "Running")() and w.status().get("progress"))
-        w.patch_spec("qwen", {"workers": {"gpusPerWorker": 5}})
+        path = f"/apis/fsdp.dev/v1alpha1/namespaces/{NAMESPACE}/fsdptrainingjobs/qwen"
+        response = w.http.request(
+            "PATCH", w.api.url + path, data='{"spec": {"workers": {"gpusPerWorker": 5}}}',
+            headers={"Content-Type": "application/merge-patch+json"}, timeout=10,
+        )  # fmt: skip
+        assert response.status_code == 422, response.text
+        answer = response.json()
+        assert answer["message"] == (
+            'FSDPTrainingJob.fsdp.dev "qwen" is invalid: spec.workers: Forbidden: spec.workers cannot change once '
+            "the operator has taken the job; delete the job and apply it again to run another spec (Argo CD: the "
+            "sync options Replace=true,Force=true; Flux: force: true)"
+        )
+        assert answer["details"]["causes"][0]["field"] == "spec.workers"
+        job = w.job()
+        assert job is not None and job["metadata"]["generation"] == job["status"]["observedGeneration"] == 1
+        w.script.hold = False
+        status = await step_until(loop, at(w, "Succeeded"))
+        assert status["observedGeneration"] == 1
+
+    scenario(apiserver, body)
+
+
+def test_a_spec_edited_to_invalid_behind_the_api_servers_back_stops_the_ray_job(apiserver: ThreadedApiServer) -> None:
+    """Defence in depth, where the API server does not enforce the CRD's rules (a cluster before CEL validation, a
+    CRD installed without them): the edit is written to the store directly, past the rules."""
+
+    async def body(w: World, loop: JobLoop) -> None:
+        w.script.hold = True
+        w.apply(manifest())
+        await step_until(loop, lambda: at(w, "Running")() and w.status().get("progress"))
+        job = w.job()
+        assert job is not None
+        job["spec"]["workers"]["gpusPerWorker"] = 5
+        w.api.store.update(w.api.store.resource("fsdptrainingjobs", "fsdp.dev"), "qwen", job, NAMESPACE)
         status = await step_until(loop, at(w, "Failed", "ValidationFailed"))
         assert status["message"] == "invalid spec: spec.workers.gpusPerWorker: 5 GPUs requested, g6.12xlarge has 4"
         await step_until(loop, lambda: w.ray.stopped == [w.sid(1)] and not w.clusters())

@@ -291,7 +291,7 @@ def test_happy_path(apiserver: ThreadedApiServer) -> None:
         conditions = {c["type"]: c["status"] for c in status["conditions"]}
         assert conditions == {
             "Validated": "True", "WorkersReady": "True", "JobSubmitted": "True", "TransportVerified": "True",
-            "Running": "False", "Complete": "True",
+            "Running": "False", "Complete": "True", "Reconciling": "False", "Stalled": "False", "Ready": "True",
         }  # fmt: skip
         assert status["startTime"] <= status["endTime"]
         reasons = w.event_reasons()

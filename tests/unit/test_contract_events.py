@@ -540,6 +540,9 @@ def test_the_conditions_the_events_decide() -> None:
         "JobSubmitted": ("True", "Accepted"),
         "Progressing": ("True", "RanksProgressing"),  # rank 0's health report, no stall
         "TrackingHealthy": ("False", "TrackerUnreachable"),  # a tracker that fails never fails the job
+        "Reconciling": ("True", "JobRunning"),  # kstatus: InProgress while the job runs
+        "Stalled": ("False", "JobRunning"),
+        "Ready": ("False", "JobRunning"),
     }
     assert status["interconnect"]["floorGBps"] == 3.5
     assert status["interconnect"]["allRanks"] == {

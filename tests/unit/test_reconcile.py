@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fsdp_operator.api import schema
 from fsdp_operator.decide.guards import finalize_actions
+from fsdp_operator.decide.lifecycle import with_gitops_conditions
 from fsdp_operator.decide.observed import (
     RAY_PENDING,
     RAY_RUNNING,
@@ -86,7 +87,8 @@ def at(phase: Phase, *, attempt: int = 1, started: float = 60, **fields: Any) ->
     )
     if phase == Phase.PROVISIONING:
         base = replace(base, provisioning_since=NOW - timedelta(seconds=started))
-    return replace(base, **fields)
+    # As the operator wrote it: with the GitOps conditions of its phase.
+    return with_gitops_conditions(replace(base, **fields), now=NOW - timedelta(seconds=started), generation=1)
 
 
 def cluster(ready: int = 2, state: str = "ready", **fields: Any) -> ClusterView:
@@ -186,7 +188,8 @@ def test_finished_job_keeps_its_outcome_when_the_spec_turns_invalid() -> None:
     m["spec"]["workers"]["gpusPerWorker"] = 5
     done = at(Phase.SUCCEEDED, reason=Reason.COMPLETED, end_time=NOW)
     d = run(m, done)
-    assert d.status == done and d.done and d.actions == ()
+    kept = ("phase", "reason", "message", "end_time", "observed_generation", "result")
+    assert [getattr(d.status, k) for k in kept] == [getattr(done, k) for k in kept] and d.done and d.actions == ()
 
 
 def test_not_a_job_is_a_validation_failure() -> None:

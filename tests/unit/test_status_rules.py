@@ -3,23 +3,34 @@ thinning, the size budget and what it cuts first."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 
+import pytest
 from fsdp_operator.decide.budget import status_budget, within_budget
 from fsdp_operator.decide.folding import LOSS_HISTORY_POINTS, _with_loss_point
-from fsdp_operator.decide.status import JobStatus, Phase, Reason, get_condition, with_lifecycle_conditions
+from fsdp_operator.decide.lifecycle import with_lifecycle_conditions
+from fsdp_operator.decide.status import Condition, JobStatus, Phase, Reason, get_condition
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 AT = "2026-11-29T12:00:00Z"
+
+
+GITOPS = {"Reconciling", "Stalled", "Ready"}
 
 
 def lifecycle(old: JobStatus, new: JobStatus) -> JobStatus:
     return with_lifecycle_conditions(old, new, now=NOW, generation=5)
 
 
+def batch_job_like(conditions: list[Condition]) -> list[Condition]:
+    """The conditions batch/v1 Job also has (the GitOps ones are tested on their own)."""
+    return [c for c in conditions if c["type"] not in GITOPS]
+
+
 def test_running_turns_true_on_entry_and_false_with_the_next_phases_reason() -> None:
     running = lifecycle(JobStatus(phase=Phase.SUBMITTING), JobStatus(phase=Phase.RUNNING, reason=Reason.JOB_RUNNING))
-    assert running.conditions == [
+    assert batch_job_like(running.conditions) == [
         {"type": "Running", "status": "True", "reason": "JobRunning", "message": "the Ray job runs",
          "lastTransitionTime": AT, "observedGeneration": 5},
     ]  # fmt: skip
@@ -38,7 +49,7 @@ def test_running_turns_true_on_entry_and_false_with_the_next_phases_reason() -> 
 def test_a_job_that_never_ran_gets_no_running_condition_and_failed_once() -> None:
     failed = lifecycle(JobStatus(phase=Phase.PROVISIONING), JobStatus(phase=Phase.FAILED, message="no workers"))
     # No reason: the phase's name stands in.
-    assert failed.conditions == [
+    assert batch_job_like(failed.conditions) == [
         {"type": "Failed", "status": "True", "reason": "Failed", "message": "no workers",
          "lastTransitionTime": AT, "observedGeneration": 5},
     ]  # fmt: skip
@@ -47,9 +58,34 @@ def test_a_job_that_never_ran_gets_no_running_condition_and_failed_once() -> Non
         JobStatus(phase=Phase.PENDING), JobStatus(phase=Phase.FAILED, message="other", conditions=failed.conditions),
         now=datetime(2026, 11, 30, tzinfo=UTC), generation=9,
     )  # fmt: skip
-    assert again.conditions == failed.conditions
-    same = JobStatus(phase=Phase.RUNNING, reason=Reason.JOB_RUNNING)
+    assert batch_job_like(again.conditions) == batch_job_like(failed.conditions)
+    same = lifecycle(JobStatus(), JobStatus(phase=Phase.RUNNING, reason=Reason.JOB_RUNNING))
     assert lifecycle(same, same) is same
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_the_gitops_conditions_follow_the_phase_and_never_contradict_complete_or_failed(phase: Phase) -> None:
+    """kstatus reads Reconciling=True as InProgress and Stalled=True as Failed (then Current); Flux's Ready is True
+    for a Succeeded job only. A Failed job once read as Current."""
+    status = lifecycle(JobStatus(), JobStatus(phase=phase, reason=Reason.QUEUED, message="why"))
+    got = {c["type"]: (c["status"], c["reason"]) for c in status.conditions if c["type"] in GITOPS}
+    on_its_way = phase not in (Phase.SUCCEEDED, Phase.FAILED)
+    assert got == {
+        "Reconciling": (str(on_its_way), "Queued"),
+        "Stalled": (str(phase == Phase.FAILED), "Queued"),
+        "Ready": (str(phase == Phase.SUCCEEDED), "Queued"),
+    }
+    if phase == Phase.FAILED:
+        assert get_condition(status.conditions, "Stalled")["message"] == "why"  # type: ignore[index]
+    if on_its_way:
+        assert get_condition(status.conditions, "Reconciling")["message"] == "why"  # type: ignore[index]
+    # The phase's message moves within the phase: the condition follows, its transition time does not.
+    later = with_lifecycle_conditions(
+        status, replace(status, message="other"), now=datetime(2026, 11, 30, tzinfo=UTC), generation=6
+    )
+    moved = get_condition(later.conditions, "Reconciling" if on_its_way else "Stalled")
+    assert moved is not None and moved["lastTransitionTime"] == AT
+    assert moved["message"] == ("other" if on_its_way or phase == Phase.FAILED else moved["message"])
 
 
 def test_the_loss_curve_halves_when_full_and_keeps_both_ends() -> None:

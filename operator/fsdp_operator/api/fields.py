@@ -69,6 +69,9 @@ class Meta:
     """The field may be left out, and `_rules` derives it; this says from what (no default in the CRD)."""
     train: str | None = None
     """The `TrainConfig` field this one becomes."""
+    mutable: bool = False
+    """May change once the operator has taken the job (it takes effect within one pass); every other field is
+    immutable from then on, refused by the API server itself (`generate.immutability_rules`)."""
 
 
 def field(

@@ -16,6 +16,7 @@ from fsdp_operator.api.fields import (
     _num,
     _unwrap_optional,
     declared,
+    leaves,
 )
 from fsdp_operator.api.schema import (
     API_VERSION,
@@ -228,6 +229,53 @@ def spec_schema() -> Schema:
     return generated
 
 
+IMMUTABLE_HOW_TO_RERUN = (
+    "delete the job and apply it again to run another spec (Argo CD: the sync options Replace=true,Force=true; "
+    "Flux: force: true)"
+)
+
+
+def immutability_rules() -> list[Schema]:
+    """The CRD's CEL rules (`x-kubernetes-validations` at its root) that refuse an edit of a field not declared
+    `mutable` once the operator has taken the job (`status.submissionId`, recorded at its first pass): a running
+    job cannot follow another spec, so `observedGeneration` never claims one it does not run (docs/gitops.md).
+
+    One rule per field, so that the refusal names it (`fieldPath`, reason `FieldValueForbidden`, Kubernetes 1.28+);
+    a declaration with mutable fields gets rules for its other fields. Before the operator took the job (and for a
+    job whose spec failed validation, which never gets a submission id) every field may change. Transition rules
+    (they use `oldSelf`) run on updates only, never on creates."""
+    from fsdp_operator.api import spec
+
+    def rules(cls: type, path: list[str]) -> list[Schema]:
+        out: list[Schema] = []
+        for d in declared(cls):
+            here = [*path, d.key]
+            if d.meta.mutable:
+                continue
+            if d.nested is not None and any(m.meta.mutable for _, m in leaves(d.nested)):
+                out += rules(d.nested, here)
+                continue
+            out.append(_immutable(here))
+        return out
+
+    return rules(spec.Spec, ["spec"])
+
+
+def _immutable(path: list[str]) -> Schema:
+    def present(root: str) -> str:  # null-safe: `has(a.b.c)` needs a.b
+        return " && ".join(f"has({'.'.join([root, *path[: i + 1]])})" for i in range(1, len(path)))
+
+    new, old = ".".join(["self", *path]), ".".join(["oldSelf", *path])
+    same = f"({present('self')} ? {present('oldSelf')} && {new} == {old} : !({present('oldSelf')}))"
+    dotted = ".".join(path)
+    return {
+        "rule": f"!has(oldSelf.status) || !has(oldSelf.status.submissionId) || {same}",
+        "message": f"{dotted} cannot change once the operator has taken the job; {IMMUTABLE_HOW_TO_RERUN}",
+        "fieldPath": "." + dotted,
+        "reason": "FieldValueForbidden",
+    }
+
+
 def crd() -> Schema:
     """The CustomResourceDefinition manifest."""
     return {
@@ -264,6 +312,7 @@ def crd() -> Schema:
                                 "status": STATUS_SCHEMA,
                             },
                             "required": ["spec"],
+                            "x-kubernetes-validations": immutability_rules(),
                         }
                     },
                 }

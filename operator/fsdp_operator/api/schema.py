@@ -35,8 +35,8 @@ CONDITION_SCHEMA: Schema = {
     "properties": {
         "type": {
             "type": "string",
-            "description": "Condition type: Validated, WorkersReady, JobSubmitted, Running, TransportVerified, "
-            "InterconnectHealthy, Complete, Failed, ZonePlaced, ReconcileError.",
+            "description": "Condition type; docs/api.md (Conditions) lists every type the operator writes and when "
+            "it is True.",
         },
         "status": {"type": "string", "enum": ["True", "False", "Unknown"], "description": "True, False or Unknown."},
         "reason": {"type": "string", "description": "Why, in one CamelCase word."},

@@ -308,7 +308,9 @@ class RuntimeEnv:
 class RunPolicy:
     """Deadlines, retries, suspension and cleanup."""
 
-    backoff_limit: int = declare("Failed attempts to retry with a new submission.", default=0, minimum=0, maximum=100)
+    backoff_limit: int = declare(
+        "Failed attempts to retry with a new submission.", default=0, minimum=0, maximum=100, mutable=True
+    )
     max_worker_restarts: int = declare(
         "Restarts of the worker group within one attempt (a lost worker node, a crashed rank) before the attempt "
         "fails; training resumes from the latest checkpoint. -1: no limit.",
@@ -317,18 +319,27 @@ class RunPolicy:
         maximum=100,
     )
     active_deadline_seconds: int | None = declare(
-        "Fail the job after this long from its start. Unset: no deadline.", minimum=1, maximum=INT32_MAX
+        "Fail the job after this long from its start. Unset: no deadline.", minimum=1, maximum=INT32_MAX, mutable=True
     )
     wait_for_workers_timeout_seconds: int = declare(
-        "Fail when not every worker has joined within this long.", default=900, minimum=1, maximum=INT32_MAX
+        "Fail when not every worker has joined within this long.",
+        default=900,
+        minimum=1,
+        maximum=INT32_MAX,
+        mutable=True,
     )
     ttl_seconds_after_finished: int | None = declare(
-        "Delete the FSDPTrainingJob this long after it finished. Unset: keep it.", minimum=0, maximum=INT32_MAX
+        "Delete the FSDPTrainingJob this long after it finished. Unset: keep it.",
+        minimum=0,
+        maximum=INT32_MAX,
+        mutable=True,
     )
     cleanup: Cleanup = declare(
-        "What to do with the RayCluster when the job finishes: Delete it, or Keep it for debugging.", default="Delete"
+        "What to do with the RayCluster when the job finishes: Delete it, or Keep it for debugging.",
+        default="Delete",
+        mutable=True,
     )
-    suspend: bool = declare("Stop the Ray job and delete the RayCluster; false resumes.", default=False)
+    suspend: bool = declare("Stop the Ray job and delete the RayCluster; false resumes.", default=False, mutable=True)
 
 
 @dataclass(frozen=True, slots=True)

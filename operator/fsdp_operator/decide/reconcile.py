@@ -36,6 +36,7 @@ from fsdp_operator.decide.guards import (
     _validation_failed,
     _with_identity,
 )
+from fsdp_operator.decide.lifecycle import with_lifecycle_conditions
 from fsdp_operator.decide.observed import (
     RAY_FAILED,
     RAY_PENDING,
@@ -67,7 +68,6 @@ from fsdp_operator.decide.status import (
     Phase,
     Reason,
     set_condition,
-    with_lifecycle_conditions,
 )
 from fsdp_operator.decide.untrusted import mapping
 

@@ -118,6 +118,9 @@ class ConditionType(StrEnum):
     STRAGGLER = "Straggler"
     """False once an event line of the current attempt failed the signature check (docs/reliability.md)."""
     TRACKING_HEALTHY = "TrackingHealthy"
+    RECONCILING = "Reconciling"  # kstatus's and Flux's (`decide/lifecycle.py`)
+    STALLED = "Stalled"
+    READY = "Ready"
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +259,28 @@ CONDITIONS: Mapping[ConditionType, ConditionRule] = {
         resets_on_new_attempt=True,
         warning_when_false=True,  # never a failed job: training goes on without the records (docs/tracking.md)
         doc="spec.tracking: the run's records reach the tracker; False: some did not, and the message says why.",
+    ),
+    # What GitOps tools read (docs/gitops.md), derived from the phase alone by `lifecycle.kstatus_conditions`.
+    ConditionType.RECONCILING: ConditionRule(
+        reasons=frozenset(Reason),
+        resets_on_new_attempt=False,
+        warning_when_false=False,
+        doc="kstatus: True while the job is on its way (Pending, Provisioning, Submitting, Running, Queued, "
+        "Preempted, Suspended), with the phase's reason and message (kstatus reads InProgress); False once it ended.",
+    ),
+    ConditionType.STALLED: ConditionRule(
+        reasons=frozenset(Reason),
+        resets_on_new_attempt=False,
+        warning_when_false=False,  # the Failed phase's event says it
+        doc="kstatus: True once the job Failed, with the failure's reason and one-line message (kstatus reads "
+        "Failed); False otherwise.",
+    ),
+    ConditionType.READY: ConditionRule(
+        reasons=frozenset(Reason),
+        resets_on_new_attempt=False,
+        warning_when_false=False,
+        doc="True once the job Succeeded (Flux's sense of Ready); False, with the phase's reason, before and on "
+        "failure.",
     ),
 }
 
@@ -507,31 +532,6 @@ class JobStatus:
 def _resets(type_: str) -> bool:
     rule = CONDITIONS.get(ConditionType(type_)) if type_ in ConditionType._value2member_map_ else None
     return rule is None or rule.resets_on_new_attempt
-
-
-def with_lifecycle_conditions(old: JobStatus, new: JobStatus, *, now: datetime, generation: int) -> JobStatus:
-    """`Running`, `Complete` and `Failed` follow phase changes: one place, applied after every decision.
-
-    `Running` is True while the phase is Running and False, with the new phase's reason, once it has left
-    it. `Complete` and `Failed` are set once, as batch/v1 Job's: True with the reason and message of the
-    terminal phase when it is entered, never False and never changed afterwards.
-    """
-    if new.phase is None or new.phase == old.phase:
-        return new
-    conditions = new.conditions
-    reason = new.reason.value if new.reason else new.phase.value
-    running = new.phase == Phase.RUNNING
-    if running or get_condition(conditions, ConditionType.RUNNING) is not None:
-        message = "the Ray job runs" if running else new.message[:1024]
-        conditions = set_condition(
-            conditions, ConditionType.RUNNING, str(running), reason, message, now=now, generation=generation
-        )
-    terminal_type = {Phase.SUCCEEDED: ConditionType.COMPLETE, Phase.FAILED: ConditionType.FAILED}.get(new.phase)
-    if terminal_type is not None and get_condition(conditions, terminal_type) is None:
-        conditions = set_condition(
-            conditions, terminal_type, "True", reason, new.message[:1024], now=now, generation=generation
-        )
-    return replace(new, conditions=conditions)
 
 
 def cleared_run_data(status: JobStatus) -> JobStatus:

@@ -46,7 +46,7 @@ from aiohttp import web
 
 from fsdp_operator.local import admission as admission_plugins
 from fsdp_operator.local import apply as server_side_apply
-from fsdp_operator.local import patching, podvalidation, protobuf, rbac, tables, validation, workloads
+from fsdp_operator.local import cel_rules, patching, podvalidation, protobuf, rbac, tables, validation, workloads
 from fsdp_operator.local.faults import FaultInjector
 from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType, json_copy
 from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
@@ -567,9 +567,9 @@ class ApiServer:
             )
         if unknown and mode == "Warn":
             response.warnings.extend(f'unknown field "{path}"' for path in unknown)
-        errors = validation.validate(pruned, schema, old)
+        errors = validation.validate(pruned, schema, old) + cel_rules.violations(schema, pruned, old)
         if errors:
-            causes = [{"reason": "FieldValueInvalid", "message": message, "field": path} for path, message in errors]
+            causes = [{"reason": _cause_reason(message), "message": message, "field": path} for path, message in errors]
             summary = ", ".join(f"{path}: {message}" for path, message in errors)
             raise ApiError(
                 422,
@@ -863,6 +863,10 @@ class ThreadedApiServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def _cause_reason(message: str) -> str:
+    return "FieldValueForbidden" if message.startswith("Forbidden: ") else "FieldValueInvalid"
 
 
 class _Response:

@@ -163,9 +163,11 @@ class JobLoop:
                     self.log.exception(f"pass failed, retrying in {self.rt.config.error_backoff:g}s")
                     await self._sleep(wake, stopped, self.rt.config.error_backoff)
                     continue
-                if decision is None or decision.done:
+                if decision is None:
                     return
-                await self._sleep(wake, stopped, self._delay(decision))
+                # A finished job with nothing left to do is not polled, but waits for news of it: an edit is then
+                # observed, and observedGeneration follows (kstatus read one never observed as InProgress for ever).
+                await self._sleep(wake, stopped, None if decision.done else self._delay(decision))
         finally:
             self.rt.forget(self.namespace, self.name)
             self.rt.watched.forget_job(self.namespace, self.name)
@@ -197,8 +199,8 @@ class JobLoop:
         return delay
 
     @staticmethod
-    async def _sleep(wake: asyncio.Event, stopped: Any, seconds: float) -> None:
-        """Until woken (a child changed), stopped (kopf), or `seconds` passed."""
+    async def _sleep(wake: asyncio.Event, stopped: Any, seconds: float | None) -> None:
+        """Until woken (a child changed), stopped (kopf), or `seconds` passed (None: no time limit)."""
         if stopped:
             return
 
