@@ -423,11 +423,14 @@ def assert_tracked(uri: str, status: dict[str, Any], tmp_path: Path, model_dir: 
     run_id = status["tracking"]["runId"]
     assert status["tracking"]["url"] == f"{uri}/#/experiments/1/runs/{run_id}"
     (experiment,) = [e for e in mlflow.search_experiments() if e.name == "tests"]
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3's model-training view
     (run,) = mlflow.search_runs([experiment.experiment_id])  # the resumed attempt continued the same run
     assert run.info.run_id == run_id and run.info.status == "FINISHED"
     assert run.info.run_name == "default/tiny-data attempt 1" and run.data.tags["fsdp.dev/attempt"] == "2"
     params = run.data.params
-    assert params["train.steps"] == "40" and params["train.seq_len"] == "64" and params["world_size"] == "4"
+    assert params["training.steps"] == "40" and params["training.seqLen"] == "64" and params["world_size"] == "4"
+    # What ran, named as in the spec: fp32 on these CPU ranks, whatever the spec's default says (bf16).
+    assert params["training.precision"] == "fp32" and params["training.sharding"] in ("full", "hybrid")
     assert params["model"] == str(model_dir) and params["data.source"] == str(corpus)
     assert len(params["fingerprint"]) == 16 and params["operator_version"]
 

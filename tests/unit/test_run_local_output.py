@@ -206,3 +206,23 @@ def test_the_work_dir_goes_where_rays_socket_paths_fit_whatever_tmpdir_is() -> N
     assert work_dir_parent("/" + "t" * longest)[0] == "/tmp"
     with pytest.raises(RuntimeError, match=r"TMPDIR .* is 49 characters.* /nowhere is not writable.* at most 13 "):
         work_dir_parent(mac, fallback="/nowhere")
+
+
+def test_the_summary_says_what_the_run_went_through_a_line_each() -> None:
+    """A job that succeeded after a stall and a drain: its attempts, the stall and the interruption each get a line
+    (only `-o json` and `kubectl describe` showed them)."""
+    status = {
+        "phase": "Succeeded", "attempts": 3, "failedAttempts": 1,
+        "health": {"lastStall": {"attempt": 1, "message": "rank 1 (pod w-1) made no progress for 30 s in train()"}},
+        "interruptions": [
+            {"attempt": 2, "pod": "w-0", "reason": "PodDeleted", "step": 13, "saved": True, "checkpointStep": 13,
+             "stepsLost": 0},
+            {"attempt": 3, "pod": "w-1", "reason": "preStop"},
+        ],
+    }  # fmt: skip
+    lines = summary_lines(status)
+    assert "attempts   3 (1 failed, 2 interrupted)" in lines
+    assert "stalled    attempt 1: rank 1 (pod w-1) made no progress for 30 s in train()" in lines
+    assert "interrupted attempt 2 at step 13: w-0 (PodDeleted), saved step 13, 0 steps lost" in lines
+    assert "interrupted attempt 3: w-1 (preStop), noticed; the ranks had not reported yet" in lines
+    assert not [line for line in summary_lines({"phase": "Succeeded", "attempts": 1}) if "attempt" in line]

@@ -298,3 +298,27 @@ def test_a_rerun_of_a_finished_run_shows_its_step_and_no_invented_figures() -> N
     assert status["result"]["resumedFromStep"] == 100
     text = json.dumps(status)
     assert "NaN" not in text and "null" not in text
+
+
+def test_the_loss_curve_and_the_first_loss_span_every_attempt() -> None:
+    """An attempt interrupted after step 70 that resumes from its step-63 checkpoint: the curve keeps steps 1..63 of
+    the first attempt and takes 64..100 from the second (the first's 64..70 replaced), and the first loss is the
+    run's step 1, not the second attempt's step 64 (status once covered the last attempt only, MLflow all of it)."""
+    from fsdp_operator.decide.status import cleared_run_data
+
+    first = fold_events(job(), JobStatus(attempts=1), [step(n) for n in range(1, 71)], now=NOW).status
+    second = cleared_run_data(first)
+    assert second.progress == {"lossHistory": first.progress["lossHistory"]} and second.result == {}
+    resumed = [step(n, extra={"x": 1.0}) for n in range(64, 101)]
+    summary = Summary(rank=0, steps=100, final_loss=4.0, first_loss=5.0 - 64 / 100, tokens_per_second=10.0,
+                      resumed_from_step=63)  # fmt: skip
+    done = fold_events(job(), second, [*resumed, summary], now=NOW).status
+    curve = done.progress["lossHistory"]
+    steps = [int(s) for s, _ in curve]
+    assert steps[0] == 1 and steps[-1] == 100 and steps == sorted(set(steps)), steps
+    assert done.result["firstLoss"] == curve[0][1] == round(5.0 - 1 / 100, 4)
+    assert done.progress["step"] == 100
+    # A run that never resumed keeps its own summary's first loss.
+    fresh = fold_events(job(), JobStatus(attempts=1), [step(1), step(2), summary.__class__(
+        rank=0, steps=2, final_loss=4.0, first_loss=4.99, tokens_per_second=10.0)], now=NOW).status  # fmt: skip
+    assert fresh.result["firstLoss"] == 4.99

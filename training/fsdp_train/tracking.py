@@ -23,7 +23,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,8 @@ class Settings:
     attempt: int = 0
     instance_type: str = ""
     operator_version: str = ""
+    param_names: dict[str, str] = field(default_factory=dict)
+    """The run's parameter name for each training field a spec field sets (`seq_len`: `training.seqLen`)."""
 
     @classmethod
     def from_dict(cls, d: Any) -> Settings:
@@ -86,7 +88,12 @@ class Settings:
         for name in ("uri", "experiment", "run_name"):
             if not isinstance(d.get(name), str) or not d[name]:
                 raise ValueError(f"tracking.{name} must be a non-empty string.")
+        names = d.get("param_names", {})
+        if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in names.items()):
+            raise ValueError("tracking.param_names must map strings to strings.")
         for name, value in d.items():
+            if name == "param_names":
+                continue
             want = int if name in ("generation", "attempt") else str
             if isinstance(value, bool) or not isinstance(value, want):
                 raise ValueError(f"tracking.{name} must be {'an integer' if want is int else 'a string'}.")
@@ -117,6 +124,14 @@ class _Tag:
 
 
 @dataclass(frozen=True, slots=True)
+class _Param:
+    """A parameter known only once the ranks resolved it (`auto`, the device): by its training field's name."""
+
+    name: str
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
 class _Export:
     path: str
     step: int
@@ -129,7 +144,14 @@ class _Document:
 
 
 _CLOSE = object()
-Record = _Metric | _Tag | _Export | _Document
+Record = _Metric | _Tag | _Param | _Export | _Document
+
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+"""MLflow 3's UI shows an experiment by its kind: without it, one with these runs was listed with GenAI's
+"Evaluation runs"; `custom_model_development` is its model-training view (the UI's own name for the kind)."""
+
+RESOLVED_ON_RANKS = ("precision", "sharding")
+"""Training fields whose value the ranks resolve (`auto`, fp32 on a CPU): logged from the summary, as what ran."""
 
 
 def metric_name(name: str) -> str:
@@ -177,6 +199,7 @@ def records_of(event: Event, learning_rate: Callable[[int], float] | None = None
         out.append(_Export(event.path, event.step))
     elif isinstance(event, events.Summary) and event.rank == 0:
         out.append(_Document("summary.json", {k: v for k, v in events.as_dict(event).items() if k != "time"}))
+        out += [_Param(name, str(getattr(event, name))) for name in RESOLVED_ON_RANKS if getattr(event, name)]
         metric("final_loss", event.final_loss)
         metric("mean_tokens_per_second", event.tokens_per_second)
         metric("mean_mfu", event.mfu)
@@ -308,6 +331,8 @@ class Tracker:
         if tags:
             client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()], synchronous=True)
         self.sent += len(metrics) + len(tags)
+        for param in (r for r in batch if isinstance(r, _Param)):
+            self._log_param(client, param)
         for item in batch:
             if isinstance(item, _Export):
                 self._export(client, item)
@@ -315,6 +340,15 @@ class Tracker:
                 client.log_dict(self.run_id, item.content, item.name)
             elif isinstance(item, tuple) and item[0] == "end":
                 client.set_terminated(self.run_id, str(item[1]))
+
+    def _log_param(self, client: Any, param: _Param) -> None:
+        from mlflow.exceptions import MlflowException
+
+        name = metric_name(self.settings.param_names.get(param.name) or f"train.{param.name}")
+        try:
+            client.log_param(self.run_id, name, param.value)
+        except MlflowException as e:  # a resumed attempt that resolved another value: the first one stays
+            self._say(f"parameter {name} stays as the first attempt logged it ({_short(e)})")
 
     def _connect(self) -> Any:
         if self._client is None:
@@ -387,11 +421,13 @@ def resolve_run(client: Any, settings: Settings, params: Callable[[], Mapping[st
     experiment = client.get_experiment_by_name(settings.experiment)
     if experiment is None:
         try:
-            experiment_id = client.create_experiment(settings.experiment)
+            experiment_id = client.create_experiment(settings.experiment, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
         except MlflowException:  # made meanwhile by another job
             experiment_id = client.get_experiment_by_name(settings.experiment).experiment_id
     else:
         experiment_id = experiment.experiment_id
+        if EXPERIMENT_KIND_TAG not in (experiment.tags or {}):  # never another kind someone chose
+            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
     if settings.uid:
         found = client.search_runs(
             [experiment_id],
@@ -455,7 +491,12 @@ def job_params(
 ) -> dict[str, str]:
     """The run's parameters: the resolved training config, model, data source and fingerprint, world size,
     instance type and the operator's version."""
-    params = flat_params("train.", train)
+    # Named as in the spec where a spec field sets them (`training.seqLen`), else as the function's (`train.*`); the
+    # values the ranks resolve (`auto`, fp32 on a CPU) come from the summary, as what ran (`RESOLVED_ON_RANKS`).
+    params: dict[str, str] = {}
+    for key, value in train.items():
+        if key not in RESOLVED_ON_RANKS:
+            params.update(flat_params("", {settings.param_names.get(key) or f"train.{key}": value}))
     params.update(
         {
             "model": str(train.get("model", "")),

@@ -572,6 +572,11 @@ def _train_paths() -> dict[str, str]:
     return {d.meta.train: f"spec.{path}" for path, d in fields.leaves(Spec) if d.meta.train}
 
 
+def train_field_paths() -> dict[str, str]:
+    """Each `TrainConfig` field a spec field sets, and that field's path under spec (`seq_len`: `training.seqLen`)."""
+    return {train: path.removeprefix("spec.") for train, path in _train_paths().items()}
+
+
 def _check_train_config(spec: Spec, problems: Problems) -> None:
     try:
         config = train_config(spec)

@@ -10,7 +10,7 @@ import ipaddress
 from importlib import metadata
 from typing import Any
 
-from fsdp_operator.api.spec import Job
+from fsdp_operator.api.spec import Job, train_field_paths
 from fsdp_operator.api.tracking_spec import tracking_host, tracking_port
 
 
@@ -40,6 +40,8 @@ def entry(job: Job, submission_id: str) -> dict[str, Any] | None:
         "attempt": int(attempt),
         "instance_type": job.spec.workers.instance_type,
         "operator_version": operator_version(),
+        # The run's parameters are named as in the spec (`training.seqLen`), not as the training function's fields.
+        "param_names": train_field_paths(),
     }
 
 

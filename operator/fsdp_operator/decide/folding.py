@@ -318,12 +318,22 @@ def fold_events(
         elif isinstance(event, Summary):
             if event.rank != 0:
                 continue  # rank 0's summary is the job's result
+            # The run's first loss, not this attempt's, when it resumed: the curve spans every attempt.
+            curve = progress.get("lossHistory") or []
+            first_loss = event.first_loss
+            if (
+                event.resumed_from_step
+                and curve
+                and isinstance(curve[0], list)
+                and curve[0][0] <= event.resumed_from_step
+            ):
+                first_loss = curve[0][1]
             result = {
                 "steps": event.steps,
                 # A rerun of a finished run trains no step: no losses, no rate (absent, not NaN or 0).
                 **_known(
                     {
-                        "firstLoss": _round(event.first_loss),
+                        "firstLoss": _round(first_loss),
                         "finalLoss": _round(event.final_loss),
                         "tokensPerSecond": _whole(event.tokens_per_second),
                     }

@@ -535,7 +535,7 @@ def _resets(type_: str) -> bool:
 
 
 def cleared_run_data(status: JobStatus) -> JobStatus:
-    """The status without anything a previous attempt's ranks reported (a new submission starts clean)."""
+    """The status without anything a previous attempt's ranks reported but the loss curve, which spans the run."""
     kept = [c for c in status.conditions if not _resets(str(c.get("type")))]
     return replace(
         status,
@@ -546,7 +546,7 @@ def cleared_run_data(status: JobStatus) -> JobStatus:
         forged_events=0,
         conditions=kept,
         ranks=[],
-        progress={},
+        progress={k: v for k, v in status.progress.items() if k == "lossHistory"},
         transport={},
         interconnect={},
         probes=[],

@@ -65,6 +65,7 @@ def summary_lines(status: Mapping[str, Any], *, saved_to: str = "", message: boo
             figures.append(f"{_number(last)} (last 10 steps, the table's column)")
         mfu = f", MFU {_number(result['mfu'])}" if "mfu" in result else ""
         lines.append(f"tokens/s   {'; '.join(figures)}{mfu}")
+    lines += _attempt_lines(status)
     if status.get("dashboardURL"):
         lines.append(f"dashboard  {status['dashboardURL']}")
     tracking = status.get("tracking") or {}
@@ -73,6 +74,36 @@ def summary_lines(status: Mapping[str, Any], *, saved_to: str = "", message: boo
         lines.append(f"tracking   MLflow run {tracking['runId']} {tracking.get('url', '')}".rstrip() + problem)
     if saved_to:
         lines.append(f"status     {saved_to}")
+    return lines
+
+
+INTERRUPTIONS_SHOWN = 3
+
+
+def _attempt_lines(status: Mapping[str, Any]) -> list[str]:
+    """What the run went through, a line each: its attempts, its last stall, the nodes it lost (the newest few)."""
+    lines = []
+    attempts, failed = _int(status.get("attempts")), _int(status.get("failedAttempts"))
+    interruptions = [e for e in status.get("interruptions") or [] if isinstance(e, Mapping)]
+    if attempts > 1:
+        parts = [f"{failed} failed"] if failed else []
+        if interruptions:
+            parts.append(f"{len({_int(e.get('attempt')) for e in interruptions})} interrupted")
+        lines.append(f"attempts   {attempts}" + (f" ({', '.join(parts)})" if parts else ""))
+    stall = (status.get("health") or {}).get("lastStall")
+    if isinstance(stall, Mapping) and stall.get("message"):
+        lines.append(f"stalled    attempt {_int(stall.get('attempt'))}: {stall['message']}")
+    for entry in interruptions[-INTERRUPTIONS_SHOWN:]:
+        where = entry.get("pod") or entry.get("node") or "a worker"
+        if entry.get("saved"):
+            outcome = f"saved step {_int(entry.get('checkpointStep'))}, {_int(entry.get('stepsLost'))} steps lost"
+        elif "saved" in entry:
+            outcome = f"not saved: {entry.get('message') or 'no time to save'}"
+        else:
+            outcome = "noticed; the ranks had not reported yet"
+        at = f" at step {_int(entry['step'])}" if entry.get("step") else ""
+        why = entry.get("reason", "notice")
+        lines.append(f"interrupted attempt {_int(entry.get('attempt'))}{at}: {where} ({why}), {outcome}")
     return lines
 
 
