@@ -229,10 +229,15 @@ def test_an_encoding_variable_that_garbles_the_events_is_refused(apiserver: Thre
 def test_the_attempt_key_reaches_the_submission_only(apiserver: ThreadedApiServer) -> None:
     async def body(w: World) -> None:
         async with w.operator():
+            w.script.hold = True
             w.apply(manifest())
-            await w.phase("Succeeded", "Completed", timeout=60)
+            # Read while the Ray job exists: once it succeeded, its cluster (and the fake Ray's record of the job) may
+            # be gone already (a KeyError 1 run in 6).
+            await w.phase("Running", timeout=60)
             sid = w.sid(1)
             submission = w.ray.job(sid).submission
+            w.script.hold = False
+            await w.phase("Succeeded", "Completed", timeout=60)
             key = submission.runtime_env["env_vars"]["FSDP_EVENT_KEY"]
             assert len(bytes.fromhex(key)) == 32
             assert key not in json.dumps(w.job()) and key not in submission.entrypoint

@@ -452,3 +452,24 @@ def test_none_is_no_verdict_on_a_multi_node_job() -> None:
         assert d.status.phase == phase, (replicas, d.status.message)
         if phase == Phase.FAILED:
             assert d.status.reason == Reason.TRANSPORT_UNVERIFIED
+
+
+def test_a_line_nested_past_the_interpreters_stack_is_malformed_never_an_exception() -> None:
+    """The JSON decoder raises RecursionError on nesting deeper than Python's stack: the parser's promise that no
+    line raises rests on catching it, for a signed-looking line and an unsigned one alike."""
+    deep = "FSDP_EVENT " + '{"kind":' + "[" * 30_000
+    assert isinstance(events.parse_event(deep), events.Malformed)
+    assert events.parse_line(deep) is None
+    verifier = events.Verifier(KEY)
+    assert isinstance(events.parse_event(deep, verifier), events.Forged)
+
+
+def test_a_foreign_reason_on_a_project_error_is_never_signed_as_its_own() -> None:
+    """`DataUnavailable` carrying `reason = "Completed"` (any text a caller set) fails as DataUnavailable: only the
+    project's own reasons may come from an instance's attribute."""
+    error = DataUnavailable("no documents")
+    error.reason = "Completed"  # type: ignore[misc]
+    assert failures.own_reason(error) == "DataUnavailable"
+    assert failure_of(0, error).reason == "DataUnavailable"
+    error.reason = "PreflightFailed"  # type: ignore[misc]  # one of the project's own reasons: the code gave it
+    assert failures.own_reason(error) == "PreflightFailed"

@@ -317,3 +317,14 @@ def test_lines_are_ordered_by_the_ranks_clock_a_restarted_group_counts_a_re_read
     restarted = Stall(rank=1, time=300.0, step=12, seconds=31.0, where="code", at="reader.py:12 in next_batch")
     again = health.fold(folded, [restarted], attempt=1, world_size=WORLD)
     assert (again["ranks"][0]["state"], again["ranks"][0]["stalledAtStep"]) == ("Stalled", 12)
+
+
+def test_a_report_a_fraction_of_a_millisecond_after_the_last_is_not_taken_for_an_older_one() -> None:
+    """The fold orders a rank's lines by their exact times: a time rounded to the millisecond (200.0006 -> 200.001)
+    once made a report 0.3 ms later (200.0009) look older, and it was dropped."""
+    first = RankHealth(rank=0, step=5, steps=5, step_seconds=1.0, collective_fraction=0.1, time=200.0006)
+    later = RankHealth(rank=0, step=6, steps=5, step_seconds=1.0, collective_fraction=0.1, time=200.0009)
+    folded = health.fold({}, [first, later], attempt=1, world_size=1)
+    assert folded["ranks"][0]["step"] == 6 and folded["ranks"][0]["reportedAt"] == 200.0009
+    older = RankHealth(rank=0, step=4, steps=5, step_seconds=1.0, collective_fraction=0.1, time=200.0003)
+    assert health.fold(folded, [older], attempt=1, world_size=1)["ranks"][0]["step"] == 6  # a re-read older line

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from fsdp_operator.decide.interruptions import KEPT, folded
 from fsdp_operator.decide.observed import RAY_FAILED, RAY_RUNNING, DeletePod, NodeNotice, RayJobInfo
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_operator.runtime.nodes import termination_taint
@@ -160,3 +161,19 @@ def test_a_worker_pod_seen_deleted_ends_the_attempt_uncounted_even_when_its_rank
                    events=(report(),), log_offset=10)  # fmt: skip
     (entry,) = reported.status.interruptions
     assert (entry["reason"], entry["saved"], entry["noticeTime"]) == ("preStop", True, "2026-11-29T11:59:40Z")
+
+
+@pytest.mark.parametrize("before", [KEPT - 1, KEPT, KEPT + 1])
+def test_the_interruptions_kept_are_capped_newest_last(before: int) -> None:
+    """A Spot-heavy job's `status.interruptions` stays within KEPT entries (the newest), each path: a rank's report
+    and a node's notice; without the cap it grew toward etcd's object limit."""
+    entries = [{"attempt": a, "pod": f"p{a}", "saved": True} for a in range(1, before + 1)]
+    after = folded(entries, report(pod="new"), attempt=before + 1, total_steps=100)
+    assert len(after) == min(before + 1, KEPT) and after[-1]["pod"] == "new"
+    assert [e["pod"] for e in after[:-1]] == [e["pod"] for e in entries][-(KEPT - 1) :]
+    job = manifest()
+    status = running(interruptions=entries, attempts=before + 1)
+    notice = NodeNotice(pod="w", node="n", uid="u", taint="aws-node-termination-handler/spot-itn", deleting=False)
+    noticed = run(job, status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), node_notices=(notice,))
+    assert len(noticed.status.interruptions) == min(before + 1, KEPT)
+    assert noticed.status.interruptions[-1]["pod"] == "w"

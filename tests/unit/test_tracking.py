@@ -310,3 +310,16 @@ def test_the_runs_parameters_are_named_as_in_the_spec_and_the_resolved_ones_are_
     assert settings.param_names["precision"] == "training.precision"
     with pytest.raises(ValueError, match="param_names"):
         tracking.Settings.from_dict({**submission.config["tracking"], "param_names": {"x": 1}})
+
+
+def test_a_non_finite_figure_never_reaches_mlflow() -> None:
+    """MLflow refuses a batch with a NaN or an infinite metric (and the whole batch is lost): such a figure is left
+    out, every finite one of the same event is kept."""
+    step = events.Step(rank=0, step=3, total_steps=10, loss=float("nan"), tokens_per_second=float("inf"),
+                       tokens_per_second_per_device=5.0, mfu=float("-inf"), step_seconds=0.25,
+                       extra={"grad_norm": float("nan"), "kept": 1.5})  # fmt: skip
+    recorded = {r.key: r.value for r in tracking.records_of(step, learning_rate=lambda s: float("inf"))}
+    assert recorded == {"tokens_per_second_per_device": 5.0, "step_seconds": 0.25, "kept": 1.5}
+    summary = events.Summary(rank=0, steps=10, final_loss=float("nan"), first_loss=1.0, tokens_per_second=float("inf"))
+    figures = [r for r in tracking.records_of(summary) if isinstance(r, tracking._Metric)]
+    assert [r.key for r in figures] == ["run_seconds"]  # final loss NaN, rate infinite, no MFU: left out

@@ -194,7 +194,8 @@ def events_from_report(
     for name in sorted(k for k in metrics if isinstance(k, str) and k not in KNOWN_METRICS):
         value = _number(metrics[name])
         key = clean_text(name, MAX_EXTRA_KEY)
-        if value is not None and key and key not in extra and len(extra) < MAX_EXTRA:
+        # A non-finite figure (a NaN grad norm) is unknown: left out, never NaN on the wire.
+        if value is not None and math.isfinite(value) and key and key not in extra and len(extra) < MAX_EXTRA:
             extra[key] = value
     events: list[Event] = [
         Step(

@@ -66,8 +66,9 @@ def _user_frame(frames: list[tuple[str, str, str]]) -> str:
 
 def _last_traceback(lines: list[str]) -> tuple[str, str]:
     """(cause, where) of the last Python traceback in `lines`: its exception line and the user's innermost frame."""
-    start = max((i for i, line in enumerate(lines) if line.lstrip().startswith("Traceback (most recent call last)")),
-                default=-1)  # fmt: skip
+    # Anywhere in the line: Ray prefixes a worker's lines with `(RayTrainWorker pid=..., ip=...) `, and what the
+    # worker printed before without a line break is glued in front of that (`AError(RayTrainWorker ...) Traceback`).
+    start = max((i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line), default=-1)
     if start < 0:
         return "", ""
     frames: list[tuple[str, str, str]] = []

@@ -70,7 +70,9 @@ def fold(health: Mapping[str, Any], events: Iterable[HealthEvent], *, attempt: i
         last = _num(entry.get("reportedAt"))
         if last is not None and event.time < last:
             continue  # an older line re-read (the rank's clock orders its own lines, a restarted group's too)
-        entry["reportedAt"] = round(event.time, 3)
+        # Exact, not rounded: the next line's time is compared with it (a report 0.3 ms after a stall, rounded up
+        # to the millisecond, read as older and was dropped: the rank stayed stalled).
+        entry["reportedAt"] = event.time
         if isinstance(event, RankHealth):
             _unstall(entry)  # a later report: the rank finished steps since (a restarted group starts lower)
             own = event.step_seconds * (1.0 - min(max(event.collective_fraction, 0.0), 1.0))

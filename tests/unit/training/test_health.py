@@ -338,3 +338,43 @@ def test_every_recorded_dump_parses_into_numbered_collectives(dump: str) -> None
     for group in groups:
         assert group.entered is not None and group.entered.seq >= 1 and group.entered.name.isidentifier(), group
         assert group.completed is None or group.completed.seq <= group.entered.seq
+
+
+def test_a_step_after_a_stall_resets_the_rank_s_clock_and_the_next_stall_is_timed_from_it() -> None:
+    """A rank that stalled once and then progressed is not stalled: the step resets its clock (without that, it was
+    reported stalled again at every tick for ever)."""
+    clock, sent = Clock(), []
+    monitor = Monitor(1, HealthConfig(hang_timeout_seconds=30.0), clock=clock, send=sent.append)
+    monitor.step(1)
+    clock.now += 31.0
+    monitor._tick()
+    assert [type(e) for e in sent] == [Stall]
+    monitor.step(2)  # it progressed
+    clock.now += 29.0
+    monitor._tick()
+    assert [type(e) for e in sent] == [Stall], "a rank that progressed was reported stalled again"
+    clock.now += 2.0
+    monitor._tick()
+    assert [type(e) for e in sent] == [Stall, Stall] and sent[-1].step == 2
+
+
+def test_the_specs_hang_timeout_reaches_every_ranks_watchdog() -> None:
+    """spec.health.hangTimeoutSeconds, through the entrypoint, is each rank's watchdog timeout (left out, every job
+    silently used the derived one)."""
+    from fsdp_operator.api import render
+    from fsdp_operator.api.spec import parse_job
+
+    job = parse_job({"apiVersion": "fsdp.dev/v1alpha1", "kind": "FSDPTrainingJob",
+                     "metadata": {"name": "q", "namespace": "ml", "uid": "u-1", "generation": 1},
+                     "spec": {"workers": {"replicas": 2}, "health": {"hangTimeoutSeconds": 123}}})  # fmt: skip
+    config = HealthConfig.from_dict(render.submission(job, "q-1", "/pkg").config["health"])
+    assert config.hang_timeout_seconds == 123.0
+    clock, sent = Clock(), []
+    monitor = Monitor(0, config, clock=clock, send=sent.append)
+    monitor.step(1)
+    clock.now += 122.0
+    monitor._tick()
+    assert sent == []
+    clock.now += 2.0
+    monitor._tick()
+    assert [type(e) for e in sent] == [Stall]

@@ -255,6 +255,17 @@ def test_extra_metrics_are_bounded_and_survive_the_wire() -> None:
     assert isinstance(parsed, Step) and parsed.extra == event.extra
 
 
+def test_a_non_finite_figure_of_a_report_is_left_out_never_nan_on_the_wire() -> None:
+    """A grad norm of NaN (clipping off) or an infinite figure once reached the wire as `"grad_norm":NaN`."""
+    metrics = {"loss": 1.5, "grad_norm": float("nan"), "big": float("inf"), "small": float("-inf"), "ok": 2.0}
+    (event,) = events_from_report(metrics, reports=1, world_size=2, checkpoint_path=None)
+    assert isinstance(event, Step) and event.extra == {"ok": 2.0}
+    line = event.to_line()
+    assert "NaN" not in line and "Infinity" not in line
+    parsed = parse_event(line)
+    assert isinstance(parsed, Step) and parsed.extra == {"ok": 2.0}
+
+
 @pytest.mark.parametrize(
     "extra",
     [{f"k{i}": 1.0 for i in range(MAX_EXTRA + 1)}, {"a": "1"}, {"a": True}, {"": 1.0}, ["a"], {"a": {"b": 1}}],
