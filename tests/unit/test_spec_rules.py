@@ -659,3 +659,19 @@ def test_an_environment_larger_than_a_process_may_have_is_refused() -> None:
     env = {f"VAR_{i}": "x" * 32768 for i in range(40)}
     (found,) = problems({"runtimeEnv": {"envVars": env}})
     assert found.startswith("spec.runtimeEnv.envVars: 1311")
+
+
+def test_the_environment_budget_counts_the_training_config_beside_the_variables_at_its_boundary() -> None:
+    """The job's variables and its entrypoint's training config share ENVIRONMENT_BUDGET: exactly at it is
+    accepted, one byte more is refused naming spec.runtimeEnv.envVars (without the config's own size, an entrypoint
+    over the limit was accepted)."""
+    from fsdp_operator.api.command_line import ENVIRONMENT_BUDGET, check, command_line_bytes
+
+    config = {"steps": 10, "data": "x" * 5000}
+    size = command_line_bytes(config)
+    for extra, refused in ((0, False), (1, True)):
+        value = "v" * (ENVIRONMENT_BUDGET - size - len("BIG=") - 1 + extra)  # each variable: NAME=VALUE and a NUL
+        found: list[str] = []
+        check(config, {"BIG": value}, lambda name: f"spec.training.{name}", found)
+        assert bool(found) is refused, found
+        assert all(problem.startswith("spec.runtimeEnv.envVars: ") for problem in found)

@@ -323,3 +323,17 @@ def test_a_non_finite_figure_never_reaches_mlflow() -> None:
     summary = events.Summary(rank=0, steps=10, final_loss=float("nan"), first_loss=1.0, tokens_per_second=float("inf"))
     figures = [r for r in tracking.records_of(summary) if isinstance(r, tracking._Metric)]
     assert [r.key for r in figures] == ["run_seconds"]  # final loss NaN, rate infinite, no MFU: left out
+
+
+def test_a_new_runs_url_never_keeps_the_previous_runs() -> None:
+    """A new generation's run without a URL (a file store) must not be linked to the run before it."""
+    first = tracking_status.fold(
+        {}, Tracking(rank=0, run_id="run1", url="http://mlflow:5000/#/experiments/1/runs/run1")
+    )
+    assert first == {"runId": "run1", "url": "http://mlflow:5000/#/experiments/1/runs/run1"}
+    second = tracking_status.fold(first, Tracking(rank=0, run_id="run2", url=""))
+    assert second == {"runId": "run2"}
+    again = tracking_status.fold(second, Tracking(rank=0, run_id="run2", url="not a url"))
+    assert again == {"runId": "run2"}
+    same = tracking_status.fold(first, Tracking(rank=0, run_id="run1", url=""))
+    assert same["url"] == first["url"]  # the same run's URL stays when a later word of it carries none

@@ -378,3 +378,18 @@ def test_the_specs_hang_timeout_reaches_every_ranks_watchdog() -> None:
     clock.now += 2.0
     monitor._tick()
     assert [type(e) for e in sent] == [Stall]
+
+
+def test_a_report_comes_once_the_window_is_full_not_a_step_later() -> None:
+    """5-step windows of 3 s steps (past the 10 s interval): the report comes with the 5th timed step."""
+    clock, sent = Clock(), []
+    monitor = Monitor(0, HealthConfig(window_steps=5), clock=clock, send=sent.append)
+    monitor.step(1)  # arms
+    for step in range(2, 6):
+        clock.now += 3.0
+        monitor.step(step)
+    assert [e for e in sent if isinstance(e, RankHealth)] == []  # 4 timed steps: not yet
+    clock.now += 3.0
+    monitor.step(6)
+    (report,) = [e for e in sent if isinstance(e, RankHealth)]
+    assert (report.step, report.steps, report.step_seconds) == (6, 5, 3.0)

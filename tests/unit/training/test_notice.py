@@ -280,3 +280,23 @@ def test_the_report_is_printed_before_done_releases_the_hook(tmp_path: Path, mon
     assert watch.check() is not None
     watch.finish(step=5, saved=True)
     assert seen == [("Interruption", False)] and (tmp_path / DONE_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    ("left", "saves"),
+    [(10.0, False), (15.4, False), (16.6, True), (21.0, True)],  # a 10 s save: 1x, under and over 1.5x + 1, 2x
+)
+def test_a_notice_saves_only_when_the_longest_save_times_the_margin_fits(
+    tmp_path: Path, left: float, saves: bool
+) -> None:
+    """The decision boundary: a save is started only when the notice leaves the run's longest save x SAVE_MARGIN
+    (1.5) + EXIT_SECONDS (1) before its deadline; without the margin a save of exactly the measured time was started
+    with nothing to spare, and the kubelet killed it half written."""
+    from fsdp_train.notice import EXIT_SECONDS, SAVE_MARGIN, Watch
+
+    assert (SAVE_MARGIN, EXIT_SECONDS) == (1.5, 1.0)
+    (tmp_path / NOTICE_FILE).write_text(f"{time.time():.3f} {left} spot-itn\n")
+    watch = Watch(directory=str(tmp_path), longest_save=10.0)
+    agreed = watch.check()
+    assert agreed is not None and agreed.save is saves and agreed.expected_save_seconds == 10.0
+    assert (agreed.why == "") is saves and ("x 1.5 + 1 s to exit" in agreed.why) is not saves

@@ -157,3 +157,15 @@ def test_run_local_refuses_a_missing_data_file_naming_it(capsys: pytest.CaptureF
     err = capsys.readouterr().err
     assert f"spec.data.source: {tmp_path / 'gone.jsonl'} not found" in err
     assert f"spec.data.tokenizer: {tmp_path / 'tok'} not found" in err
+
+
+def test_a_missing_explicit_tokenizer_is_named_beside_a_missing_model(tmp_path: Path) -> None:
+    """Only the model's own tokenizer is said once under spec.model.name when the model is missing: a tokenizer the
+    job names in spec.data.tokenizer is another location, and its problem must not hide behind the model's."""
+    (tmp_path / "corpus.jsonl").write_text('{"text": "a"}\n')
+    cfg = config(data=str(tmp_path / "corpus.jsonl"), model=str(tmp_path / "model"), model_init="pretrained",
+                 tokenizer=str(tmp_path / "tok"))  # fmt: skip
+    assert job_problems(cfg, hub=no_hub) == [
+        f"spec.data.tokenizer: {tmp_path / 'tok'} not found (no such directory on this node)",
+        f"spec.model.name: {tmp_path / 'model'} not found (no such directory on this node)",
+    ]
