@@ -26,6 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import k8s_tools, kstatus
 from support.kopf_runner import eventually
+from test_kueue import QueueWorld, queued
+from test_kueue import run as run_in_queue
 from test_operator import Script, World, manifest, scenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -113,10 +115,28 @@ def capture() -> dict[str, dict[str, Any]]:
             await w.phase("Failed", "RayJobFailed")
         captured["failed"] = first_in([o for o in history(w) if o.get("status")], "Failed")
 
+    async def queued_and_preempted(w: QueueWorld) -> None:
+        """Kueue's double (tests/integration/test_kueue.py): a job waits in the queue, another is preempted."""
+        w.checkpoints.hold_at["low"] = 3
+        async with w.operator():
+            w.apply(queued("low", runPolicy={"backoffLimit": 0}))
+            await eventually(lambda: (w.status("low").get("checkpoint") or {}).get("step") == 3, timeout=60)
+            urgent = queued("urgent")
+            urgent["metadata"]["labels"] = {"kueue.x-k8s.io/priority-class": "high"}
+            w.apply(urgent)
+            await w.phase_passed("Preempted", "Preempted", name="low")
+            w.checkpoints.hold_at.clear()
+            await w.phase("Succeeded", name="low", timeout=60)
+        low = [o for o in history(w, "low") if o.get("status")]
+        captured["preempted"] = first_in(low, "Preempted")
+        captured["queued"] = first_in([o for o in low if o["status"]["queue"].get("preemptions")], "Queued")
+
     with ThreadedApiServer() as apiserver:
         scenario(apiserver, runs)
     with ThreadedApiServer() as apiserver:
         scenario(apiserver, failing, Script(fail_attempts={1}))
+    with ThreadedApiServer() as apiserver:
+        run_in_queue(QueueWorld(apiserver, priorities={"high": 100}), queued_and_preempted)
     return captured
 
 
