@@ -536,3 +536,16 @@ def test_suspending_a_running_raycluster_stops_its_ray_and_deletes_its_pods(apis
         asyncio.run(scenario())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_a_pod_is_owned_by_its_raycluster_as_its_controller_as_kuberay_sets_it() -> None:
+    """`ctrl.SetControllerReference`: `controller: true` and `blockOwnerDeletion: true`. Without `controller`,
+    `kubectl drain` refused the local workers ("cannot delete Pods that declare no controller") without --force."""
+    from fsdp_operator.local.kuberay import LocalCluster, LocalKubeRay
+
+    cluster = LocalCluster("ml", "qwen-ray", "uid-1", Path("/nonexistent"))
+    pod = LocalKubeRay._pod(cluster, "qwen-ray-worker-0", {"ray.io/node-type": "worker"}, {"spec": {}})
+    assert pod["metadata"]["ownerReferences"] == [
+        {"apiVersion": "ray.io/v1", "kind": "RayCluster", "name": "qwen-ray", "uid": "uid-1", "controller": True,
+         "blockOwnerDeletion": True}
+    ]  # fmt: skip

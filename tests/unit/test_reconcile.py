@@ -452,6 +452,25 @@ def test_ray_failure_without_a_rank_report_names_the_last_exception() -> None:
     assert kinds(d) == ["DeleteRayCluster"] and events(d) == [("Warning", "RayJobFailed")]
 
 
+@pytest.mark.parametrize("reported", [True, False])
+def test_a_long_failure_is_one_line_of_at_most_300_characters_with_the_users_frame(reported: bool) -> None:
+    """The prefix (`rank N: `, `Ray: `) counts toward the limit: a message of 306 characters was seen."""
+    from fsdp_operator.decide.failure import HEADLINE_LIMIT
+
+    trace = ("Traceback (most recent call last):\n"
+             '  File "<frozen importlib._bootstrap>", line 1387, in _gcd_import\n'
+             '  File "/opt/code/mypkg/train.py", line 12, in train_func\n    boom()\n'
+             f"ValueError: {'x' * 400}\n")  # fmt: skip
+    info = RayJobInfo(sid(1), "FAILED", "Job entrypoint command failed with exit code 1, last available logs "
+                      "(truncated to 20,000 chars):\n" + trace)  # fmt: skip
+    events = (Failure(rank=3, message=trace),) if reported else ()
+    d = run(manifest(), at(Phase.RUNNING), **running(ray_job=info, events=events))
+    message = d.status.message
+    assert len(message) <= HEADLINE_LIMIT and "\n" not in message, (len(message), message)
+    assert message.startswith("rank 3: ValueError: xxx" if reported else "Ray: ValueError: xxx")
+    assert message.endswith("(at train.py:12 in train_func)"), message
+
+
 def test_backoff_retries_under_a_new_id_on_the_same_cluster_then_fails() -> None:
     m = manifest(backoffLimit=1)
     failed = RayJobInfo(sid(1), "FAILED", "boom")

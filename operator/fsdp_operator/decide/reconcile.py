@@ -510,11 +510,13 @@ def _track_folded(
     if info.status == RAY_FAILED:
         # One line naming the cause (a rank's own report when one came, else the end of Ray's message);
         # the log tail Ray appends to its message is kept apart, in failureLog (`fsdpctl status --logs`).
+        # The whole message within the headline's limit, its prefix included (a 306-character one was seen).
         if status.rank_failures:
             first = status.rank_failures[0]
-            message = f"rank {first.get('rank')}: {failure.headline(str(first.get('message') or ''))}"
+            prefix = f"rank {first.get('rank')}: "
+            message = prefix + failure.headline(str(first.get("message") or ""), failure.HEADLINE_LIMIT - len(prefix))
         else:
-            message = f"Ray: {failure.headline(info.message) or 'job failed'}"
+            message = "Ray: " + (failure.headline(info.message, failure.HEADLINE_LIMIT - 5) or "job failed")
         status = replace(status, failure_log=failure.log_tail(info.message))
         return _attempt_failed(job, status, obs, Reason.RAY_JOB_FAILED, message, security)
     if info.status == RAY_STOPPED:
