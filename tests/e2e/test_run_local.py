@@ -367,6 +367,9 @@ def test_a_tracked_data_job_drained_mid_epoch_resumes_learns_evaluates_and_expor
         assert 0 < entry["secondsToSaved"] < 60, entry
         assert status["attempts"] == 2 and status.get("failedAttempts", 0) == 0
         assert status["result"]["resumedFromStep"] == entry["step"]
+        # run-local's own lines show the interruption, however briefly the status said it (it follows every change).
+        assert "(Interrupted)" in proc.stdout, proc.stdout[-3000:]
+        assert f"interrupted attempt 1 at step {entry['step']}: {entry['pod']}" in proc.stdout
 
         assert LEARNED_BOUND < RANDOM_TOKEN_FLOOR
         assert status["result"]["finalLoss"] < LEARNED_BOUND, status["result"]

@@ -186,3 +186,23 @@ def test_kubectl_apply_of_a_non_structural_crd_prints_the_real_servers_refusal(
     )
     applied = run_kubectl(kubeconfig, "apply", "-f", str(REPO / "crds" / "fsdptrainingjob.yaml"))
     assert "created" in applied.stdout
+
+
+def test_kubectl_get_events_shows_the_columns_a_real_server_gives(
+    apiserver: ThreadedApiServer, kubeconfig: Path
+) -> None:
+    """LAST SEEN, TYPE, REASON, OBJECT, MESSAGE (the server's Event table; it showed NAME and AGE only), and the rest
+    with `-o wide`."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    event = {"apiVersion": "v1", "kind": "Event", "metadata": {"name": "qwen.1", "namespace": "default"},
+             "involvedObject": {"kind": "FSDPTrainingJob", "name": "qwen", "namespace": "default"},
+             "reason": "WorkersReady", "message": "all 2 workers joined Ray", "type": "Normal",
+             "source": {"component": "fsdp-operator"}, "firstTimestamp": now, "lastTimestamp": now,
+             "count": 1}  # fmt: skip
+    run_kubectl(kubeconfig, "create", "-f", "-", stdin=json.dumps(event))
+    out = run_kubectl(kubeconfig, "get", "events").stdout
+    assert out.splitlines()[0].split() == ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"], out
+    row = out.splitlines()[1].split()
+    assert row[1:5] == ["Normal", "WorkersReady", "fsdptrainingjob/qwen", "all"] and row[0].endswith("s"), out
+    wide = run_kubectl(kubeconfig, "get", "events", "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[-4:] == ["FIRST", "SEEN", "COUNT", "NAME"] and wide[1].split()[-1] == "qwen.1", wide

@@ -226,3 +226,35 @@ def test_the_summary_says_what_the_run_went_through_a_line_each() -> None:
     assert "interrupted attempt 2 at step 13: w-0 (PodDeleted), saved step 13, 0 steps lost" in lines
     assert "interrupted attempt 3: w-1 (preStop), noticed; the ranks had not reported yet" in lines
     assert not [line for line in summary_lines({"phase": "Succeeded", "attempts": 1}) if "attempt" in line]
+
+
+def test_run_local_shows_every_status_the_job_had_even_one_shorter_than_a_poll(tmp_path: Path) -> None:
+    """A drained worker's `Interrupted` lasts one pass: polled every 0.5 s it was never printed. run-local reads the
+    API server's change history of its job (the store is in its own process), in order."""
+    from fsdp_operator.api import generate
+    from fsdp_operator.local.run import LocalRun
+
+    manifest = yaml.safe_load((EXAMPLES / "tiny-cpu.yaml").read_text())
+    run = LocalRun(manifest, tmp_path, io.StringIO())
+    store = run.api.store
+    store.create(store.resource("customresourcedefinitions", "apiextensions.k8s.io"), generate.crd())
+    jobs = store.resource("fsdptrainingjobs", "fsdp.dev")
+    store.create(jobs, manifest, "default")
+    for phase, reason in [
+        ("Running", "JobRunning"),
+        ("Provisioning", "Interrupted"),
+        ("Provisioning", "WorkersNotReady"),
+    ]:
+        job = store.get(jobs, manifest["metadata"]["name"], "default")
+        store.update(jobs, job["metadata"]["name"], {**job, "status": {"phase": phase, "reason": reason}}, "default",
+                     subresource="status")  # fmt: skip
+    out = io.StringIO()
+    progress = Progress(out, 0.0)
+    for change in run._changes_since(0):
+        progress.show(change.object.get("status") or {})
+    lines = out.getvalue()
+    assert (
+        lines.index("Running (JobRunning)")
+        < lines.index("Provisioning (Interrupted)")
+        < lines.index("Provisioning (WorkersNotReady)")
+    ), lines

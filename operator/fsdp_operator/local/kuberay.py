@@ -426,7 +426,16 @@ class LocalKubeRay:
         await self._request("POST", base, pod)
         phase = "Running" if ready else "Pending"
         condition = {"type": "Ready", "status": "True" if ready else "False", "lastTransitionTime": now_rfc3339()}
-        status = {"phase": phase, "podIP": ip, "hostIP": ip, "conditions": [condition]}
+        status: Obj = {"phase": phase, "podIP": ip, "hostIP": ip, "conditions": [condition]}
+        if ready:
+            # kubectl's READY column counts the containers whose status says ready: without them a joined worker
+            # read 0/1 for the whole run while the job's WORKERS said 2/2.
+            containers = [c for c in pod["spec"].get("containers") or [] if isinstance(c, dict)]
+            status["containerStatuses"] = [
+                {"name": str(c.get("name", "")), "image": str(c.get("image", "")), "imageID": "", "ready": True,
+                 "started": True, "restartCount": 0, "state": {"running": {"startedAt": now_rfc3339()}}}
+                for c in containers
+            ]  # fmt: skip
         with contextlib.suppress(RuntimeError):
             await self._request("PATCH", f"{base}/{name}/status", {"status": status}, "application/merge-patch+json")
 

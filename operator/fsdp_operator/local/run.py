@@ -38,6 +38,7 @@ from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
 from fsdp_operator.local.apiserver import ApiServer
 from fsdp_operator.local.kubelet import LocalKubelet
 from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, marked_processes
+from fsdp_operator.local.store import WatchEvent
 from fsdp_operator.runtime import calls
 
 Obj = dict[str, Any]
@@ -360,11 +361,17 @@ class LocalRun:
         """Show status changes until the job is terminal (or `timeout` seconds, None: no limit); return the final
         object."""
         deadline = math.inf if timeout is None else time.monotonic() + timeout
+        shown = 0  # the resourceVersion of the last change shown
         while True:
             code, job = await self._get(self.job_path)
             if code == 200:
                 self.last_job = job
                 status = job.get("status") or {}
+                # Every status the job had since the last look, from the API server's change history, in order: a
+                # phase shorter than a poll (a drained worker's `Interrupted`, replaced within a pass) was missed.
+                for change in self._changes_since(shown):
+                    shown = max(shown, change.resource_version)
+                    progress.show(change.object.get("status") or {})
                 progress.show(status)
                 if status.get("phase") in TERMINAL_PHASES:
                     return job
@@ -376,6 +383,13 @@ class LocalRun:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the job did not finish within --timeout {timeout:.0f} s")
             await asyncio.sleep(0.5)
+
+    def _changes_since(self, version: int) -> list[WatchEvent]:
+        key = (schema.GROUP, schema.PLURAL)
+        with self.api.store.lock:
+            changes = [e for e in self.api.store.history if e.key == key and e.resource_version > version]
+        ours = (self.namespace, self.name)
+        return [e for e in changes if ((m := e.object.get("metadata") or {}).get("namespace"), m.get("name")) == ours]
 
     async def table(self) -> str:
         path = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{self.namespace}/{schema.PLURAL}"

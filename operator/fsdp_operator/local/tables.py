@@ -96,7 +96,29 @@ def age(timestamp: str | None) -> str | None:
     return human_duration((datetime.now(UTC) - created).total_seconds())
 
 
+# The real server's Event table (pkg/printers/internalversion: `eventColumnDefinitions`), whose Name is a hidden
+# (priority 1) column at its end, not its first: `kubectl get events` showed only NAME and AGE here.
+_EVENT_COLUMNS = (
+    PrinterColumn(name="Last Seen", type="string", json_path=".lastTimestamp"),
+    PrinterColumn(name="Type", type="string", json_path=".type"),
+    PrinterColumn(name="Reason", type="string", json_path=".reason"),
+    PrinterColumn(name="Object", type="string", json_path=""),
+    PrinterColumn(name="Subobject", type="string", json_path=".involvedObject.fieldPath", priority=1),
+    PrinterColumn(name="Source", type="string", json_path=".source.component", priority=1),
+    PrinterColumn(name="Message", type="string", json_path=".message"),
+    PrinterColumn(name="First Seen", type="string", json_path=".firstTimestamp", priority=1),
+    PrinterColumn(name="Count", type="string", json_path=".count", priority=1),
+    PrinterColumn(name="Name", type="string", json_path=".metadata.name", priority=1),
+)
+
+
+def _is_event(rtype: ResourceType) -> bool:
+    return rtype.kind == "Event" and rtype.group == ""
+
+
 def _columns(rtype: ResourceType, version: str) -> tuple[PrinterColumn, ...]:
+    if _is_event(rtype):
+        return _EVENT_COLUMNS
     if rtype.kind == "Pod" and rtype.group == "":
         return (
             PrinterColumn(name="Ready", type="string", json_path="", description="ready/total containers"),
@@ -125,8 +147,20 @@ def _pod_cell(column: PrinterColumn, obj: Obj) -> Any:
     return None
 
 
+def _event_cell(column: PrinterColumn, obj: Obj) -> Any:
+    if column.name == "Object":
+        involved = obj.get("involvedObject") or {}
+        return f"{str(involved.get('kind', '')).lower()}/{involved.get('name', '')}"
+    if column.name in ("Last Seen", "First Seen"):
+        stamp = obj.get("lastTimestamp" if column.name == "Last Seen" else "firstTimestamp") or obj.get("eventTime")
+        return age(stamp if isinstance(stamp, str) else None) or "<unknown>"
+    return None
+
+
 def _cell(column: PrinterColumn, obj: Obj, rtype: ResourceType) -> Any:
     if rtype.kind == "Pod" and rtype.group == "" and (cell := _pod_cell(column, obj)) is not None:
+        return cell
+    if _is_event(rtype) and (cell := _event_cell(column, obj)) is not None:
         return cell
     values = json_path(obj, column.json_path)
     if not values:
@@ -146,7 +180,7 @@ def _cell(column: PrinterColumn, obj: Obj, rtype: ResourceType) -> Any:
 
 
 def column_definitions(rtype: ResourceType, version: str) -> list[Obj]:
-    definitions: list[Obj] = [dict(_NAME)]
+    definitions: list[Obj] = [] if _is_event(rtype) else [dict(_NAME)]
     for column in _columns(rtype, version):
         definitions.append(
             {
@@ -161,7 +195,7 @@ def column_definitions(rtype: ResourceType, version: str) -> list[Obj]:
 
 
 def row(rtype: ResourceType, version: str, obj: Obj, include_object: str) -> Obj:
-    cells: list[Any] = [(obj.get("metadata") or {}).get("name")]
+    cells: list[Any] = [] if _is_event(rtype) else [(obj.get("metadata") or {}).get("name")]
     cells.extend(_cell(column, obj, rtype) for column in _columns(rtype, version))
     result: Obj = {"cells": cells}
     if include_object == "Object":
