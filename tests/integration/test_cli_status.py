@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,33 @@ def test_status_without_a_cluster_exits_2_without_a_traceback(
     assert main(["status", "tiny", "--kubeconfig", str(kubeconfig)]) == 2  # the server is stopped
     err = capsys.readouterr().err
     assert "cannot reach the API server" in err and "Traceback" not in err
+
+
+def test_status_works_with_the_kubeconfig_run_local_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """run-local's API server under run-local's own access rules (RBAC on, the operator a ServiceAccount): the
+    kubeconfig it writes for the person works for the `kubernetes` client too (it answered 401: the client sends the
+    kubeconfig's token over plain HTTP, where kubectl sends none and is let in as the anonymous admin)."""
+    import asyncio
+
+    import yaml
+    from fsdp_operator.local.run import LocalRun
+
+    manifest = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml").read_text())
+    run = LocalRun(manifest, tmp_path, io.StringIO())
+
+    async def serve() -> None:
+        await run.api.start()
+        try:
+            store = run.api.store
+            store.create(store.resource("customresourcedefinitions", "apiextensions.k8s.io"), generate.crd())
+            store.create(store.resource(schema.PLURAL, schema.GROUP), manifest, "default")
+            store.patch(store.resource(schema.PLURAL, schema.GROUP), "tiny-cpu", lambda obj: {**obj, "status": STATUS},
+                        "default", subresource="status")  # fmt: skip
+            run.write_kubeconfigs()
+            code = await asyncio.to_thread(main, ["status", "tiny-cpu", "--kubeconfig", str(run.kubeconfig)])
+            assert code == 0
+        finally:
+            await run.api.stop()
+
+    asyncio.run(serve())
+    assert "phase      Succeeded" in capsys.readouterr().out

@@ -321,13 +321,17 @@ class LocalRun:
         for doc in operator_rbac(self.namespace):
             group = doc["apiVersion"].split("/")[0]
             self.api.store.create(self.api.store.resource(doc["kind"].lower(), group), doc)
-        self.api.write_kubeconfig(self.kubeconfig, self.namespace, user={"token": PERSON_TOKEN})
-        self.api.write_kubeconfig(self.operator_kubeconfig, self.namespace, user={"token": OPERATOR_TOKEN})
+        self.write_kubeconfigs()
         self.http = aiohttp.ClientSession()
         self.kuberay.api_url = self.api.url
         self._kuberay_task = asyncio.get_running_loop().create_task(self.kuberay.run())
         self._kubelet_task = asyncio.get_running_loop().create_task(self.kubelet.run())
         await self.start_operator()
+
+    def write_kubeconfigs(self) -> None:
+        """The person's kubeconfig (kubectl, `fsdpctl status`, GitOps tools) and the operator's."""
+        self.api.write_kubeconfig(self.kubeconfig, self.namespace, user={"token": PERSON_TOKEN})
+        self.api.write_kubeconfig(self.operator_kubeconfig, self.namespace, user={"token": OPERATOR_TOKEN})
 
     async def start_operator(self) -> None:
         """The operator in its own process (again, after a crash: its log goes on in the same file)."""
