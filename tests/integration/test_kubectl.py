@@ -206,3 +206,28 @@ def test_kubectl_get_events_shows_the_columns_a_real_server_gives(
     assert row[1:5] == ["Normal", "WorkersReady", "fsdptrainingjob/qwen", "all"] and row[0].endswith("s"), out
     wide = run_kubectl(kubeconfig, "get", "events", "-o", "wide").stdout.splitlines()
     assert wide[0].split()[-4:] == ["FIRST", "SEEN", "COUNT", "NAME"] and wide[1].split()[-1] == "qwen.1", wide
+
+
+def test_kubectl_drain_takes_a_local_worker_without_force(apiserver: ThreadedApiServer, kubeconfig: Path) -> None:
+    """The local KubeRay's worker pod, owned by its RayCluster as its controller (as KubeRay sets it), on its local
+    node: `kubectl drain` evicts it with --delete-emptydir-data (its /dev/shm), as on a real cluster, and without
+    --force (refused before: "cannot delete Pods that declare no controller")."""
+    from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalCluster, LocalKubeRay
+
+    store = apiserver.store
+    store.create(store.resource("customresourcedefinitions", "apiextensions.k8s.io"), RAYCLUSTER_CRD)
+    cluster = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "qwen-ray"}, "spec": {}}
+    made = store.create(store.resource("rayclusters", "ray.io"), cluster, "default")
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "local-127.0.0.3"}}
+    run_kubectl(kubeconfig, "create", "-f", "-", stdin=json.dumps(node))
+    template = {"spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray:2.58.0"}],
+                         "volumes": [{"name": "shared-mem", "emptyDir": {"medium": "Memory"}}]}}  # fmt: skip
+    local = LocalCluster("default", "qwen-ray", made["metadata"]["uid"], Path("/nonexistent"))
+    pod = LocalKubeRay._pod(local, "qwen-ray-worker-0", {"ray.io/node-type": "worker"}, template)
+    pod["spec"]["nodeName"] = "local-127.0.0.3"
+    run_kubectl(kubeconfig, "create", "-f", "-", stdin=json.dumps(pod))
+    drained = run_kubectl(
+        kubeconfig, "drain", "local-127.0.0.3", "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=60s"
+    )
+    assert "pod/qwen-ray-worker-0" in drained.stdout and "node/local-127.0.0.3 drained" in drained.stdout
+    assert not list(store.find("pods"))
