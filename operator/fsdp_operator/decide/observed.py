@@ -305,7 +305,7 @@ class Decision:
     requeue_after: float | None = None
     """Seconds until the next pass is due regardless of events (TTL); None: the usual interval."""
     done: bool = False
-    """Terminal and nothing left to do: the per-job loop can stop."""
+    """Terminal and nothing left to do: the per-job loop stops polling and waits for news of the job (an edit)."""
     contained_error: str = ""
     """An error this pass contained and went on from (an event whose folding raised, skipped alone): the
     `ReconcileError` condition says so, as for a pass that failed."""
