@@ -188,8 +188,9 @@ def test_finished_job_keeps_its_outcome_when_the_spec_turns_invalid() -> None:
     m["spec"]["workers"]["gpusPerWorker"] = 5
     done = at(Phase.SUCCEEDED, reason=Reason.COMPLETED, end_time=NOW)
     d = run(m, done)
-    kept = ("phase", "reason", "message", "end_time", "observed_generation", "result")
+    kept = ("phase", "reason", "message", "end_time", "result")
     assert [getattr(d.status, k) for k in kept] == [getattr(done, k) for k in kept] and d.done and d.actions == ()
+    assert d.status.observed_generation == 2  # the edit was seen, and changes nothing of a finished run
 
 
 def test_not_a_job_is_a_validation_failure() -> None:
@@ -479,7 +480,8 @@ def test_backoff_retries_under_a_new_id_on_the_same_cluster_then_fails() -> None
     s = d.status
     assert (s.phase, s.reason) == (Phase.PROVISIONING, Reason.RETRYING)
     assert (s.attempts, s.failed_attempts, s.submission_id) == (2, 1, sid(2))
-    assert s.progress == {} and s.log_offset == 0  # the new attempt starts clean
+    # The new attempt starts clean, but for the loss curve, which spans the run.
+    assert set(s.progress) == {"lossHistory"} and s.log_offset == 0
     assert kinds(d) == CREATE  # 409 when it is still there: reused
     assert events(d) == [("Warning", "Retrying")]
 

@@ -41,7 +41,9 @@ def _validation_failed(manifest: Mapping[str, Any], status: JobStatus, problems:
     if already and status.observed_generation == generation:
         return Decision(status)
     if status.terminal and not already:
-        return Decision(status, done=True)  # a finished run stays as it ended, whatever the spec says now
+        # A finished run stays as it ended, whatever the spec says now; the edit was seen (kstatus would read a
+        # generation never observed as InProgress for ever).
+        return Decision(replace(status, observed_generation=generation), done=True)
     message = "invalid spec: " + problems.replace("\n", "; ")
     new = replace(
         status,
