@@ -253,8 +253,10 @@ def test_kubectl_wait_for_complete_failed_and_the_phase(apiserver: ThreadedApiSe
             failed = await wait("--for=condition=Failed", "trainingjob/bad", "--timeout=90s")
             assert failed.returncode == 0 and "condition met" in failed.stdout, (failed.stdout, failed.stderr)
             assert w.status("bad")["phase"] == "Failed"
-            # A job that never fails: the wait for Failed times out, with kubectl's own words.
+            # A job that never fails (and one that never completes): the wait times out, with kubectl's own words.
             never = await wait("--for=condition=Failed", "trainingjob/good", "--timeout=2s")
+            assert never.returncode != 0 and "timed out" in never.stderr
+            never = await wait("--for=condition=Complete", "trainingjob/bad", "--timeout=2s")
             assert never.returncode != 0 and "timed out" in never.stderr
 
     scenario(apiserver, body)
