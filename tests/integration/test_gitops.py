@@ -358,3 +358,22 @@ def test_an_edit_of_a_finished_job_is_observed_and_takes_effect(apiserver: Threa
             await eventually(lambda: w.job() is None, message="the TTL set after the job finished was not applied")
 
     scenario(apiserver, body)
+
+
+def test_a_rule_on_a_nested_field_refuses_its_edit_alone_and_leaves_the_objects_as_they_were() -> None:
+    """The null-safe rule of `spec.runPolicy.maxWorkerRestarts` (it names `spec.runPolicy` and the field under it,
+    each picked and merged by `local/cel_rules.py`): only that field's edit is refused, and neither object changes."""
+    import copy
+
+    from fsdp_operator.api import generate
+    from fsdp_operator.local import cel_rules
+
+    schema = generate.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    old = {**manifest("x"), "status": {"submissionId": "x-1"}}
+    old["spec"]["runPolicy"] = {"maxWorkerRestarts": 1, "backoffLimit": 0}
+    new = copy.deepcopy(old)
+    new["spec"]["runPolicy"]["maxWorkerRestarts"] = 2
+    before = (copy.deepcopy(new), copy.deepcopy(old))
+    errors = cel_rules.violations(schema, new, old)
+    assert [path for path, _ in errors] == ["spec.runPolicy.maxWorkerRestarts"]
+    assert (new, old) == before

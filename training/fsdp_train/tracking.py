@@ -104,6 +104,10 @@ class Settings:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def param_name(self, train_field: str) -> str:
+        """A training field's parameter name: as in the spec where a spec field sets it, else `train.<field>`."""
+        return self.param_names.get(train_field) or f"train.{train_field}"
+
     @property
     def is_server(self) -> bool:
         return self.uri.startswith(("http://", "https://"))
@@ -344,7 +348,7 @@ class Tracker:
     def _log_param(self, client: Any, param: _Param) -> None:
         from mlflow.exceptions import MlflowException
 
-        name = metric_name(self.settings.param_names.get(param.name) or f"train.{param.name}")
+        name = metric_name(self.settings.param_name(param.name))
         try:
             client.log_param(self.run_id, name, param.value)
         except MlflowException as e:  # a resumed attempt that resolved another value: the first one stays
@@ -496,7 +500,7 @@ def job_params(
     params: dict[str, str] = {}
     for key, value in train.items():
         if key not in RESOLVED_ON_RANKS:
-            params.update(flat_params("", {settings.param_names.get(key) or f"train.{key}": value}))
+            params.update(flat_params("", {settings.param_name(key): value}))
     params.update(
         {
             "model": str(train.get("model", "")),

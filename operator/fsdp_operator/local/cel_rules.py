@@ -90,12 +90,14 @@ def _pick(value: Any, names: tuple[str, ...]) -> Any:
     return {names[0]: _pick(value[names[0]], names[1:])}
 
 
-def _merge(into: dict[str, Any], part: Any) -> Any:
+def _merge(into: Any, part: Any) -> Any:
+    """`into` and `part` together, as new mappings: a picked leaf is the request's own object, never written to."""
     if not isinstance(part, dict) or not isinstance(into, dict):
         return part
+    merged = dict(into)
     for key, value in part.items():
-        into[key] = _merge(into[key], value) if key in into else value
-    return into
+        merged[key] = _merge(merged[key], value) if key in merged else value
+    return merged
 
 
 _verdicts: dict[tuple[str, str], bool | str] = {}

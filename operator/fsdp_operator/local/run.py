@@ -389,9 +389,14 @@ class LocalRun:
             await asyncio.sleep(0.5)
 
     def _changes_since(self, version: int) -> list[WatchEvent]:
-        key = (schema.GROUP, schema.PLURAL)
-        with self.api.store.lock:
-            changes = [e for e in self.api.store.history if e.key == key and e.resource_version > version]
+        key, changes = (schema.GROUP, schema.PLURAL), []
+        with self.api.store.lock:  # the history is in resourceVersion order: only its new end is read
+            for event in reversed(self.api.store.history):
+                if event.resource_version <= version:
+                    break
+                if event.key == key:
+                    changes.append(event)
+        changes.reverse()
         ours = (self.namespace, self.name)
         return [e for e in changes if ((m := e.object.get("metadata") or {}).get("namespace"), m.get("name")) == ours]
 
