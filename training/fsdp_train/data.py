@@ -157,7 +157,7 @@ def load_tokenizer(location: str) -> Any:
 @functools.cache
 def load_tokenizer_choice(location: str) -> TokenizerChoice:
     """:func:`load_tokenizer` with why that class."""
-    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, fetch
+    from fsdp_train.storage import TOKENIZER_FILE_PATTERNS, fetch
 
     choice = choose_tokenizer(fetch(location, patterns=TOKENIZER_FILE_PATTERNS))
     if choice.tokenizer.eos_token_id is None:

@@ -31,11 +31,9 @@ from types import CodeType, FrameType
 from typing import Any
 
 from fsdp_train.events import Event, emit
-from fsdp_train.health_events import RankHealth, Stall, Where
+from fsdp_train.health_events import SAMPLE_SECONDS, RankHealth, Stall, Where
 from fsdp_train.wire import TEXT_LIMITS
 
-SAMPLE_SECONDS = 0.05
-"""Interval between two samples of the training thread's stack (20 per second: ~1 ms of one core per second)."""
 REPORT_EVERY_SECONDS = 10.0
 """Least time between two ``RankHealth`` reports of a rank (each also needs :attr:`HealthConfig.window_steps`
 steps): at most 6 lines a minute per rank, whatever the step rate."""

@@ -11,6 +11,10 @@ from typing import ClassVar, Literal
 
 from fsdp_train.event_base import Event
 
+SAMPLE_SECONDS = 0.05
+"""Interval between two samples of the training thread's stack (20 per second: ~1 ms of one core per second); the
+operator reads it too (own work per step below it is under what the samples resolve)."""
+
 Where = Literal["collective", "code", "unknown"]
 """Where a stalled rank's training thread is: inside a ``torch.distributed`` call (waiting for its peers), in
 code outside torch and Ray (its own work: a data reader, a user function), or not known (no frame to read)."""

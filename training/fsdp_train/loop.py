@@ -301,7 +301,7 @@ def _fetch_model(cfg: TrainConfig, topo: Topology) -> str | None:
     """The local directory of the pretrained model (fetched once per node), or None for a random init."""
     if cfg.model_init != "pretrained":
         return None
-    from fsdp_train.weights import fetch_on_each_node
+    from fsdp_train.storage import fetch_on_each_node
 
     return fetch_on_each_node(cfg.model, local_rank=topo.local_rank)
 
@@ -312,7 +312,7 @@ def _prepare_data(
     """The training feed, the validation rows and the tokenizer's directory; (None, None, None) for random data."""
     if cfg.data == RANDOM_DATA:
         return None, None, None
-    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, fetch_on_each_node
+    from fsdp_train.storage import TOKENIZER_FILE_PATTERNS, fetch_on_each_node
 
     location = tokenizer_location(cfg, cfg.model if cfg.model_init == "pretrained" else None)
     tokenizer_dir = fetch_on_each_node(location, local_rank=topo.local_rank, patterns=TOKENIZER_FILE_PATTERNS)
@@ -399,7 +399,8 @@ def _export(
     check_batch: dict[str, torch.Tensor],
     device: torch.device,
 ) -> None:
-    from fsdp_train.weights import TOKENIZER_FILE_PATTERNS, ExportCheck, export, fetch, verify_export
+    from fsdp_train.storage import TOKENIZER_FILE_PATTERNS, fetch
+    from fsdp_train.weights import ExportCheck, export, verify_export
 
     started = time.perf_counter()
     if tokenizer_dir is None and topo.rank == 0:

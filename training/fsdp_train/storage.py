@@ -1,10 +1,17 @@
-"""Where files are read from (local, s3://, hf://) and the one-rank-per-node guard; below data and weights."""
+"""Where files are read from (local, s3://, hf://), model sources fetched to the node, and the one-rank-per-node
+guard; below data and weights. No torch import at module level (`fsdpctl data check` reads data through it)."""
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
+import hashlib
+import json
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -64,3 +71,77 @@ def on_one_rank_per_node(local_rank: int, what: str) -> Iterator[None]:
         raise DataUnavailable(failed.split(": ", 1)[1])
     if failed:
         raise RuntimeError(f"{what} failed on another rank: {failed}")
+
+
+MODEL_CACHE_ENV = "FSDP_TRAIN_MODEL_CACHE"
+HF_FILE_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+TOKENIZER_FILE_PATTERNS = ["*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+
+
+def is_remote(location: str) -> bool:
+    return "://" in location and not location.startswith("file://")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(MODEL_CACHE_ENV) or Path(tempfile.gettempdir()) / "fsdp-train-models")
+
+
+def fetch(location: str, *, patterns: list[str] | None = None) -> str:
+    """A local directory holding ``location``: itself when local, else a node-local copy.
+
+    ``s3://`` (and other pyarrow URIs) are copied with pyarrow's filesystems; a Hugging Face id goes
+    through ``huggingface_hub.snapshot_download`` (the hub's own cache and resumable downloads).
+    Call it on one process per node, then make the others wait (``fetch_on_each_node``).
+    """
+    if location.startswith("file://"):
+        location = location.removeprefix("file://")
+    if not is_remote(location):
+        if Path(location).is_dir() or location.startswith(("/", ".")):
+            return location
+        from huggingface_hub import snapshot_download
+
+        return str(snapshot_download(location, allow_patterns=patterns or HF_FILE_PATTERNS))
+    import pyarrow.fs as pafs
+
+    wanted = patterns or HF_FILE_PATTERNS
+    target = cache_root() / hashlib.sha256(json.dumps([location, wanted]).encode()).hexdigest()[:16]
+    done = target / ".complete"
+    if done.exists():
+        return str(target)
+    fs, path = filesystem(location)
+    root = path.rstrip("/")
+    files = [
+        info.path
+        for info in fs.get_file_info(pafs.FileSelector(root, recursive=False))
+        if info.is_file and any(fnmatch.fnmatch(info.base_name, pattern) for pattern in wanted)
+    ]
+    if not files:
+        raise FileNotFoundError(f"{location} holds no Hugging Face model files ({', '.join(wanted)})")
+    cache_root().mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="fetch-", dir=cache_root()))
+    local = pafs.LocalFileSystem()
+    for file in files:
+        pafs.copy_files(
+            file, str(staging / file.rsplit("/", 1)[-1]), source_filesystem=fs, destination_filesystem=local
+        )
+    (staging / ".complete").touch()
+    try:
+        staging.rename(target)
+    except OSError:  # another process on this node fetched it first: keep theirs
+        shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+def fetch_on_each_node(location: str, *, local_rank: int, patterns: list[str] | None = None) -> str:
+    """``fetch`` on local rank 0 of every node while the other ranks wait; every rank gets the path."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return fetch(location, patterns=patterns)
+    path = ""
+    with on_one_rank_per_node(local_rank, f"fetching {location}"):
+        if local_rank == 0:
+            path = fetch(location, patterns=patterns)
+    if local_rank != 0:
+        path = fetch(location, patterns=patterns)  # now a cache hit (or a local path)
+    return path

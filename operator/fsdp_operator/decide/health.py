@@ -20,8 +20,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from fsdp_train.health import SAMPLE_SECONDS
-from fsdp_train.health_events import RankHealth, Stall
+from fsdp_train.health_events import SAMPLE_SECONDS, RankHealth, Stall
 
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.status import ConditionType, JobStatus, Reason, format_time, parse_time, set_condition
