@@ -69,7 +69,7 @@ TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "nu
 def assets(root: Path, tokens: int, tiny: bool = False) -> None:
     import numpy as np
     import torch
-    from fsdp_train.known_models import QWEN25_1_5B
+    from fsdp_train.contract.known_models import QWEN25_1_5B
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -158,7 +158,7 @@ def load(directory: str) -> None:
     import torch
     import torch.distributed as dist
     from fsdp_train import weights
-    from fsdp_train.config import TrainConfig
+    from fsdp_train.contract.config import TrainConfig
     from fsdp_train.model import build_meta_model, decoder_blocks, hf_config, to_empty_keeping_ties
     from fsdp_train.parallelize import Topology, build_mesh, parallelize
 

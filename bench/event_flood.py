@@ -36,7 +36,7 @@ def measure(tree: Path, lines: int, samples: int) -> dict[str, Any]:
     import requests
     from fsdp_operator.api import render
     from fsdp_operator.local import ThreadedApiServer
-    from fsdp_train import events
+    from fsdp_train.contract import events
     from test_operator import JOBS, World, manifest
 
     signer_type = getattr(events, "Signer", None)  # a tree from before signing prints unsigned lines

@@ -272,8 +272,8 @@ health_overhead() {  # ROUNDS (2) pairs of runs, one compile cache: health off, 
     "$py" - "$out"/logs/health-*.log <<'PY'
 import sys
 from collections import defaultdict
-from fsdp_train.events import Summary, parse_lines
-from fsdp_train.health_events import RankHealth
+from fsdp_train.contract.events import Summary, parse_lines
+from fsdp_train.contract.health_events import RankHealth
 rates = defaultdict(list)
 for path in sorted(sys.argv[1:]):
     events = list(parse_lines(open(path, errors="replace")))

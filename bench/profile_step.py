@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
-from fsdp_train.config import TrainConfig
+from fsdp_train.contract.config import TrainConfig
 from fsdp_train.loop import build, train_step
 from fsdp_train.parallelize import Topology
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
-from fsdp_train.events import Checkpoint, Step, Summary, parse_line
+from fsdp_train.contract.events import Checkpoint, Step, Summary, parse_line
 
 
 def run(command: list[str], log: Path) -> list[tuple[float, str]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
-from fsdp_train.events import Event, Probe, Step, Summary, Transport, parse_lines
+from fsdp_train.contract.events import Event, Probe, Step, Summary, Transport, parse_lines
 
 HEADER = (
     "| run | transport (rank: verdict) | all-reduce busbw | all-gather busbw | cross-node all-reduce "

@@ -119,7 +119,7 @@ def main() -> int:
     overrides = json.loads(mine.get("overrides", "{}"))
     register(overrides)
 
-    from fsdp_train.config import TrainConfig
+    from fsdp_train.contract.config import TrainConfig
     from fsdp_train.metrics import flops_per_token, mfu, peak_flops
     from fsdp_train.model import hf_config
     from torchtitan.config import ConfigManager

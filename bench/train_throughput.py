@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from fsdp_train import loop
 from fsdp_train import loss as loss_module
-from fsdp_train.config import TrainConfig
+from fsdp_train.contract.config import TrainConfig
 from fsdp_train.loop import build, step_figures, train_step
 from fsdp_train.metrics import flops_per_token, mfu, peak_flops
 from fsdp_train.model import build_meta_model, hf_config, init_weights

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsdp_train.events import Event, Failure, Placement, Step, Summary, parse_line
+from fsdp_train.contract.events import Event, Failure, Placement, Step, Summary, parse_line
 from support.ray_cluster import RAY_TESTS, free_port, local_cluster, ray_available, ray_env
 from support.tiny_hf import documents, save_tiny_model, write_jsonl
 

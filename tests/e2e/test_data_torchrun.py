@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsdp_train.events import Checkpoint, Evaluation, Event, Export, Failure, Step, Summary, parse_line
+from fsdp_train.contract.events import Checkpoint, Evaluation, Event, Export, Failure, Step, Summary, parse_line
 from support.s3 import S3, free_port, moto_s3
 from support.tiny_hf import documents, save_tiny_model, write_jsonl
 

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from fsdp_train.events import Verifier, attempt_key, parse_log
+from fsdp_train.contract.events import Verifier, attempt_key, parse_log
 from support.ray_cluster import LOCAL_RAY_TESTS, ray_available, ray_env, run_ray_driver
 
 # Each case may start its driver up to five times (`run_ray_driver`) while the suite's other Ray clusters start.
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.e2e, LOCAL_RAY_TESTS, pytest.mark.timeout(900)]
 TRAINING = Path(__file__).resolve().parents[2] / "training"
 DRIVER = """
 import os, sys, time, ray
-from fsdp_train.events import KEY_ENV
+from fsdp_train.contract.events import KEY_ENV
 
 class Seen:
     # Ray's driver prints the workers' forwarded lines in a thread of its own, after ray.get has returned:
@@ -41,7 +41,7 @@ ray.init(include_dashboard=False, num_cpus=2, _temp_dir=TEMP,
 
 @ray.remote
 def rank(r):
-    from fsdp_train import events
+    from fsdp_train.contract import events
     took = events.take_key()
     events.emit(events.Step(rank=r, step=1, total_steps=2, loss=1.0, tokens_per_second=1.0,
                             tokens_per_second_per_device=1.0))
@@ -81,7 +81,7 @@ def test_the_real_emitters_lines_verify_through_ray_and_a_print_does_not(tmp_pat
 
 AS_A_JOB = """
 import json, os, sys, time, ray
-from fsdp_train import events
+from fsdp_train.contract import events
 from fsdp_train.ray_entry import with_key
 
 class Seen:

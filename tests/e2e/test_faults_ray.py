@@ -26,7 +26,7 @@ from fsdp_operator.api import render
 from fsdp_operator.decide.observed import dashboard_url
 from fsdp_operator.local.kuberay import kill_marked
 from fsdp_operator.local.run import RUN_MARKER, TERMINAL_PHASES, LocalRun
-from fsdp_train.events import Placement, Step, Summary, parse_lines
+from fsdp_train.contract.events import Placement, Step, Summary, parse_lines
 from support.ray_cluster import RAY_TESTS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from fsdp_operator.local.run import TERMINAL_PHASES, LocalRun
-from fsdp_train.events import Step, Summary, parse_lines
+from fsdp_train.contract.events import Step, Summary, parse_lines
 from support.ray_cluster import RAY_TESTS
 from test_faults_ray import EXAMPLE, Status, ray_address, ray_log, ray_token, run_with, until
 

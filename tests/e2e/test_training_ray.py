@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsdp_train.events import Checkpoint, Event, Failure, Placement, Step, Summary, Transport, parse_line
+from fsdp_train.contract.events import Checkpoint, Event, Failure, Placement, Step, Summary, Transport, parse_line
 from support.ray_cluster import RAY_TESTS, local_cluster, ray_available, ray_env
 
 pytestmark = [pytest.mark.e2e, RAY_TESTS]

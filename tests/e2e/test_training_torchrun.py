@@ -16,7 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsdp_train.events import Checkpoint, Event, Placement, Probe, Step, Summary, Timings, Transport, parse_line
+from fsdp_train.contract.events import (
+    Checkpoint,
+    Event,
+    Placement,
+    Probe,
+    Step,
+    Summary,
+    Timings,
+    Transport,
+    parse_line,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -236,7 +246,7 @@ def test_pretrained_weights_are_loaded_sharded(tmp_path: Path) -> None:
 @pytest.mark.parametrize("overrides", [{}, TINY, {**TINY, "tie_word_embeddings": False}])
 def test_parameter_formula_matches_the_built_model(overrides: dict[str, Any]) -> None:
     """The analytic count behind MFU equals the real architecture's (Qwen2.5-1.5B from the in-code config)."""
-    from fsdp_train.config import TrainConfig
+    from fsdp_train.contract.config import TrainConfig
     from fsdp_train.metrics import count_params
     from fsdp_train.model import build_meta_model, hf_config
 

@@ -22,7 +22,7 @@ from fsdp_operator.runtime.controller import JobLoop
 from fsdp_operator.runtime.kube import AioKube, KubeError
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
 from fsdp_operator.runtime.shared import Runtime
-from fsdp_train.events import Placement, Probe, Step, Summary, Transport
+from fsdp_train.contract.events import Placement, Probe, Step, Summary, Transport
 from support.chart_rbac import OPERATOR_AUTH
 from test_operator import EFA_LINE, FAST, NAMESPACE, Script, World, manifest
 

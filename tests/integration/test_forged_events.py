@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
-from fsdp_train.events import PREFIX, Signer, Transport, attempt_key
+from fsdp_train.contract.events import PREFIX, Signer, Transport, attempt_key
 from support.kopf_runner import eventually
 from test_operator import JOBS, SOCKET_LINE, Script, World, manifest, scenario
 

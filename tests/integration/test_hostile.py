@@ -27,7 +27,7 @@ from fsdp_operator.runtime.handlers import build_registry
 from fsdp_operator.runtime.kube import AioKube, KubeError
 from fsdp_operator.runtime.rayjobs import LOG_CHUNK, FakeJob, FakeRay
 from fsdp_operator.runtime.shared import Runtime
-from fsdp_train.events import PREFIX, Placement, Step, Summary, Transport
+from fsdp_train.contract.events import PREFIX, Placement, Step, Summary, Transport
 from support.broken_fold import fold_raises_on_step
 from support.chart_rbac import OPERATOR_AUTH
 from support.kopf_runner import eventually

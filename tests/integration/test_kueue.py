@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
-from fsdp_train.events import Checkpoint, Step, Summary
+from fsdp_train.contract.events import Checkpoint, Step, Summary
 from support.chart_rbac import ADMIN_AUTH
 from support.kopf_runner import eventually
 from support.kueue import WORKLOAD_CRD, FakeKueue

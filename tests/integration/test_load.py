@@ -39,7 +39,7 @@ from fsdp_operator.runtime.kube import AioKube
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
 from fsdp_operator.runtime.settings import OperatorConfig
 from fsdp_operator.runtime.shared import Runtime
-from fsdp_train.events import Placement, Step, Summary, Transport
+from fsdp_train.contract.events import Placement, Step, Summary, Transport
 from integration.test_operator import EFA_LINE, manifest
 from support.apiserver_process import ApiServerProcess
 from support.chart_rbac import ACCOUNT, ADMIN_AUTH, OPERATOR_AUTH, OPERATOR_TOKEN, rendered_rbac

@@ -28,7 +28,7 @@ from fsdp_operator.runtime.kube import AioKube
 from fsdp_operator.runtime.rayjobs import RAY_FAILED, FakeJob, FakeRay
 from fsdp_operator.runtime.settings import OperatorConfig
 from fsdp_operator.runtime.shared import Runtime
-from fsdp_train.events import Placement, Step, Summary, Transport
+from fsdp_train.contract.events import Placement, Step, Summary, Transport
 from support import chart_rbac
 from support.chart_rbac import ACCOUNT, ADMIN_AUTH, OPERATOR_AUTH, OPERATOR_TOKEN
 from support.fake_kuberay import FakeKubeRay

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fsdp_train.events import Step
+from fsdp_train.contract.events import Step
 
 
 def fold_raises_on_step(monkeypatch: pytest.MonkeyPatch, step: int) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 def run_rank(rank: int, world_size: int, ranks_per_node: int, store: str, train: dict[str, Any], out: str) -> None:
     import torch
     import torch.distributed as dist
-    from fsdp_train.config import TrainConfig
+    from fsdp_train.contract.config import TrainConfig
     from fsdp_train.loop import Host
     from fsdp_train.loop import train as run_train
     from fsdp_train.parallelize import Topology

@@ -20,7 +20,7 @@ from fsdp_operator.api import schema
 from fsdp_operator.api.spec import Job, parse_job
 from fsdp_operator.decide.folding import fold_events
 from fsdp_operator.decide.status import JobStatus
-from fsdp_train.events import (
+from fsdp_train.contract.events import (
     CONTROLLER,
     DRIVER,
     FORGED,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from fsdp_train.events import PREFIX, Placement, Step, Transport
+from fsdp_train.contract.events import PREFIX, Placement, Step, Transport
 
 RAY = "(RayTrainWorker pid=4242, ip=10.0.0.7) "
 WORLD_SIZE = 8

@@ -30,7 +30,7 @@ def run_rank_with_notices(
     import torch
     import torch.distributed as dist
     from fsdp_train.checkpoint import DirectoryCheckpoints
-    from fsdp_train.config import TrainConfig
+    from fsdp_train.contract.config import TrainConfig
     from fsdp_train.loop import Host
     from fsdp_train.loop import train as run_train
     from fsdp_train.parallelize import Topology

@@ -14,7 +14,7 @@ moto = pytest.importorskip("moto")
 
 from fsdp_operator.api import render, schema  # noqa: E402
 from fsdp_operator.api.spec import Job, Spec, SpecError, parse_job  # noqa: E402
-from fsdp_train import catalog  # noqa: E402
+from fsdp_train.contract import catalog  # noqa: E402
 from fsdp_train.metrics import peak_flops  # noqa: E402
 
 
@@ -187,7 +187,7 @@ def test_validation_reads_the_catalog() -> None:
 
 
 def test_the_catalog_imports_no_torch() -> None:
-    code = "import sys, fsdp_train.catalog; print('torch' in sys.modules)"
+    code = "import sys, fsdp_train.contract.catalog; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 

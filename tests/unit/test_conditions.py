@@ -140,7 +140,7 @@ def test_every_reason_written_with_a_condition_is_in_the_table() -> None:
 def test_the_loss_history_is_bounded_and_spans_the_whole_run() -> None:
     from fsdp_operator.api.spec import parse_job
     from fsdp_operator.decide.folding import LOSS_HISTORY_POINTS, fold_events
-    from fsdp_train.events import Step
+    from fsdp_train.contract.events import Step
 
     job = parse_job(manifest())
     status = JobStatus()

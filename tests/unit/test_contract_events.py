@@ -20,7 +20,7 @@ from fsdp_operator.api import schema
 from fsdp_operator.decide.observed import RAY_RUNNING, ClusterView, Observed, RayJobInfo
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
-from fsdp_train.events import (
+from fsdp_train.contract.events import (
     EVENT_TYPES,
     Checkpoint,
     Evaluation,
@@ -37,7 +37,7 @@ from fsdp_train.events import (
     Transport,
     parse_lines,
 )
-from fsdp_train.health_events import RankHealth, Stall
+from fsdp_train.contract.health_events import RankHealth, Stall
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 CRD = Path(__file__).resolve().parents[2] / "crds" / "fsdptrainingjob.yaml"

@@ -17,7 +17,7 @@ import yaml
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import SpecError, parse_job
 from fsdp_train import ray_entry
-from fsdp_train.config import TrainConfig
+from fsdp_train.contract.config import TrainConfig
 from fsdp_train.ray_entry import RayJobConfig
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st

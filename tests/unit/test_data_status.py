@@ -13,7 +13,7 @@ from fsdp_operator.decide.observed import Observed, PostEvent, StopJob
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_operator.runtime.rayjobs import RayJobInfo
-from fsdp_train.events import Evaluation, Export, Failure, Step, Summary
+from fsdp_train.contract.events import Evaluation, Export, Failure, Step, Summary
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 NAME, UID = "sft", "u1"

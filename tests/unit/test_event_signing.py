@@ -14,8 +14,8 @@ from fsdp_operator.api import schema
 from fsdp_operator.api.spec import parse_job
 from fsdp_operator.decide.folding import fold_events
 from fsdp_operator.decide.status import RANK_FAILURES_KEPT, JobStatus
-from fsdp_train import events
-from fsdp_train.events import (
+from fsdp_train.contract import events
+from fsdp_train.contract.events import (
     FORGED,
     KEY_ENV,
     MALFORMED,
@@ -85,7 +85,7 @@ def test_take_key_removes_the_key_from_the_environment() -> None:
 def test_emit_survives_any_stdout_encoding(encoding: str) -> None:
     """PYTHONIOENCODING=utf-16 garbled every event line: the emitter writes ASCII bytes past the text layer."""
     code = (
-        "from fsdp_train import events\n"
+        "from fsdp_train.contract import events\n"
         "events.take_key()\n"
         "print('before')\n"
         "events.emit(events.Step(rank=0, step=1, total_steps=10, loss=2.0, tokens_per_second=1.0,"

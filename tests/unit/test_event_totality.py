@@ -17,8 +17,8 @@ from fsdp_operator.decide.folding import fold_events
 from fsdp_operator.decide.observed import RayJobInfo
 from fsdp_operator.decide.status import TRANSPORT_DEADLINE_SECONDS, ConditionType, JobStatus, Phase, Reason
 from fsdp_operator.runtime.log_lines import complete_lines
-from fsdp_train import events, failures
-from fsdp_train.events import (
+from fsdp_train.contract import events, failures
+from fsdp_train.contract.events import (
     CONTROLLER,
     DRIVER,
     FORGED,
@@ -36,7 +36,7 @@ from fsdp_train.events import (
     parse_event,
     parse_log,
 )
-from fsdp_train.failures import failure_of
+from fsdp_train.contract.failures import failure_of
 from fsdp_train.storage import DataUnavailable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fsdp_train.events import Checkpoint, Failure, as_dict, emit, parse_line
+from fsdp_train.contract.events import Checkpoint, Failure, as_dict, emit, parse_line
 
 LINE = (
     'FSDP_EVENT {"kind":"checkpoint","path":"s3://b/step_00000005","rank":0,"resumed":false,"seconds":1.5,'

@@ -14,8 +14,8 @@ from fsdp_operator.decide import health
 from fsdp_operator.decide.observed import RAY_RUNNING, ClusterView, Decision, Observed, PostEvent, RayJobInfo, StopJob
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason, get_condition
-from fsdp_train.events import Event, Placement, parse_lines
-from fsdp_train.health_events import RankHealth, Stall
+from fsdp_train.contract.events import Event, Placement, parse_lines
+from fsdp_train.contract.health_events import RankHealth, Stall
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 from fsdp_operator.decide.transport import INTERCONNECT_CONDITION, interconnect_status
-from fsdp_train.events import Probe
+from fsdp_train.contract.events import Probe
 
 
 def cross(busbw: float) -> Probe:

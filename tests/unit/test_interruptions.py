@@ -12,7 +12,7 @@ from fsdp_operator.decide.interruptions import KEPT, folded
 from fsdp_operator.decide.observed import RAY_FAILED, RAY_RUNNING, DeletePod, NodeNotice, RayJobInfo
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_operator.runtime.nodes import termination_taint
-from fsdp_train.events import Interruption, Step
+from fsdp_train.contract.events import Interruption, Step
 from test_reconcile import CREATE, NOW, at, cluster, events, kinds, manifest, run
 
 NOTICED = NOW.timestamp() - 20

@@ -15,8 +15,17 @@ from fsdp_operator.api.spec import parse_job
 from fsdp_operator.decide.budget import status_budget, within_budget
 from fsdp_operator.decide.folding import fold_events
 from fsdp_operator.decide.status import JobStatus
-from fsdp_train.events import MALFORMED, Event, Failure, Placement, Transport, clean_text, parse_event, parse_log
-from fsdp_train.nccl import classify_by_rank, classify_text
+from fsdp_train.contract.events import (
+    MALFORMED,
+    Event,
+    Failure,
+    Placement,
+    Transport,
+    clean_text,
+    parse_event,
+    parse_log,
+)
+from fsdp_train.contract.nccl import classify_by_rank, classify_text
 from support.hostile_logs import corpus, event_lines, nccl_lines
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -148,7 +157,7 @@ def test_nccl_patterns_run_in_linear_time_on_lines_built_to_backtrack() -> None:
         classify_text(line)
         classify_by_rank(line * 3)
         # The cut to 4096 characters is not what saves the patterns: run them on the uncut line as well.
-        from fsdp_train import nccl
+        from fsdp_train.contract import nccl
 
         for pattern in (nccl._NCCL_PREFIX, nccl._USING_NETWORK, nccl._ASSIGNED, nccl._CHANNEL_NET, nccl._RAY_PREFIX,
                         nccl._INIT_FAILED, nccl._RANK, nccl._NNODES, nccl._ANSI):  # fmt: skip

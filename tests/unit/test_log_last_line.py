@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsdp_operator.runtime import log_lines
-from fsdp_train.events import Summary, parse_log
+from fsdp_train.contract.events import Summary, parse_log
 
 SUMMARY = Summary(rank=0, steps=4, final_loss=1.5, first_loss=5.0, tokens_per_second=100.0).to_line()
 

@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-from fsdp_train.events import Transport
-from fsdp_train.nccl import NO_PREFIX, NcclVerdict, classify_by_rank, classify_text
+from fsdp_train.contract.events import Transport
+from fsdp_train.contract.nccl import NO_PREFIX, NcclVerdict, classify_by_rank, classify_text
 
 NCCL_DIR = Path(__file__).resolve().parents[1] / "data" / "nccl"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsdp_train.nccl import NcclVerdict, _is_libfabric, combine
+from fsdp_train.contract.nccl import NcclVerdict, _is_libfabric, combine
 
 
 def test_one_process_keeps_its_identity_and_several_do_not() -> None:
@@ -60,7 +60,7 @@ def test_the_job_summary_of_rank_transports() -> None:
 
 
 def test_clean_text_cuts_past_its_limit_only() -> None:
-    from fsdp_train.events import clean_text
+    from fsdp_train.contract.events import clean_text
 
     assert clean_text("a" * 10, 10) == "a" * 10
     cut = clean_text("a" * 11, 10)

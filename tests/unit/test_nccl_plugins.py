@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fsdp_train.nccl import classify_text
+from fsdp_train.contract.nccl import classify_text
 
 
 def log(network: str, provider: str = "") -> str:

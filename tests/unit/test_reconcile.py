@@ -31,7 +31,7 @@ from fsdp_operator.decide.observed import (
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import ConditionType, JobStatus, Phase, Reason, get_condition
 from fsdp_operator.runtime.rayjobs import summarize_nodes
-from fsdp_train.events import Failure, Placement, Step, Summary, Transport
+from fsdp_train.contract.events import Failure, Placement, Step, Summary, Transport
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 UID = "0b8a2b5e-1111-2222-3333-444455556666"

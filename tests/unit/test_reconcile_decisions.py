@@ -429,7 +429,7 @@ def test_an_event_whose_folding_raises_is_skipped_alone_and_the_lines_read_with_
 ) -> None:
     """A bug in folding one event must not lose the others of its batch: here the transport lines read in the same
     pass as step 2, which once failed a finished job as `TransportUnverified`."""
-    from fsdp_train.events import Step, Transport
+    from fsdp_train.contract.events import Step, Transport
 
     fold_raises_on_step(monkeypatch, 2)
     efa = [Transport(rank=r, transport="efa", evidence="NET/OFI Selected provider is efa") for r in range(8)]

@@ -11,7 +11,7 @@ import pytest
 from fsdp_operator.api import buckets, formats, manifest_yaml, schema
 from fsdp_operator.api.spec import SpecError, parse_job
 from fsdp_train import storage
-from fsdp_train.config import ConfigError, TrainConfig
+from fsdp_train.contract.config import ConfigError, TrainConfig
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -15,7 +15,7 @@ from fsdp_operator.api.formats import parse_quantity
 from fsdp_operator.api.spec import SpecError, parse_job, train_config
 from fsdp_operator.cli.main import main
 from fsdp_operator.local import validation
-from fsdp_train.config import TrainConfig
+from fsdp_train.contract.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -19,7 +19,7 @@ from fsdp_operator.decide.status import (
     is_terminal,
     set_condition,
 )
-from fsdp_train.events import (
+from fsdp_train.contract.events import (
     Checkpoint,
     Evaluation,
     Event,

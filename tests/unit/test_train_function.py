@@ -19,7 +19,7 @@ from fsdp_operator.api.training_spec import MAX_STEPS
 from fsdp_operator.decide.observed import RAY_FAILED, RAY_RUNNING, ClusterView, Observed, RayJobInfo
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
-from fsdp_train.events import Event, parse_lines
+from fsdp_train.contract.events import Event, parse_lines
 from fsdp_train.ray_entry import RayJobConfig
 from fsdp_train.user_function import events_from_report, failure
 from hypothesis import assume, given, settings

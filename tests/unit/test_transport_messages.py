@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from fsdp_operator.decide.transport import interconnect_status, transport_status
-from fsdp_train.events import Probe, Transport, TransportName
+from fsdp_train.contract.events import Probe, Transport, TransportName
 
 
 def t(rank: int, kind: TransportName, evidence: str = "", plugin: str = "", provider: str = "") -> Transport:

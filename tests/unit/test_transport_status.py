@@ -12,8 +12,8 @@ from fsdp_operator.decide.transport import (
     interconnect_status,
     transport_status,
 )
-from fsdp_train.events import Probe, Transport, TransportName, parse_line
-from fsdp_train.nccl import classify_by_rank
+from fsdp_train.contract.events import Probe, Transport, TransportName, parse_line
+from fsdp_train.contract.nccl import classify_by_rank
 
 NCCL_DIR = Path(__file__).resolve().parents[1] / "data" / "nccl"
 EFA_LINE = "ip-10-0-1-17:2211:2211 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 1 nics)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fsdp_train.config import TrainConfig
+from fsdp_train.contract.config import TrainConfig
 
 
 def parse_args(argv: list[str] | None = None) -> TrainConfig:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     import pyarrow.fs as pafs
 
-    from fsdp_train.config import TrainConfig
+    from fsdp_train.contract.config import TrainConfig
 from fsdp_train.storage import DataUnavailable, filesystem, on_one_rank_per_node
 from fsdp_train.tokenizer_choice import TokenizerChoice, choose_tokenizer
 

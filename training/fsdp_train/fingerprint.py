@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fsdp_train.config import RANDOM_DATA, TrainConfig
+from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
 
 TRAJECTORY_FIELDS = (
     "model",

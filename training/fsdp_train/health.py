@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from types import CodeType, FrameType
 from typing import Any
 
-from fsdp_train.events import Event, emit
-from fsdp_train.health_events import SAMPLE_SECONDS, RankHealth, Stall, Where
-from fsdp_train.wire import TEXT_LIMITS
+from fsdp_train.contract.events import Event, emit
+from fsdp_train.contract.health_events import SAMPLE_SECONDS, RankHealth, Stall, Where
+from fsdp_train.contract.wire import TEXT_LIMITS
 
 REPORT_EVERY_SECONDS = 10.0
 """Least time between two ``RankHealth`` reports of a rank (each also needs :attr:`HealthConfig.window_steps`

@@ -24,10 +24,10 @@ from torch import nn
 from fsdp_train import health, preflight, report
 from fsdp_train.attention import to_device
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
-from fsdp_train.config import RANDOM_DATA, TrainConfig
+from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
+from fsdp_train.contract.events import Checkpoint, Evaluation, Export, Summary, as_dict, emit
+from fsdp_train.contract.failures import failure_of
 from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
-from fsdp_train.events import Checkpoint, Evaluation, Export, Summary, as_dict, emit
-from fsdp_train.failures import failure_of
 from fsdp_train.fault_hooks import FaultHook
 from fsdp_train.feed import Collate, TrainFeed, eval_batches
 from fsdp_train.fingerprint import run_fingerprint

@@ -1,7 +1,7 @@
 """Training metrics as one component: the loop calls ``Metrics.log``; backends turn it into output.
 
 MFU follows ``docs/performance.md``: tokens/s/device x FLOPs/token / the device's dense bf16 peak
-(``fsdp_train.catalog``).
+(``fsdp_train.contract.catalog``).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fsdp_train.catalog import gpu_for_device
-from fsdp_train.events import Step, emit
+from fsdp_train.contract.catalog import gpu_for_device
+from fsdp_train.contract.events import Step, emit
 
 
 def count_params(config: Any) -> int:

@@ -9,8 +9,8 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from fsdp_train.config import ConfigError, TrainConfig
-from fsdp_train.known_models import KNOWN_CONFIGS
+from fsdp_train.contract.config import ConfigError, TrainConfig
+from fsdp_train.contract.known_models import KNOWN_CONFIGS
 
 
 def _refuse_non_fields(config_class: type | None, overrides: dict[str, Any], model_type: str) -> None:

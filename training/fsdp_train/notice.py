@@ -12,7 +12,8 @@ The checkpoint is saved when it fits before the deadline (the longest save measu
 :data:`SAVE_MARGIN`, plus :data:`EXIT_SECONDS`); otherwise the save is abandoned before it starts, and the next
 attempt resumes from the last periodic checkpoint (a save cut short is never used either: a snapshot counts once
 its ``.metadata`` is written, ``fsdp_train.checkpoint``). Either way each node that had the notice writes ``done``
-(the hook returns at once) and reports an :class:`fsdp_train.events.Interruption`; rank 0's return value carries
+(the hook returns at once) and reports an :class:`fsdp_train.contract.events.Interruption`; rank 0's return value
+carries
 ``interrupted``, and the job's driver exits with :data:`EXIT_INTERRUPTED` so that the attempt ends. The operator
 starts the next attempt without counting it against ``backoffLimit`` (docs/reliability.md, "A node that goes
 away").
@@ -198,7 +199,7 @@ class Watch:
 
     def finish(self, step: int, saved: bool, why: str = "") -> dict[str, Any]:
         """After the save (or without one): report, release the hook, and say what rank 0's return value carries."""
-        from fsdp_train.events import Interruption, emit
+        from fsdp_train.contract.events import Interruption, emit
 
         agreed = self.agreed
         assert agreed is not None

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsdp_train.catalog import gpu_for_device
+from fsdp_train.contract.catalog import gpu_for_device
 
 if TYPE_CHECKING:
     from torch import nn

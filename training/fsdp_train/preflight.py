@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fsdp_train.config import RANDOM_DATA, TrainConfig
+from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
 
 MODEL_FIELD, TOKENIZER_FIELD, DATA_FIELD, VALIDATION_FIELD = (
     "spec.model.name",
@@ -83,7 +83,7 @@ def hub_problem(repo: str, wanted: str, timeout: float = HUB_TIMEOUT_SECONDS) ->
 def _builds_without_download(cfg: TrainConfig) -> bool:
     if cfg.model_init != "random":
         return False
-    from fsdp_train.known_models import KNOWN_CONFIGS
+    from fsdp_train.contract.known_models import KNOWN_CONFIGS
 
     return cfg.model in KNOWN_CONFIGS
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from fsdp_train.config import TrainConfig
+from fsdp_train.contract.config import TrainConfig
 from fsdp_train.tracking import Settings
 from fsdp_train.user_function import FunctionConfig
 
@@ -119,7 +119,7 @@ def with_key(fn: Callable[[dict[str, Any]], Any], key_hex: str) -> Callable[[dic
     """
 
     def per_worker(loop_config: dict[str, Any]) -> Any:
-        from fsdp_train.events import take_key, use_key
+        from fsdp_train.contract.events import take_key, use_key
 
         # First: no data, dependency, model config or user code has run in this process yet. A key still in its
         # environment (a runtime environment that set it) leaves the environment too.
@@ -231,7 +231,7 @@ def reported_metrics_callback(storage: str | None, key_hex: str = "", job: RayJo
     attempt's key `key_hex` the callback carries there (pickled with it; not in the job's runtime environment)."""
     import ray.train
 
-    from fsdp_train import events
+    from fsdp_train.contract import events
     from fsdp_train.user_function import checkpoint_uri, events_from_report
 
     class ReportedMetrics(ray.train.UserCallback):
@@ -282,8 +282,8 @@ def tracker_closer(reported: Any) -> Any:
 def one_line(error: BaseException) -> str:
     """The root cause in one line: the last ``SomeError: message`` line of the text, else its first line after the
     error's reason (the project's own reason its Failure event carries, such as DataUnavailable; else its type)."""
-    from fsdp_train.events import safe_str
-    from fsdp_train.failures import own_reason
+    from fsdp_train.contract.events import safe_str
+    from fsdp_train.contract.failures import own_reason
 
     lines = [line.strip() for line in safe_str(error).splitlines() if line.strip()]
     for line in reversed(lines):
@@ -310,7 +310,7 @@ def run(job: RayJobConfig) -> dict[str, Any]:
     if not ray.is_initialized():
         ray.init()
     datasets = driver_datasets(job.train) if job.function is None else {}
-    from fsdp_train.events import signing_key
+    from fsdp_train.contract.events import signing_key
 
     key = signing_key()  # taken by `main` from the environment, before `ray.init` could hand it to every worker
     callbacks: list[Any] = []
@@ -367,7 +367,7 @@ def run(job: RayJobConfig) -> dict[str, Any]:
 
 def driver_datasets(cfg: TrainConfig) -> dict[str, Any]:
     """Ray Data's read-tokenize-pack pipeline for a data source (none for random tokens)."""
-    from fsdp_train.config import RANDOM_DATA
+    from fsdp_train.contract.config import RANDOM_DATA
 
     if cfg.data == RANDOM_DATA:
         return {}
@@ -378,7 +378,7 @@ def driver_datasets(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fsdp_train.events import DRIVER, take_key
+    from fsdp_train.contract.events import DRIVER, take_key
 
     # The driver's own events (a data failure) are signed too, in a sequence of their own (they say rank 0, as rank
     # 0's process does); the key leaves its environment.
@@ -396,8 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run(job)
     except Exception as e:
-        from fsdp_train.events import emit, safe_str
-        from fsdp_train.failures import failure_of, own_reason
+        from fsdp_train.contract.events import emit, safe_str
+        from fsdp_train.contract.failures import failure_of, own_reason
 
         if own_reason(e):  # the driver's own failure (the data pipeline runs here): tell the operator why
             emit(failure_of(0, e))

@@ -1,6 +1,6 @@
 """What each rank reports about itself: placement, the transport NCCL chose, and collective bandwidth.
 
-The events are defined in ``fsdp_train.events``; this module gathers the facts behind them.
+The events are defined in ``fsdp_train.contract.events``; this module gathers the facts behind them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fsdp_train.events import Placement, Probe, Transport, emit
+from fsdp_train.contract.events import Placement, Probe, Transport, emit
 from fsdp_train.metrics import bus_bandwidth_gbps
 from fsdp_train.parallelize import Topology
 
@@ -112,7 +112,7 @@ def nccl_debug_path(pattern: str, *, hostname: str | None = None, pid: int | Non
 
 def transport_from_nccl_log(rank: int, env: Mapping[str, str]) -> Transport:
     """Classify this process's own NCCL log (read after its first collective)."""
-    from fsdp_train.nccl import classify_text
+    from fsdp_train.contract.nccl import classify_text
 
     pattern = env.get("NCCL_DEBUG_FILE", "")
     if not pattern:

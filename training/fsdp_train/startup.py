@@ -14,7 +14,7 @@ from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsdp_train.events import Timings
+from fsdp_train.contract.events import Timings
 
 INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
 TRITON_CACHE_ENV = "TRITON_CACHE_DIR"

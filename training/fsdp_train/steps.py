@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from fsdp_train.events import Step
+from fsdp_train.contract.events import Step
 from fsdp_train.metrics import Metrics, StepMetrics
 
 GC_EVERY_STEPS = 50

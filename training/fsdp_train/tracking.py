@@ -1,7 +1,8 @@
 """Experiment tracking (MLflow) from one process of a job: rank 0 of the bundled function, or Ray Train's controller
 for a user function (each ``ray.train.report`` becomes events there, ``fsdp_train.user_function``).
 
-The process's events (``fsdp_train.events.emit``) are its one source: a :class:`Tracker` listens to them, turns each
+The process's events (``fsdp_train.contract.events.emit``) are its one source: a :class:`Tracker` listens to them,
+turns each
 into MLflow records on a bounded queue, and a daemon thread sends them in batches. Training never waits on the
 tracker and never fails for it: a tracker that is down, refuses a call or falls behind costs the records it could
 not take, and is said in a signed ``Tracking`` event that the operator turns into the TrackingHealthy condition (a
@@ -27,8 +28,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from fsdp_train import events
-from fsdp_train.events import Event, Tracking
+from fsdp_train.contract import events
+from fsdp_train.contract.events import Event, Tracking
 
 QUEUE_RECORDS = 100_000
 """Records kept while the tracker lags; more are dropped (and counted) rather than held in memory."""
@@ -483,7 +484,7 @@ def data_fingerprint(train: Mapping[str, Any], world_size: int) -> str:
     """A short digest of what decides the run's trajectory, the data files' names and sizes included."""
     import hashlib
 
-    from fsdp_train.config import TrainConfig
+    from fsdp_train.contract.config import TrainConfig
     from fsdp_train.fingerprint import run_fingerprint
 
     values = run_fingerprint(TrainConfig.from_dict(dict(train)), world_size)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsdp_train import preflight
-from fsdp_train.events import (
+from fsdp_train.contract.events import (
     MAX_COUNT,
     MAX_EXTRA,
     MAX_EXTRA_KEY,
@@ -33,7 +33,7 @@ from fsdp_train.events import (
     clean_text,
     emit,
 )
-from fsdp_train.failures import failure_message, failure_reason
+from fsdp_train.contract.failures import failure_message, failure_reason
 
 REMOTE_CODE_SCHEMES = ("s3://", "gs://")
 """`code` locations Ray's runtime environment fetches itself (a ``.zip``); anything else is a local directory."""

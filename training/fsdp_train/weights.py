@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_train.config import TrainConfig
+from fsdp_train.contract.config import TrainConfig
 from fsdp_train.model import _rebuild_rotary, to_empty_keeping_ties
 from fsdp_train.storage import is_remote
 

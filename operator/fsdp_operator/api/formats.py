@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from urllib.parse import unquote, urlsplit
 
-from fsdp_train.config import STORAGE_SCHEMES as TRAINING_STORAGE_SCHEMES
+from fsdp_train.contract.config import STORAGE_SCHEMES as TRAINING_STORAGE_SCHEMES
 from packaging.requirements import InvalidRequirement, Requirement
 
 from fsdp_operator.api.buckets import BUCKET_RULES
@@ -316,7 +316,7 @@ IMAGE_REFERENCE = Grammar("OCI image reference", _image_reference, 512)
 
 # --- storage URIs ------------------------------------------------------------------------------------
 
-# The schemes exactly as the training function reads them (fsdp_train.config.STORAGE_SCHEMES: one table for
+# The schemes exactly as the training function reads them (fsdp_train.contract.config.STORAGE_SCHEMES: one table for
 # both sides, so a URI accepted here is never read differently there).
 STORAGE_SCHEMES = ("s3", "gs", "file")
 

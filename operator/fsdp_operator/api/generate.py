@@ -336,7 +336,7 @@ REFUSED_UP_FRONT: tuple[tuple[str, str, str], ...] = (
      "`model.name`, `data.tokenizer`)",
      "a scheme other than `s3://`, `gs://`, `file:///` (and `hf://datasets/` for data) spelled in lower case, or "
      "an absolute path: `S3://b/x`, `file:/x`, `file://host/x`. The training function reads the same table "
-     "(fsdp_train.config.STORAGE_SCHEMES) and refuses the same URIs",
+     "(fsdp_train.contract.config.STORAGE_SCHEMES) and refuses the same URIs",
      "what the training function, pyarrow and Ray Train read"),
     ("S3 bucket names", "other than 3-63 characters of lowercase letters, digits, `.` and `-`, starting and ending "
      "with a letter or digit; two adjacent periods; an IP address; the prefixes `xn--`, `sthree-`, "

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fsdp_train.known_models import KNOWN_CONFIGS
+from fsdp_train.contract.known_models import KNOWN_CONFIGS
 
 from fsdp_operator.api.fields import Problems, show, show_key, type_name
 
@@ -160,7 +160,7 @@ def _check_architecture(model_name: str, overrides: dict[str, Any], path: str, p
     """What the model built from the overrides needs of them together (transformers 5's attention layers).
 
     Judged on the model's own config with the overrides applied where the operator knows it (the ids the
-    training function builds offline, fsdp_train.known_models), else on the overrides alone: a rule whose
+    training function builds offline, fsdp_train.contract.known_models), else on the overrides alone: a rule whose
     fields are not all known is not judged here, and a rule none of whose fields is overridden neither.
     """
     base = {k: v for k, v in KNOWN_CONFIGS.get(model_name, {}).items() if isinstance(v, int)}

@@ -439,7 +439,7 @@ class Submission:
 
 
 def train_config(job: Job) -> dict[str, Any]:
-    """The training function's config (`fsdp_train.config.TrainConfig.from_dict`) for this job.
+    """The training function's config (`fsdp_train.contract.config.TrainConfig.from_dict`) for this job.
 
     The same TrainConfig that `parse_job` built and checked when it accepted the job.
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_train.events import MAX_TEXT, TEXT_LIMITS
+from fsdp_train.contract.events import MAX_TEXT, TEXT_LIMITS
 
 GROUP = "fsdp.dev"
 VERSION = "v1alpha1"
@@ -62,7 +62,7 @@ def _text(field: str, description: str = "") -> Schema:
 
 _INT: Schema = {"type": "integer"}
 
-# Fields written from what the ranks print (their bounds are the event parser's, `fsdp_train.events`).
+# Fields written from what the ranks print (their bounds are the event parser's, `fsdp_train.contract.events`).
 RANK_SCHEMA: Schema = {
     "type": "object",
     "x-kubernetes-preserve-unknown-fields": True,

@@ -7,7 +7,7 @@ whatever the manifest holds.
 
 The dataclasses below are the one source of: the CRD's schema (`generate.crd()`, written out by
 `make crds`), the parser (`fields.parse`), the training function's config (`train_config`, a real
-`fsdp_train.config.TrainConfig` built while validating, so a job accepted here is never refused by
+`fsdp_train.contract.config.TrainConfig` built while validating, so a job accepted here is never refused by
 the training function later) and the field reference docs/api.md.
 
 Adding a field
@@ -32,8 +32,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fsdp_train import catalog
-from fsdp_train.config import ConfigError, TrainConfig
+from fsdp_train.contract import catalog
+from fsdp_train.contract.config import ConfigError, TrainConfig
 
 from fsdp_operator.api import cluster_rules, command_line, fields, formats, memo, queueing, schema
 from fsdp_operator.api.env_rules import _env_rules, _refuse_control_plane
@@ -66,7 +66,7 @@ Transport = Literal["efa", "socket", "auto"]
 Cleanup = Literal["Delete", "Keep"]
 
 
-# The hardware catalog (fsdp_train.catalog) is the one table of instance types; kept importable from here.
+# The hardware catalog (fsdp_train.contract.catalog) is the one table of instance types; kept importable from here.
 INSTANCE_TYPES = catalog.INSTANCE_TYPES
 InstanceType = catalog.InstanceType
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from fsdp_train import catalog
+from fsdp_train.contract import catalog
 
 from fsdp_operator.capacity.plan import (
     Plan,

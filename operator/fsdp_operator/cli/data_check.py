@@ -32,7 +32,7 @@ def cmd_data_check(args: argparse.Namespace) -> int:
     from fsdp_operator.cli.quiet import quiet_library_warnings
 
     quiet_library_warnings()
-    from fsdp_train.config import RANDOM_DATA, TrainConfig
+    from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
 
     from fsdp_operator.api.render import train_config
     from fsdp_operator.cli.inputs import EXIT_BAD_INPUT, EXIT_FINDING, EXIT_OK, load_job

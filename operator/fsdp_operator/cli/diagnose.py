@@ -15,7 +15,7 @@ import zlib
 from dataclasses import asdict
 from typing import Any
 
-from fsdp_train.nccl import NcclVerdict, classify_by_rank, combine
+from fsdp_train.contract.nccl import NcclVerdict, classify_by_rank, combine
 
 EXIT_EFA = 0
 EXIT_NOT_EFA = 1

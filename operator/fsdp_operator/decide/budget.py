@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from fsdp_train.events import (
+from fsdp_train.contract.events import (
     TRUNCATED,
 )
 

@@ -1,4 +1,4 @@
-"""Folding the ranks' structured events (`fsdp_train.events`) into the job's status. Pure."""
+"""Folding the ranks' structured events (`fsdp_train.contract.events`) into the job's status. Pure."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, get_args
 
-from fsdp_train.events import (
+from fsdp_train.contract.events import (
     MAX_COUNT,
     Checkpoint,
     Evaluation,

@@ -1,4 +1,5 @@
-"""The ranks' health reports (`fsdp_train.health_events`) folded into `status.health`, and the verdicts on them.
+"""The ranks' health reports (`fsdp_train.contract.health_events`) folded into `status.health`, and the verdicts on
+them.
 
 Pure. `fold` keeps each rank's latest step figures and stall; `judge` names the stalled rank(s) and the
 stragglers with their node, pod and GPU and sets the `Progressing` and `Straggler` conditions; `stall_to_act_on`
@@ -20,7 +21,7 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from fsdp_train.health_events import SAMPLE_SECONDS, RankHealth, Stall
+from fsdp_train.contract.health_events import SAMPLE_SECONDS, RankHealth, Stall
 
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.status import ConditionType, JobStatus, Reason, format_time, parse_time, set_condition

@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdp_train.events import Interruption, clean_text
+from fsdp_train.contract.events import Interruption, clean_text
 
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.guards import _job_submitted_false, _next_attempt

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from fsdp_train.events import Event
+from fsdp_train.contract.events import Event
 
 from fsdp_operator.api import render
 from fsdp_operator.capacity.plan import ZoneChoice

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime
 
-from fsdp_train.events import clean_text
+from fsdp_train.contract.events import clean_text
 
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.folding import Folded, fold_events

@@ -2,7 +2,7 @@
 
 Pure data and pure functions. `reconcile.py` decides transitions; this module owns the shape that
 `kubectl get trainingjobs` reads (the printer columns of `schema.PRINTER_COLUMNS`); `folding.py` turns the
-training function's structured events (`fsdp_train.events`) into `ranks[]`, `progress`, `result`,
+training function's structured events (`fsdp_train.contract.events`) into `ranks[]`, `progress`, `result`,
 `transport` and `interconnect`, and `budget.py` bounds what one write holds.
 """
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from fsdp_train.events import Tracking
+from fsdp_train.contract.events import Tracking
 
 from fsdp_operator.api.formats import visible
 

@@ -4,7 +4,7 @@ The reconcile loop feeds in the events seen so far and writes back what these fu
 the two status sections, their conditions (``TransportVerified``, ``InterconnectHealthy``; the status
 writer adds ``lastTransitionTime``), and whether the job must fail (``requireEFA`` and a rank off EFA).
 
-Transport semantics, per rank (from ``fsdp_train.nccl``): ``efa``, ``socket``, ``ib``, ``none``
+Transport semantics, per rank (from ``fsdp_train.contract.nccl``): ``efa``, ``socket``, ``ib``, ``none``
 (intra-node peers only, which says nothing about the network), ``init-failed``, ``unknown``.
 A *fallback rank* is one whose transport contradicts the request:
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsdp_train.events import Probe, Transport
+from fsdp_train.contract.events import Probe, Transport
 
 if TYPE_CHECKING:
     from fsdp_operator.api.spec import Transport as RequestedTransport

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from fsdp_train.events import clean_text
+from fsdp_train.contract.events import clean_text
 
 from fsdp_operator.decide.untrusted import mapping
 

@@ -32,7 +32,7 @@ from concurrent.futures import BrokenExecutor
 from dataclasses import replace
 from typing import Any
 
-from fsdp_train.events import PREFIX, Verifier, attempt_key, parse_log
+from fsdp_train.contract.events import PREFIX, Verifier, attempt_key, parse_log
 
 from fsdp_operator.api import render
 from fsdp_operator.decide.budget import merge_patch, progress_only, within_budget

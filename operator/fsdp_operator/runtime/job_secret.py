@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from fsdp_train.events import KEY_ENV, attempt_key
+from fsdp_train.contract.events import KEY_ENV, attempt_key
 
 from fsdp_operator.api import render
 from fsdp_operator.api.render import Submission

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsdp_train.events import MAX_LINE_CHARS
+from fsdp_train.contract.events import MAX_LINE_CHARS
 
 
 def complete_lines(

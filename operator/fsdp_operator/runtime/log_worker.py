@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fsdp_train.events import Verifier, parse_log
+from fsdp_train.contract.events import Verifier, parse_log
 
 from fsdp_operator.decide.observed import (
     Decision,

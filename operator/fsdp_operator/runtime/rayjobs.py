@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from fsdp_train import events
+from fsdp_train.contract import events
 
 from fsdp_operator.api.render import Submission
 from fsdp_operator.decide.observed import RAY_FAILED, RAY_PENDING, RAY_RUNNING, RAY_STOPPED, RAY_SUCCEEDED, RAY_TERMINAL
@@ -448,7 +448,7 @@ class FakeRay:
 
     def emit(self, submission_id: str, *lines: str) -> None:
         """The bundled training function prints `lines`: each event line in them is signed with the attempt's key
-        (from the submission, as `fsdp_train.events.take_key` reads it), as the real emitter signs it."""
+        (from the submission, as `fsdp_train.contract.events.take_key` reads it), as the real emitter signs it."""
         job = self.job(submission_id)
         key = bytes.fromhex(str(job.submission.runtime_env.get("env_vars", {}).get(events.KEY_ENV, "")))
         if key and job.signer is None:

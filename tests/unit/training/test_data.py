@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fsdp_train import data, packing, storage
 from fsdp_train import feed as feed_module
-from fsdp_train.config import TrainConfig
+from fsdp_train.contract.config import TrainConfig
 from support.tiny_hf import EOS, IM_END, conversations, documents, train_tokenizer, write_jsonl, write_parquet
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from fsdp_train.config import TrainConfig
-from fsdp_train.events import Event, Export, Failure, parse_lines
+from fsdp_train.contract.config import TrainConfig
+from fsdp_train.contract.events import Event, Export, Failure, parse_lines
 from fsdp_train.loop import Host, train
 from fsdp_train.parallelize import Topology
 from fsdp_train.weights import ExportCheck, verify_export

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 from fsdp_train import flight
-from fsdp_train.events import parse_line
+from fsdp_train.contract.events import parse_line
+from fsdp_train.contract.health_events import RankHealth, Stall
 from fsdp_train.health import DERIVED_TIMEOUT_FLOOR, HealthConfig, Monitor
-from fsdp_train.health_events import RankHealth, Stall
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.rank_processes import rank_context

@@ -16,8 +16,18 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 from fsdp_train.checkpoint import DirectoryCheckpoints
-from fsdp_train.config import TrainConfig
-from fsdp_train.events import Checkpoint, Event, Failure, Placement, Probe, Step, Summary, Transport, parse_lines
+from fsdp_train.contract.config import TrainConfig
+from fsdp_train.contract.events import (
+    Checkpoint,
+    Event,
+    Failure,
+    Placement,
+    Probe,
+    Step,
+    Summary,
+    Transport,
+    parse_lines,
+)
 from fsdp_train.loop import FAIL_AT_STEP_ENV, Host, random_tokens, train
 from fsdp_train.parallelize import Topology
 from support.cpu_ranks import run_rank

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from fsdp_train.config import ConfigError, TrainConfig
+from fsdp_train.contract.config import ConfigError, TrainConfig
 from fsdp_train.model import build_meta_model, hf_config, init_weights
 from support.tiny_hf import save_tiny_model
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from fsdp_train.checkpoint import DirectoryCheckpoints
-from fsdp_train.events import Interruption, Step, Summary, parse_lines
+from fsdp_train.contract.events import Interruption, Step, Summary, parse_lines
 from fsdp_train.notice import DONE_FILE, NOTICE_FILE, read_notice, write_done
 from support.notice_ranks import run_rank_with_notices
 from support.rank_processes import rank_context
@@ -268,7 +268,7 @@ def test_a_declared_save_time_counts_until_a_longer_one_is_measured() -> None:
 
 def test_the_report_is_printed_before_done_releases_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The hook stops the node's Ray (and its log forwarding) once it reads `done`: the report must come first."""
-    from fsdp_train import events
+    from fsdp_train.contract import events
     from fsdp_train.notice import Watch
 
     seen: list[tuple[str, bool]] = []

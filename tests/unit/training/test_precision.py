@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fsdp_train.config import ConfigError, TrainConfig
+from fsdp_train.contract.config import ConfigError, TrainConfig
 from fsdp_train.model import build_meta_model, decoder_blocks, hf_config
 from fsdp_train.precision import Float8Choice, convert_to_float8, has_fp8_tensor_cores, resolve_precision
 

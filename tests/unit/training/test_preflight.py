@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from fsdp_operator.cli.main import main
-from fsdp_train.config import TrainConfig
+from fsdp_train.contract.config import TrainConfig
 from fsdp_train.preflight import data_problems, function_problems, job_problems, model_problems
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -155,7 +155,7 @@ def test_a_missing_data_file_fails_the_driver_in_seconds_naming_the_field(
     import json
     import time
 
-    from fsdp_train.events import Failure, parse_lines
+    from fsdp_train.contract.events import Failure, parse_lines
 
     config = {"train": {"data": str(tmp_path / "gone.jsonl"), "model": "acme/model", "model_init": "pretrained"}}
     started = time.monotonic()

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fsdp_train.events import Timings, parse_line
+from fsdp_train.contract.events import Timings, parse_line
 from fsdp_train.startup import (
     BYTECODE_DIR,
     INDUCTOR_CACHE_ENV,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from fsdp_train.__main__ import parse_args
-from fsdp_train.config import TrainConfig
+from fsdp_train.contract.config import TrainConfig
 
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512}
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from fsdp_train import events, report
-from fsdp_train.events import (
+from fsdp_train import report
+from fsdp_train.contract import events
+from fsdp_train.contract.events import (
     FORGED,
     KEY_ENV,
     MAX_EXTRA,

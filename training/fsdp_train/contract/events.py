@@ -27,21 +27,21 @@ from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Literal, get_type_hints
 
-from fsdp_train.event_base import PREFIX as PREFIX
-from fsdp_train.event_base import SCHEMA_VERSION as SCHEMA_VERSION
-from fsdp_train.event_base import Event as Event
-from fsdp_train.health_events import RankHealth, Stall
-from fsdp_train.wire import MAX_COUNT as MAX_COUNT
-from fsdp_train.wire import MAX_EXTRA as MAX_EXTRA
-from fsdp_train.wire import MAX_EXTRA_KEY as MAX_EXTRA_KEY
-from fsdp_train.wire import MAX_LINE_CHARS as MAX_LINE_CHARS
-from fsdp_train.wire import MAX_RANK as MAX_RANK
-from fsdp_train.wire import MAX_TEXT as MAX_TEXT
-from fsdp_train.wire import TEXT_LIMITS as TEXT_LIMITS
-from fsdp_train.wire import TRUNCATED as TRUNCATED
-from fsdp_train.wire import Refused, check_value
-from fsdp_train.wire import clean_text as clean_text
-from fsdp_train.wire import safe_str as safe_str
+from fsdp_train.contract.event_base import PREFIX as PREFIX
+from fsdp_train.contract.event_base import SCHEMA_VERSION as SCHEMA_VERSION
+from fsdp_train.contract.event_base import Event as Event
+from fsdp_train.contract.health_events import RankHealth, Stall
+from fsdp_train.contract.wire import MAX_COUNT as MAX_COUNT
+from fsdp_train.contract.wire import MAX_EXTRA as MAX_EXTRA
+from fsdp_train.contract.wire import MAX_EXTRA_KEY as MAX_EXTRA_KEY
+from fsdp_train.contract.wire import MAX_LINE_CHARS as MAX_LINE_CHARS
+from fsdp_train.contract.wire import MAX_RANK as MAX_RANK
+from fsdp_train.contract.wire import MAX_TEXT as MAX_TEXT
+from fsdp_train.contract.wire import TEXT_LIMITS as TEXT_LIMITS
+from fsdp_train.contract.wire import TRUNCATED as TRUNCATED
+from fsdp_train.contract.wire import Refused, check_value
+from fsdp_train.contract.wire import clean_text as clean_text
+from fsdp_train.contract.wire import safe_str as safe_str
 
 KEY_ENV = "FSDP_EVENT_KEY"
 """The attempt's signing key (hex) as the operator hands it to the job; :func:`take_key` removes it."""

@@ -1,7 +1,8 @@
 """The events of a rank's health (``fsdp_train.health``): its step timings, and where it stands when it stalls.
 
-Declared apart from ``fsdp_train.events`` (which keeps to the project's module size); its schema lists them, so
-they are parsed by the same total, bounded parser (every field typed and cut to the bounds of ``fsdp_train.wire``).
+Declared apart from ``fsdp_train.contract.events`` (which keeps to the project's module size); its schema lists them, so
+they are parsed by the same total, bounded parser (every field typed and cut to the bounds of
+``fsdp_train.contract.wire``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from fsdp_train.event_base import Event
+from fsdp_train.contract.event_base import Event
 
 SAMPLE_SECONDS = 0.05
 """Interval between two samples of the training thread's stack (20 per second: ~1 ms of one core per second); the

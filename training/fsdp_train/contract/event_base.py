@@ -1,7 +1,7 @@
-"""What every structured event is (``fsdp_train.events`` holds the schema, the parser and the signing).
+"""What every structured event is (``fsdp_train.contract.events`` holds the schema, the parser and the signing).
 
-The base class lives apart so that event types declared in other modules (``fsdp_train.health_events``) can
-derive from it while ``fsdp_train.events`` lists them all in its schema, with no import cycle.
+The base class lives apart so that event types declared in other modules (``fsdp_train.contract.health_events``) can
+derive from it while ``fsdp_train.contract.events`` lists them all in its schema, with no import cycle.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Protocol
 
-from fsdp_train.wire import wire_value
+from fsdp_train.contract.wire import wire_value
 
 PREFIX = "FSDP_EVENT"
 SCHEMA_VERSION = 1
 
 
 class LineSigner(Protocol):
-    """What signs a line (``fsdp_train.events.Signer``)."""
+    """What signs a line (``fsdp_train.contract.events.Signer``)."""
 
     def line(self, payload: dict[str, Any]) -> str: ...
 

@@ -1,6 +1,7 @@
 """The bounds of the event wire format and the text of its fields: what the emitter writes and the parser keeps.
 
-Pure Python, shared by both sides through :mod:`fsdp_train.events`; every field read back from a log is untrusted.
+Pure Python, shared by both sides through :mod:`fsdp_train.contract.events`; every field read back from a log is
+untrusted.
 """
 
 from __future__ import annotations

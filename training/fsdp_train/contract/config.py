@@ -57,7 +57,8 @@ class TrainConfig:
     """A Hugging Face model id or a local directory holding ``config.json`` (and weights)."""
     model_init: str = "random"
     """``pretrained`` loads the weights; ``random`` builds the architecture only, with random init.
-    For the ids in ``fsdp_train.known_models.KNOWN_CONFIGS`` the architecture is built without any network access."""
+    For the ids in ``fsdp_train.contract.known_models.KNOWN_CONFIGS`` the architecture is built without any network
+    access."""
     model_overrides: dict[str, Any] = field(default_factory=dict)
     """Hugging Face config fields to override (``{"num_hidden_layers": 2}``)."""
     steps: int = 100

@@ -3,8 +3,8 @@ the project's own errors."""
 
 from __future__ import annotations
 
-from fsdp_train.events import Failure
-from fsdp_train.wire import TEXT_LIMITS, clean_text, safe_str
+from fsdp_train.contract.events import Failure
+from fsdp_train.contract.wire import TEXT_LIMITS, clean_text, safe_str
 
 OWN_REASONS: dict[str, str] = {
     "fsdp_train.storage.DataUnavailable": "DataUnavailable",
