@@ -14,7 +14,6 @@ import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,13 +24,14 @@ from fsdp_train import health, preflight, report
 from fsdp_train.attention import to_device
 from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
 from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
-from fsdp_train.contract.events import Checkpoint, Evaluation, Export, Summary, as_dict, emit
+from fsdp_train.contract.events import Checkpoint, Summary, as_dict, emit
 from fsdp_train.contract.failures import failure_of
-from fsdp_train.data import Prepared, check_usable, load_tokenizer, prepare_on_each_node, tokenizer_location
+from fsdp_train.data import Prepared, check_usable, prepare_on_each_node, tokenizer_location
+from fsdp_train.evaluation import evaluate, export_checked
 from fsdp_train.fault_hooks import FaultHook
-from fsdp_train.feed import Collate, TrainFeed, eval_batches
+from fsdp_train.feed import Collate, TrainFeed
 from fsdp_train.fingerprint import run_fingerprint
-from fsdp_train.loss import IGNORE_INDEX, use_loss
+from fsdp_train.loss import use_loss
 from fsdp_train.metrics import Backend, EventsBackend, Metrics, flops_per_token, peak_flops
 from fsdp_train.model import build_meta_model, decoder_blocks, hf_config, init_weights
 from fsdp_train.notice import Watch
@@ -221,7 +221,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
             if evaluated:
                 assert validation is not None
                 t1 = time.perf_counter()
-                eval_loss = _evaluate(cfg, topo, model, validation, device, step)
+                eval_loss = evaluate(cfg, topo, model, validation, device, step)
                 eval_seconds += time.perf_counter() - t1
             if checkpointed:
                 _report_save(topo, host.checkpointer.wait(), watch)  # the previous asynchronous write, if any
@@ -242,7 +242,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
                 target = cfg.output_path if step == cfg.steps else f"{cfg.output_path.rstrip('/')}/step_{step:08d}"
                 t1 = time.perf_counter()
                 check = _check_batch(cfg, feed, validation, config.vocab_size)
-                _export(cfg, topo, model, config, target, step, tokenizer_dir, model_dir, check, device)
+                export_checked(cfg, topo, model, config, target, step, tokenizer_dir, model_dir, check, device)
                 export_seconds += time.perf_counter() - t1
             if fail_at and step == fail_at and resumed_from < fail_at:
                 raise RuntimeError(f"{FAIL_AT_STEP_ENV}={fail_at}: injected failure after step {step}")
@@ -257,11 +257,11 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
             print(f"fsdp_train: the checkpoint is the end of training (step {resumed_from}); exporting it", flush=True)
         if validation is not None:  # the figures of this run are this run's own: its evaluation of the model
             t1 = time.perf_counter()
-            eval_loss = _evaluate(cfg, topo, model, validation, device, resumed_from)
+            eval_loss = evaluate(cfg, topo, model, validation, device, resumed_from)
             eval_seconds += time.perf_counter() - t1
         check = _check_batch(cfg, feed, validation, config.vocab_size)
         t1 = time.perf_counter()
-        _export(cfg, topo, model, config, cfg.output_path, resumed_from, tokenizer_dir, model_dir, check, device)
+        export_checked(cfg, topo, model, config, cfg.output_path, resumed_from, tokenizer_dir, model_dir, check, device)
         export_seconds += time.perf_counter() - t1
 
     # Losses and the rate of the steps this run trained; None (absent) when it trained none.
@@ -331,47 +331,8 @@ def _prepare_data(
     return feed, prepared.validation, tokenizer_dir
 
 
-@torch.no_grad()
-def _evaluate(
-    cfg: TrainConfig, topo: Topology, model: nn.Module, validation: Packed, device: torch.device, step: int
-) -> float | None:
-    """Mean loss over every validation target (all ranks); rank 0 emits it. None when it is not a number."""
-    started = time.perf_counter()
-    model.eval()
-    totals = torch.zeros(2, dtype=torch.float64, device=device)
-    for batch in eval_batches(
-        validation,
-        rank=topo.rank,
-        world_size=topo.world_size,
-        batch_size=cfg.batch_size_per_rank,
-        document_mask=cfg.document_mask,
-    ):
-        inputs = to_device(batch, device)
-        loss = model(**inputs).loss
-        targets = (inputs["labels"][:, 1:] != IGNORE_INDEX).sum()
-        # An all-padding batch has no targets; Hugging Face's own loss is NaN there, not 0.
-        totals += torch.stack([torch.where(targets > 0, loss.double() * targets, 0.0), targets.double()])
-    model.train()
-    dist.all_reduce(totals)
-    loss_sum, count = totals.tolist()
-    mean = loss_sum / count if count else float("nan")
-    if topo.rank == 0 and math.isfinite(mean):  # no targets, or a diverged model: no evaluation figure, never NaN
-        emit(Evaluation(rank=0, step=step, loss=mean, tokens=int(count), seconds=time.perf_counter() - started))
-    return mean if math.isfinite(mean) else None
-
-
-def _known(value: float | None) -> float | None:
-    """A figure for an event: None (absent) when not finite, never NaN on the wire."""
-    return value if value is not None and math.isfinite(value) else None
-
-
 EXPORT_CHECK_ROWS = 4
 """Packed rows (validation first, else training) that the export self-check computes the loss on."""
-EXPORT_CHECK_TEXTS = 8
-
-
-class ExportMismatch(RuntimeError):
-    """The exported directory, loaded as a user loads it, is not the model that trained."""
 
 
 def _check_batch(
@@ -385,69 +346,6 @@ def _check_batch(
         )
         return {"input_ids": tokens, "labels": tokens}
     return Collate(packed, cfg.document_mask)(list(range(min(EXPORT_CHECK_ROWS, len(packed)))))
-
-
-def _export(
-    cfg: TrainConfig,
-    topo: Topology,
-    model: nn.Module,
-    config: Any,
-    target: str,
-    step: int,
-    tokenizer_dir: str | None,
-    model_dir: str | None,
-    check_batch: dict[str, torch.Tensor],
-    device: torch.device,
-) -> None:
-    from fsdp_train.storage import TOKENIZER_FILE_PATTERNS, fetch
-    from fsdp_train.weights import ExportCheck, export, verify_export
-
-    started = time.perf_counter()
-    if tokenizer_dir is None and topo.rank == 0:
-        try:  # random data: still ship the model's tokenizer when there is one
-            tokenizer_dir = fetch(cfg.tokenizer or cfg.model, patterns=TOKENIZER_FILE_PATTERNS)
-        except Exception:
-            tokenizer_dir = None
-    # The model as it is exported, on the check's rows: every rank runs the forward (FSDP's is collective).
-    model.eval()
-    with torch.no_grad():
-        inputs = {k: v.to(device) for k, v in check_batch.items() if k != "sample_ids"}
-        training_loss = float(model(**inputs).loss.float())
-    model.train()
-
-    def check(directory: Path) -> ExportCheck:
-        tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
-        texts = []
-        if tokenizer is not None:
-            # Text the training tokenizer produced: the rows of the check, decoded.
-            ids = check_batch["input_ids"][:EXPORT_CHECK_TEXTS]
-            texts = [t for t in tokenizer.batch_decode(ids.tolist(), skip_special_tokens=True) if t.strip()]
-        return verify_export(
-            directory,
-            training_tokenizer=tokenizer,
-            texts=texts,
-            batch=check_batch,
-            training_loss=training_loss,
-            device=device,
-        )
-
-    verdict = export(model, config, target, tokenizer_dir=tokenizer_dir, generation_source=model_dir, check=check)
-    assert verdict is not None
-    if topo.rank == 0:
-        emit(
-            Export(
-                rank=0,
-                step=step,
-                path=target if verdict.verified else "",
-                seconds=time.perf_counter() - started,
-                verified=verdict.verified,
-                training_loss=_known(verdict.training_loss),
-                export_loss=_known(verdict.export_loss),
-                check=verdict.reason,
-            )
-        )
-    if not verdict.verified:
-        raise ExportMismatch(f"export to {target} failed its self-check, nothing was written: {verdict.reason}")
 
 
 def _maybe_kill(env: Mapping[str, str], rank: int, step: int, resumed_from: int) -> None:
