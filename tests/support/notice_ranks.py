@@ -29,11 +29,11 @@ def run_rank_with_notices(
 ) -> None:
     import torch
     import torch.distributed as dist
-    from fsdp_train.checkpoint import DirectoryCheckpoints
     from fsdp_train.contract.config import TrainConfig
     from fsdp_train.loop import Host
     from fsdp_train.loop import train as run_train
     from fsdp_train.parallelize import Topology
+    from fsdp_train.state.checkpoint import DirectoryCheckpoints
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
@@ -49,7 +49,7 @@ def run_rank_with_notices(
     env = {"FSDP_NOTICE_DIR": str(Path(notices) / f"node{node}"), "POD_NAME": f"pod-{node}", "NODE_NAME": f"n{node}"}
     checkpointer: Any = DirectoryCheckpoints(ckpt)
     if ray_storage:  # Ray Train's checkpoints, its controller's bookkeeping stood in for (support.ray_controller)
-        from fsdp_train.checkpoint import RayCheckpoints
+        from fsdp_train.state.checkpoint import RayCheckpoints
 
         from support.ray_controller import ControllerStandIn
 

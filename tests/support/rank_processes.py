@@ -16,7 +16,7 @@ PRELOADED = (
     "torch",
     "torch.distributed",
     "fsdp_train.loop",
-    "fsdp_train.checkpoint",
+    "fsdp_train.state.checkpoint",
     "fsdp_train.health",
     "support.cpu_ranks",
     "support.notice_ranks",

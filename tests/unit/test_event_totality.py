@@ -37,7 +37,7 @@ from fsdp_train.contract.events import (
     parse_log,
 )
 from fsdp_train.contract.failures import failure_of
-from fsdp_train.storage import DataUnavailable
+from fsdp_train.state.storage import DataUnavailable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import event_mutations

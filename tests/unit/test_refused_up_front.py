@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from fsdp_operator.api import buckets, formats, manifest_yaml, schema
 from fsdp_operator.api.spec import SpecError, parse_job
-from fsdp_train import storage
 from fsdp_train.contract.config import ConfigError, TrainConfig
+from fsdp_train.state import storage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

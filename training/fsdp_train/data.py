@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
     from fsdp_train.contract.config import TrainConfig
-from fsdp_train.storage import DataUnavailable, filesystem, on_one_rank_per_node
+from fsdp_train.state.storage import DataUnavailable, filesystem, on_one_rank_per_node
 from fsdp_train.tokenizer_choice import TokenizerChoice, choose_tokenizer
 
 EXTENSIONS: dict[str, tuple[str, ...]] = {
@@ -157,7 +157,7 @@ def load_tokenizer(location: str) -> Any:
 @functools.cache
 def load_tokenizer_choice(location: str) -> TokenizerChoice:
     """:func:`load_tokenizer` with why that class."""
-    from fsdp_train.storage import TOKENIZER_FILE_PATTERNS, fetch
+    from fsdp_train.state.storage import TOKENIZER_FILE_PATTERNS, fetch
 
     choice = choose_tokenizer(fetch(location, patterns=TOKENIZER_FILE_PATTERNS))
     if choice.tokenizer.eos_token_id is None:

@@ -21,7 +21,7 @@ from fsdp_train.feed import eval_batches
 from fsdp_train.loss import IGNORE_INDEX
 from fsdp_train.packing import Packed
 from fsdp_train.parallelize import Topology
-from fsdp_train.storage import TOKENIZER_FILE_PATTERNS, fetch
+from fsdp_train.state.storage import TOKENIZER_FILE_PATTERNS, fetch
 from fsdp_train.weights import ExportCheck, export, verify_export
 
 EXPORT_CHECK_TEXTS = 8

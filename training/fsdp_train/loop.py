@@ -22,7 +22,6 @@ from torch import nn
 
 from fsdp_train import health, preflight, report
 from fsdp_train.attention import to_device
-from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
 from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
 from fsdp_train.contract.events import Checkpoint, Summary, as_dict, emit
 from fsdp_train.contract.failures import failure_of
@@ -44,6 +43,7 @@ from fsdp_train.startup import (
     fill_bytecode_cache,
     finish_bytecode_cache,
 )
+from fsdp_train.state.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
 from fsdp_train.steps import GC_EVERY_STEPS, LaggedSteps, collected_every
 from fsdp_train.weights import load_pretrained_weights
 
@@ -301,7 +301,7 @@ def _fetch_model(cfg: TrainConfig, topo: Topology) -> str | None:
     """The local directory of the pretrained model (fetched once per node), or None for a random init."""
     if cfg.model_init != "pretrained":
         return None
-    from fsdp_train.storage import fetch_on_each_node
+    from fsdp_train.state.storage import fetch_on_each_node
 
     return fetch_on_each_node(cfg.model, local_rank=topo.local_rank)
 
@@ -312,7 +312,7 @@ def _prepare_data(
     """The training feed, the validation rows and the tokenizer's directory; (None, None, None) for random data."""
     if cfg.data == RANDOM_DATA:
         return None, None, None
-    from fsdp_train.storage import TOKENIZER_FILE_PATTERNS, fetch_on_each_node
+    from fsdp_train.state.storage import TOKENIZER_FILE_PATTERNS, fetch_on_each_node
 
     location = tokenizer_location(cfg, cfg.model if cfg.model_init == "pretrained" else None)
     tokenizer_dir = fetch_on_each_node(location, local_rank=topo.local_rank, patterns=TOKENIZER_FILE_PATTERNS)
@@ -488,7 +488,7 @@ def step_figures(
 
 def run_from_env(cfg: TrainConfig) -> dict[str, Any]:
     """Entry for torchrun: topology from torchrun's variables, checkpoints in ``cfg.checkpoint_path``."""
-    from fsdp_train.checkpoint import DirectoryCheckpoints
+    from fsdp_train.state.checkpoint import DirectoryCheckpoints
 
     topo = Topology.from_torchrun_env(os.environ)
     checkpointer: Checkpointer = (

@@ -11,7 +11,7 @@ stops after the same step: ``[noticed, -deadline, -notice time, expected save se
 The checkpoint is saved when it fits before the deadline (the longest save measured in this run, times
 :data:`SAVE_MARGIN`, plus :data:`EXIT_SECONDS`); otherwise the save is abandoned before it starts, and the next
 attempt resumes from the last periodic checkpoint (a save cut short is never used either: a snapshot counts once
-its ``.metadata`` is written, ``fsdp_train.checkpoint``). Either way each node that had the notice writes ``done``
+its ``.metadata`` is written, ``fsdp_train.state.checkpoint``). Either way each node that had the notice writes ``done``
 (the hook returns at once) and reports an :class:`fsdp_train.contract.events.Interruption`; rank 0's return value
 carries
 ``interrupted``, and the job's driver exits with :data:`EXIT_INTERRUPTED` so that the attempt ends. The operator
@@ -122,7 +122,7 @@ class Watch:
     """The newest complete checkpoint's step known to this run (resumed from, or saved)."""
     agreed: Agreed | None = None
     ray_train: bool = False
-    """A Ray Train worker: a save counts once Ray Train's controller recorded it (``fsdp_train.ray_commit``)."""
+    """A Ray Train worker: a save counts once Ray Train's controller recorded it (``fsdp_train.state.ray_commit``)."""
     incomplete: int = 0
     """The step of a save the store did not complete (record) by the notice's deadline; 0: none."""
     _group: Any = field(default=None, repr=False)
@@ -279,8 +279,8 @@ def finish_user_function(result: Any) -> Any:
     saved, why = True, ""
     if watch.ray_train:
         # Before the hook is told `done` (and this rank's process ends): the function's report is recorded by Ray
-        # Train's controller, or the next attempt would not resume from it (fsdp_train.ray_commit).
-        from fsdp_train.ray_commit import committed_by_ray
+        # Train's controller, or the next attempt would not resume from it (fsdp_train.state.ray_commit).
+        from fsdp_train.state.ray_commit import committed_by_ray
 
         saved = committed_by_ray(None, watch.deadline)
         why = "" if saved else "Ray Train's controller had recorded no checkpoint of this rank by the notice's deadline"

@@ -135,10 +135,10 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     from fsdp_train.startup import use_bytecode_cache
 
     use_bytecode_cache(str(loop_config["train"].get("compile_cache_dir", "")))  # before the heavy imports
-    from fsdp_train.checkpoint import Checkpointer, NoCheckpoints, RayCheckpoints
     from fsdp_train.data import prepare_from_ray
     from fsdp_train.health import HealthConfig
     from fsdp_train.loop import Host, prepare_torchrun, train
+    from fsdp_train.state.checkpoint import Checkpointer, NoCheckpoints, RayCheckpoints
 
     cfg = TrainConfig.from_dict(loop_config["train"])
     topo, node_ip = ray_worker(bool(loop_config.get("use_gpu")))

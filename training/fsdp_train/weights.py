@@ -24,7 +24,7 @@ from torch import nn
 
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.model import _rebuild_rotary, to_empty_keeping_ties
-from fsdp_train.storage import is_remote
+from fsdp_train.state.storage import is_remote
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 """Tokenizers loaded from a bare ``tokenizer.json``: no model family of their own."""
@@ -214,7 +214,7 @@ def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:
 def _publish(staging: Path, destination: str) -> None:
     import pyarrow.fs as pafs
 
-    from fsdp_train.storage import filesystem
+    from fsdp_train.state.storage import filesystem
 
     if not is_remote(destination):
         target = Path(destination.removeprefix("file://"))

@@ -63,7 +63,7 @@ def check(cfg: Any, rows: int) -> bool:
         tokenizer_location,
     )
     from fsdp_train.packing import TARGET, DataReport, pack_documents
-    from fsdp_train.storage import DataUnavailable
+    from fsdp_train.state.storage import DataUnavailable
 
     tokenize = Tokenize(tokenizer_location(cfg, None), cfg.data_field, cfg.data_kind)
     source = open_source(cfg.data, cfg.data_format)

@@ -10,7 +10,7 @@ import pyarrow.fs
 import pytest
 import torch
 import torch.distributed as dist
-from fsdp_train.checkpoint import (
+from fsdp_train.state.checkpoint import (
     FINGERPRINT_FILE,
     CheckpointMismatch,
     DirectoryCheckpoints,
@@ -18,7 +18,7 @@ from fsdp_train.checkpoint import (
     load_into,
     restore_ray_checkpoint,
 )
-from fsdp_train.staging import HostArena, HostStager, state_bytes
+from fsdp_train.state.staging import HostArena, HostStager, state_bytes
 from ray.train import Checkpoint
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from fsdp_train.checkpoint import DirectoryCheckpoints
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.contract.events import (
     Checkpoint,
@@ -30,6 +29,7 @@ from fsdp_train.contract.events import (
 )
 from fsdp_train.loop import FAIL_AT_STEP_ENV, Host, random_tokens, train
 from fsdp_train.parallelize import Topology
+from fsdp_train.state.checkpoint import DirectoryCheckpoints
 from support.cpu_ranks import run_rank
 from support.rank_processes import rank_context
 

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsdp_train.checkpoint import DirectoryCheckpoints
 from fsdp_train.contract.events import Interruption, Step, Summary, parse_lines
 from fsdp_train.notice import DONE_FILE, NOTICE_FILE, read_notice, write_done
+from fsdp_train.state.checkpoint import DirectoryCheckpoints
 from support.notice_ranks import run_rank_with_notices
 from support.rank_processes import rank_context
 

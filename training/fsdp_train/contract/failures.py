@@ -7,8 +7,8 @@ from fsdp_train.contract.events import Failure
 from fsdp_train.contract.wire import TEXT_LIMITS, clean_text, safe_str
 
 OWN_REASONS: dict[str, str] = {
-    "fsdp_train.storage.DataUnavailable": "DataUnavailable",
-    "fsdp_train.checkpoint.CheckpointMismatch": "CheckpointMismatch",
+    "fsdp_train.state.storage.DataUnavailable": "DataUnavailable",
+    "fsdp_train.state.checkpoint.CheckpointMismatch": "CheckpointMismatch",
     "fsdp_train.preflight.PreflightFailed": "PreflightFailed",
 }
 """The project's own exceptions (``module.QualifiedName``) that carry a reason to the operator, and that reason.

@@ -36,7 +36,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
 
-from fsdp_train.staging import HostStager, state_bytes
+from fsdp_train.state.staging import HostStager, state_bytes
 
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 KEEP_LAST = 2
@@ -385,7 +385,7 @@ class RayCheckpoints:
     checkpoint in: it does so only once it has collected the report of every rank (each from its rank's result
     queue, polled), and only then writes it into its record. A rank whose process ends right after its report (its
     node goes away: ``fsdp_train.notice``) takes its report with it, and the checkpoint is never recorded: ``wait``
-    waits until the controller has taken in every report of this rank (``fsdp_train.ray_commit``)."""
+    waits until the controller has taken in every report of this rank (``fsdp_train.state.ray_commit``)."""
 
     _reported: _Reported | None = field(default=None, repr=False)
 
@@ -427,7 +427,7 @@ class RayCheckpoints:
         reported, self._reported = self._reported, None
         if reported is None:
             return None
-        from fsdp_train.ray_commit import committed_by_ray
+        from fsdp_train.state.ray_commit import committed_by_ray
 
         started = time.perf_counter()
         complete = committed_by_ray(step_dir_name(reported.step), deadline)
