@@ -3,7 +3,7 @@
     python bench/doc_attention.py
 
 8 rows of 2,048 tokens, 12 query heads, 2 key/value heads, head dim 128, bf16; documents of the lengths a code
-corpus gives (log-normal, median ~600 tokens, cut at row ends as ``fsdp_train.packing`` cuts them), then of
+corpus gives (log-normal, median ~600 tokens, cut at row ends as ``fsdp_train.datapath.packing`` cuts them), then of
 ~4,400 tokens (files longer than a row, as in the standard library's sources: most rows hold one document). Each way's
 forward+backward time per layer (CUDA events, median of 50 after 10) and its largest difference from the
 variable-length flash kernel's output and gradients (the training function's way today):

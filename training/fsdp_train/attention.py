@@ -7,7 +7,7 @@ SDPA with any mask leaves the flash kernel for the slower memory-efficient one (
 (``cu_seqlens``: where each document, or each row, begins in the stream) go to variable-length flash
 attention (FlashAttention-4 where ``flash-attn-4`` is installed, ``fsdp_train.fa4``; else torch's
 ``torch.nn.attention.varlen``): causal inside each document, masked blocks never computed. Rows stay full
-(``fsdp_train.packing`` cuts documents at row ends; a row start is a bound).
+(``fsdp_train.datapath.packing`` cuts documents at row ends; a row start is a bound).
 
 The model is built with ``attn_implementation=DOCUMENT_ATTENTION``. Batches carry the bounds as the
 ``document_bounds`` keyword (``document_bounds``), which transformers passes through to the attention
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from fsdp_train import fa4
-from fsdp_train.packing import BOUNDS_KEY
+from fsdp_train.datapath.packing import BOUNDS_KEY
 
 DOCUMENT_ATTENTION = "fsdp_document_varlen"
 

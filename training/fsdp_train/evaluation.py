@@ -16,10 +16,10 @@ from torch import nn
 from fsdp_train.attention import to_device
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.contract.events import Evaluation, Export, emit
-from fsdp_train.data import load_tokenizer
-from fsdp_train.feed import eval_batches
+from fsdp_train.datapath.data import load_tokenizer
+from fsdp_train.datapath.feed import eval_batches
+from fsdp_train.datapath.packing import Packed
 from fsdp_train.loss import IGNORE_INDEX
-from fsdp_train.packing import Packed
 from fsdp_train.parallelize import Topology
 from fsdp_train.state.storage import TOKENIZER_FILE_PATTERNS, fetch
 from fsdp_train.weights import ExportCheck, export, verify_export

@@ -25,16 +25,16 @@ from fsdp_train.attention import to_device
 from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
 from fsdp_train.contract.events import Checkpoint, Summary, as_dict, emit
 from fsdp_train.contract.failures import failure_of
-from fsdp_train.data import Prepared, check_usable, prepare_on_each_node, tokenizer_location
+from fsdp_train.datapath.data import Prepared, check_usable, prepare_on_each_node, tokenizer_location
+from fsdp_train.datapath.feed import Collate, TrainFeed
+from fsdp_train.datapath.fingerprint import run_fingerprint
+from fsdp_train.datapath.packing import Packed, samples_digest
 from fsdp_train.evaluation import evaluate, export_checked
 from fsdp_train.fault_hooks import FaultHook
-from fsdp_train.feed import Collate, TrainFeed
-from fsdp_train.fingerprint import run_fingerprint
 from fsdp_train.loss import use_loss
 from fsdp_train.metrics import Backend, EventsBackend, Metrics, flops_per_token, peak_flops
 from fsdp_train.model import build_meta_model, decoder_blocks, hf_config, init_weights
 from fsdp_train.notice import Watch
-from fsdp_train.packing import Packed, samples_digest
 from fsdp_train.parallelize import Topology, build_mesh, parallelize, resolve_sharding
 from fsdp_train.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
 from fsdp_train.startup import (

@@ -135,7 +135,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     from fsdp_train.startup import use_bytecode_cache
 
     use_bytecode_cache(str(loop_config["train"].get("compile_cache_dir", "")))  # before the heavy imports
-    from fsdp_train.data import prepare_from_ray
+    from fsdp_train.datapath.data import prepare_from_ray
     from fsdp_train.health import HealthConfig
     from fsdp_train.loop import Host, prepare_torchrun, train
     from fsdp_train.state.checkpoint import Checkpointer, NoCheckpoints, RayCheckpoints
@@ -330,7 +330,7 @@ def run(job: RayJobConfig) -> dict[str, Any]:
         },
         datasets=datasets or None,
         # Every worker reads the packed rows whole and takes its samples in the sampler's order
-        # (fsdp_train.data.ray_datasets says why): no split by Ray.
+        # (fsdp_train.datapath.data.ray_datasets says why): no split by Ray.
         dataset_config=ray.train.DataConfig(datasets_to_split=[]),
         scaling_config=ScalingConfig(
             num_workers=job.num_workers,
@@ -371,7 +371,7 @@ def driver_datasets(cfg: TrainConfig) -> dict[str, Any]:
 
     if cfg.data == RANDOM_DATA:
         return {}
-    from fsdp_train.data import ray_datasets, tokenizer_location
+    from fsdp_train.datapath.data import ray_datasets, tokenizer_location
 
     # The location, not a copy on this (head) node: the tokenizing tasks fetch it where they run.
     return ray_datasets(cfg, tokenizer_location(cfg, cfg.model if cfg.model_init == "pretrained" else None))

@@ -485,7 +485,7 @@ def data_fingerprint(train: Mapping[str, Any], world_size: int) -> str:
     import hashlib
 
     from fsdp_train.contract.config import TrainConfig
-    from fsdp_train.fingerprint import run_fingerprint
+    from fsdp_train.datapath.fingerprint import run_fingerprint
 
     values = run_fingerprint(TrainConfig.from_dict(dict(train)), world_size)
     return hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:16]

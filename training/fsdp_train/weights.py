@@ -159,7 +159,7 @@ def _write_hf_dir(
     hf_model.save_pretrained(directory, max_shard_size="5GB")
     _set_json(directory / "config.json", use_cache=True)  # save_pretrained keeps the training run's False
     if tokenizer_dir:
-        from fsdp_train.tokenizer_choice import choose_tokenizer
+        from fsdp_train.datapath.tokenizer_choice import choose_tokenizer
 
         tokenizer = choose_tokenizer(tokenizer_dir).tokenizer  # the one training used, not AutoTokenizer's own
         tokenizer.save_pretrained(directory)

@@ -1,6 +1,6 @@
 """`fsdpctl data check -f JOB.yaml`: the job's data pipeline on its first rows, here, before any GPU is asked for.
 
-The training function's own code runs (``fsdp_train.data``): the job's tokenizer, its chat template and
+The training function's own code runs (``fsdp_train.datapath.data``): the job's tokenizer, its chat template and
 loss masks, the bad-row rules and the packing. It prints the rows read, the rows that cannot be trained
 on (per file, with field and reason), token and target counts, the packed rows, and one rendered
 sample with its targets marked. Exit codes as for every fsdpctl command: 0 the rows can be trained on,
@@ -53,7 +53,7 @@ def cmd_data_check(args: argparse.Namespace) -> int:
 
 def check(cfg: Any, rows: int) -> bool:
     """Print the report for the first ``rows`` rows of ``cfg.data``; False when the job would fail on them."""
-    from fsdp_train.data import (
+    from fsdp_train.datapath.data import (
         Tokenize,
         check_rows,
         eos_is_target,
@@ -62,7 +62,7 @@ def check(cfg: Any, rows: int) -> bool:
         read_tables,
         tokenizer_location,
     )
-    from fsdp_train.packing import TARGET, DataReport, pack_documents
+    from fsdp_train.datapath.packing import TARGET, DataReport, pack_documents
     from fsdp_train.state.storage import DataUnavailable
 
     tokenize = Tokenize(tokenizer_location(cfg, None), cfg.data_field, cfg.data_kind)
@@ -112,7 +112,7 @@ def check(cfg: Any, rows: int) -> bool:
 
 def first_document(packed: Any) -> tuple[list[int], list[int]]:
     """The first document of the first packed row, through the EOS that ends it: (ids, target marks)."""
-    from fsdp_train.packing import DOC_START, TARGET
+    from fsdp_train.datapath.packing import DOC_START, TARGET
 
     ids = [int(i) for i in packed.input_ids[0]]
     flags = [int(f) for f in packed.flags[0]]

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fsdp_train import data, packing
-from fsdp_train import feed as feed_module
 from fsdp_train.contract.config import TrainConfig
+from fsdp_train.datapath import data, packing
+from fsdp_train.datapath import feed as feed_module
 from fsdp_train.state import storage
 from support.tiny_hf import EOS, IM_END, conversations, documents, train_tokenizer, write_jsonl, write_parquet
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from fsdp_train import fa4
 from fsdp_train.attention import DOCUMENT_ATTENTION, document_attention, register, varlen_available
-from fsdp_train.feed import Collate
+from fsdp_train.datapath.feed import Collate
+from fsdp_train.datapath.packing import BOUNDS_KEY, DOC_START, TARGET, Packed, document_bounds
 from fsdp_train.model import build_meta_model
-from fsdp_train.packing import BOUNDS_KEY, DOC_START, TARGET, Packed, document_bounds
 from support.tiny_hf import TINY_QWEN2
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from fsdp_train.contract.config import TrainConfig
-from fsdp_train.fingerprint import run_fingerprint
+from fsdp_train.datapath.fingerprint import run_fingerprint
 
 BASE: dict[str, Any] = {"steps": 4, "seq_len": 16, "batch_size_per_rank": 2, "grad_accum": 1}
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fsdp_train.packing import DataPosition, labels, pack_documents, position_ids
+from fsdp_train.datapath.packing import DataPosition, labels, pack_documents, position_ids
 
 
 def test_packed_rows_have_fixed_dtypes_and_an_empty_input_packs_to_no_rows() -> None:

@@ -128,7 +128,7 @@ class Step(Event):
     """Packed sequences trained on so far, all ranks and epochs (a resumed run counts the earlier ones)."""
     tokens_seen: int = 0
     samples_digest: str = ""
-    """A fingerprint of this step's sample ids in order (``fsdp_train.packing.samples_digest``)."""
+    """A fingerprint of this step's sample ids in order (``fsdp_train.datapath.packing.samples_digest``)."""
     extra: dict[str, float] = field(default_factory=dict)
     """Other numeric metrics of the step, at most :data:`MAX_EXTRA` of them: a user function's
     (``fsdp_train.user_function``); the bundled function's ``grad_norm`` (before clipping)."""
@@ -173,7 +173,7 @@ class Checkpoint(Event):
     path: str
     seconds: float = 0.0
     resumed: bool = False
-    """True: not written but resumed from (same fingerprint, ``fsdp_train.fingerprint.run_fingerprint``), at
+    """True: not written but resumed from (same fingerprint, ``fsdp_train.datapath.fingerprint.run_fingerprint``), at
     ``step``."""
 
 

@@ -43,7 +43,8 @@ KEEP_LAST = 2
 WRITE_THREADS = 4
 """Threads per rank that write an asynchronous snapshot to a local directory."""
 FINGERPRINT_FILE = "fingerprint.json"
-"""Beside each snapshot's DCP files: what decided the run's trajectory (``fsdp_train.fingerprint.run_fingerprint``)."""
+"""Beside each snapshot's DCP files: what decided the run's trajectory
+(``fsdp_train.datapath.fingerprint.run_fingerprint``)."""
 
 Fingerprint = Mapping[str, Any]
 

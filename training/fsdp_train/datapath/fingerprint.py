@@ -41,7 +41,7 @@ def run_fingerprint(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
     values: dict[str, Any] = {name: getattr(cfg, name) for name in TRAJECTORY_FIELDS}
     values["global_batch"] = world_size * cfg.batch_size_per_rank * cfg.grad_accum
     if cfg.data != RANDOM_DATA:
-        from fsdp_train.data import open_source
+        from fsdp_train.datapath.data import open_source
 
         # File names and sizes: new content under the same location is another run.
         values["data_files"] = open_source(cfg.data, cfg.data_format).fingerprint()

@@ -4,11 +4,11 @@ and hand every rank its samples in an order that a resumed run reproduces exactl
 One pipeline, two front ends. Under Ray, Ray Data reads the source and tokenizes in ``map_batches``
 (``ray_datasets``); under torchrun the same ``Tokenize`` runs over pyarrow's readers
 (``load_packed``). Both feed the same ``pack_documents``, and the packed sequences reach the loop
-through a ``DataLoader`` (``fsdp_train.feed``) whose sampler is torch's ``DistributedSampler`` plus a
+through a ``DataLoader`` (``fsdp_train.datapath.feed``) whose sampler is torch's ``DistributedSampler`` plus a
 start offset (``ResumableSampler``), so where a run stands is two numbers, epoch and step in epoch, that the
 checkpoint carries (``DataPosition``).
 
-How documents become packed sequences, and what a position in them is, lives in ``fsdp_train.packing``
+How documents become packed sequences, and what a position in them is, lives in ``fsdp_train.datapath.packing``
 (pure numpy); reading needs no torch, the loader parts import it.
 """
 
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fsdp_train.packing import (
+from fsdp_train.datapath.packing import (
     DataReport,
     Packed,
     pack_documents,
@@ -39,8 +39,8 @@ if TYPE_CHECKING:
     import pyarrow.fs as pafs
 
     from fsdp_train.contract.config import TrainConfig
+from fsdp_train.datapath.tokenizer_choice import TokenizerChoice, choose_tokenizer
 from fsdp_train.state.storage import DataUnavailable, filesystem, on_one_rank_per_node
-from fsdp_train.tokenizer_choice import TokenizerChoice, choose_tokenizer
 
 EXTENSIONS: dict[str, tuple[str, ...]] = {
     "jsonl": (".jsonl", ".json", ".jsonl.gz", ".json.gz"),

@@ -1,4 +1,4 @@
-"""Packing and data positions: pure numpy, no I/O (``fsdp_train.data`` reads and feeds; this packs and counts).
+"""Packing and data positions: pure numpy, no I/O (``fsdp_train.datapath.data`` reads and feeds; this packs and counts).
 
 A packed sequence is ``input_ids`` (``seq_len`` token ids) and ``flags``: bit 0 says the token is a
 loss target, bit 1 that a document starts there. Documents are joined with EOS; position ids restart

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fsdp_train.packing import (
+from fsdp_train.datapath.packing import (
     BOUNDS_KEY,
     DOC_START,
     IGNORE_INDEX,
