@@ -157,10 +157,10 @@ def python_sources(root: Path) -> None:
 def load(directory: str) -> None:
     import torch
     import torch.distributed as dist
-    from fsdp_train import weights
     from fsdp_train.contract.config import TrainConfig
-    from fsdp_train.model import build_meta_model, decoder_blocks, hf_config, to_empty_keeping_ties
-    from fsdp_train.parallelize import Topology, build_mesh, parallelize
+    from fsdp_train.models import weights
+    from fsdp_train.models.model import build_meta_model, decoder_blocks, hf_config, to_empty_keeping_ties
+    from fsdp_train.models.parallelize import Topology, build_mesh, parallelize
 
     topo = Topology.from_torchrun_env()
     if torch.cuda.is_available():

@@ -26,7 +26,7 @@ run() {  # name, extra config
 }
 run random '"model":"Qwen/Qwen2.5-1.5B","model_init":"random"'
 # The data runs: attention kept inside documents (the default: varlen flash attention over the document
-# bounds, fsdp_train.attention), and plain causal.
+# bounds, fsdp_train.models.attention), and plain causal.
 data='"model":"'"$assets/model"'","model_init":"pretrained","data":"'"$assets/corpus"'","shuffle_seed":1'
 run data "$data,\"document_mask\":true,\"output_path\":\"${EXPORT_DIR:-$assets/export}\""
 run data-causal "$data,\"document_mask\":false"

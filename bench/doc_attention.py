@@ -10,7 +10,7 @@ variable-length flash kernel's output and gradients (the training function's way
 
 - ``causal``: plain causal rows, no document mask (what random tokens run: the baseline), by torch's choice of
   kernel with grouped heads (transformers' way) and by cuDNN's with key and value repeated;
-- ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` over the documents (``fsdp_train.attention``);
+- ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` over the documents (``fsdp_train.models.attention``);
 - ``cudnn-mask``: cuDNN's SDPA with the dense block-causal mask as a boolean ``attn_mask``;
 - ``flex``: ``flex_attention`` (compiled) with a block mask of the documents, grouped heads as they are;
 - ``nested``: the documents as a jagged nested tensor, SDPA with ``is_causal`` on cuDNN's, flash's or the
@@ -18,7 +18,7 @@ variable-length flash kernel's output and gradients (the training function's way
 
 Where the ``flash-attn-4`` package is installed, FlashAttention-4 runs as three more rows, grouped heads as they
 are: its own functions (``fa4 causal``, ``fa4 varlen``) and the training function's wrapping of its varlen kernel
-(``fsdp_train.fa4``).
+(``fsdp_train.models.fa4``).
 
 A way this torch cannot run prints its error and the others go on.
 """
@@ -32,8 +32,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from fsdp_train import fa4
-from fsdp_train.attention import _causal_varlen, dense_mask
+from fsdp_train.models import fa4
+from fsdp_train.models.attention import _causal_varlen, dense_mask
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, "bench")
@@ -166,7 +166,7 @@ def flash_attn_4(cu: torch.Tensor) -> dict[str, Attend]:
     def ours(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return fa4.causal_varlen(q, k, v, cu, SEQ, None)
 
-    return {"fa4 causal (no mask)": fa4_causal, "fa4 varlen": fa4_varlen, "fsdp_train.fa4": ours}
+    return {"fa4 causal (no mask)": fa4_causal, "fa4 varlen": fa4_varlen, "fsdp_train.models.fa4": ours}
 
 
 def timed(attend: Attend, leaves: list[torch.Tensor], grad_out: torch.Tensor) -> float:

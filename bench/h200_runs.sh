@@ -192,7 +192,7 @@ fa4_site() {  # fa4_site DIR: flash-attn-4 and its CuTe DSL unpacked into DIR (F
         "$py" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' "$1" ${FA4WHEELS:-}; } || return 1
     # PYTHONPATH reads no .pth file: the CuTe DSL's package folder (its .pth) is named here
     export PYTHONPATH="$PYTHONPATH:$1:$1/nvidia_cutlass_dsl/dsl_packages"
-    "$py" -c 'import torch, flash_attn.cute, fsdp_train.fa4 as f; print("FlashAttention-4:", f.available(torch.device("cuda")))' 2>&1 \
+    "$py" -c 'import torch, flash_attn.cute, fsdp_train.models.fa4 as f; print("FlashAttention-4:", f.available(torch.device("cuda")))' 2>&1 \
         | tail -n 3
 }
 
@@ -504,7 +504,7 @@ round11-loss)  # one GPU: the training function itself with each loss: chunks of
         fn1 "loss-$chunk" 150 "$cfg"
     done
     ;;
-round10)  # one GPU: FlashAttention-4 for the document mask (fsdp_train.fa4): attention table, the mask's ratio
+round10)  # one GPU: FlashAttention-4 for the document mask (fsdp_train.models.fa4): attention table, the mask's ratio
     site=/tmp/fa4site
     fa4_site "$site" || exit 1
     echo "\$ python bench/doc_attention.py"

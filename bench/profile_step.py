@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.loop import build, train_step
-from fsdp_train.parallelize import Topology
+from fsdp_train.models.parallelize import Topology
 
 GROUPS: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),

@@ -121,7 +121,7 @@ def main() -> int:
 
     from fsdp_train.contract.config import TrainConfig
     from fsdp_train.metrics import flops_per_token, mfu, peak_flops
-    from fsdp_train.model import hf_config
+    from fsdp_train.models.model import hf_config
     from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger
     from torchtitan.train import Trainer

@@ -4,7 +4,7 @@
         --recipes seed,ours,ours-final
 
 Every recipe runs in the same invocation on the same GPUs with the same seed, the same initial weights
-(``fsdp_train.model.init_weights``: each parameter from a generator seeded by its name) and the same
+(``fsdp_train.models.model.init_weights``: each parameter from a generator seeded by its name) and the same
 random token ids, one after the other (memory is freed in between). Recipes:
 
 - ``seed``: the reference sample, as ``docs/performance.md`` defines it: FSDP1 FULL_SHARD with a
@@ -45,13 +45,13 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from fsdp_train import loop
-from fsdp_train import loss as loss_module
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.loop import build, step_figures, train_step
 from fsdp_train.metrics import flops_per_token, mfu, peak_flops
-from fsdp_train.model import build_meta_model, hf_config, init_weights
-from fsdp_train.parallelize import Topology, parallelize
-from fsdp_train.precision import DEFAULT_FLOAT8, Float8Choice
+from fsdp_train.models import loss as loss_module
+from fsdp_train.models.model import build_meta_model, hf_config, init_weights
+from fsdp_train.models.parallelize import Topology, parallelize
+from fsdp_train.models.precision import DEFAULT_FLOAT8, Float8Choice
 from fsdp_train.steps import GC_EVERY_STEPS, collected_every
 
 FINAL: dict[str, Any] = {"compile": True, "loss_chunk_tokens": 4096, "reshard_after_forward": False}
@@ -378,7 +378,7 @@ def ce_chunk_elementwise(
     logits: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The chunk loss with its gradient as one elementwise expression (the one-hot a comparison with the column
-    index, no ``scatter_add``): tried in round five, 3.2 % slower per step than ``fsdp_train.loss.ce_chunk``."""
+    index, no ``scatter_add``): tried in round five, 3.2 % slower per step than ``fsdp_train.models.loss.ce_chunk``."""
     x = logits.float()
     valid = targets != -100
     safe = torch.where(valid, targets, 0)
@@ -418,7 +418,8 @@ def autocast_forward(model: torch.nn.Module, device: torch.device) -> None:
 
 
 def use_flce(model: torch.nn.Module) -> None:
-    """Replace the chunked loss that ``build`` put in (``fsdp_train.loss.use_loss``) with Liger-kernel's fused linear
+    """Replace the chunked loss that ``build`` put in (``fsdp_train.models.loss.use_loss``) with Liger-kernel's fused
+    linear
     cross-entropy, over the same targets and with the same mean."""
     from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
 

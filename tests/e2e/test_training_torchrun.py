@@ -248,7 +248,7 @@ def test_parameter_formula_matches_the_built_model(overrides: dict[str, Any]) ->
     """The analytic count behind MFU equals the real architecture's (Qwen2.5-1.5B from the in-code config)."""
     from fsdp_train.contract.config import TrainConfig
     from fsdp_train.metrics import count_params
-    from fsdp_train.model import build_meta_model, hf_config
+    from fsdp_train.models.model import build_meta_model, hf_config
 
     config = hf_config(TrainConfig(model_overrides=overrides))
     model = build_meta_model(config)  # meta device: no memory, no download

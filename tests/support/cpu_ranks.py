@@ -18,7 +18,7 @@ def run_rank(rank: int, world_size: int, ranks_per_node: int, store: str, train:
     from fsdp_train.contract.config import TrainConfig
     from fsdp_train.loop import Host
     from fsdp_train.loop import train as run_train
-    from fsdp_train.parallelize import Topology
+    from fsdp_train.models.parallelize import Topology
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)

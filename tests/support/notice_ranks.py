@@ -32,7 +32,7 @@ def run_rank_with_notices(
     from fsdp_train.contract.config import TrainConfig
     from fsdp_train.loop import Host
     from fsdp_train.loop import train as run_train
-    from fsdp_train.parallelize import Topology
+    from fsdp_train.models.parallelize import Topology
     from fsdp_train.state.checkpoint import DirectoryCheckpoints
 
     torch.set_num_threads(1)

@@ -13,16 +13,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_train.attention import to_device
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.contract.events import Evaluation, Export, emit
 from fsdp_train.datapath.data import load_tokenizer
 from fsdp_train.datapath.feed import eval_batches
 from fsdp_train.datapath.packing import Packed
-from fsdp_train.loss import IGNORE_INDEX
-from fsdp_train.parallelize import Topology
+from fsdp_train.models.attention import to_device
+from fsdp_train.models.loss import IGNORE_INDEX
+from fsdp_train.models.parallelize import Topology
+from fsdp_train.models.weights import ExportCheck, export, verify_export
 from fsdp_train.state.storage import TOKENIZER_FILE_PATTERNS, fetch
-from fsdp_train.weights import ExportCheck, export, verify_export
 
 EXPORT_CHECK_TEXTS = 8
 """Rows of the self-check's batch decoded to text, for the tokenizer's round trip."""

@@ -21,7 +21,6 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdp_train import health, preflight, report
-from fsdp_train.attention import to_device
 from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
 from fsdp_train.contract.events import Checkpoint, Summary, as_dict, emit
 from fsdp_train.contract.failures import failure_of
@@ -31,12 +30,14 @@ from fsdp_train.datapath.fingerprint import run_fingerprint
 from fsdp_train.datapath.packing import Packed, samples_digest
 from fsdp_train.evaluation import evaluate, export_checked
 from fsdp_train.fault_hooks import FaultHook
-from fsdp_train.loss import use_loss
 from fsdp_train.metrics import Backend, EventsBackend, Metrics, flops_per_token, peak_flops
-from fsdp_train.model import build_meta_model, decoder_blocks, hf_config, init_weights
+from fsdp_train.models.attention import to_device
+from fsdp_train.models.loss import use_loss
+from fsdp_train.models.model import build_meta_model, decoder_blocks, hf_config, init_weights
+from fsdp_train.models.parallelize import Topology, build_mesh, parallelize, resolve_sharding
+from fsdp_train.models.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
+from fsdp_train.models.weights import load_pretrained_weights
 from fsdp_train.notice import Watch
-from fsdp_train.parallelize import Topology, build_mesh, parallelize, resolve_sharding
-from fsdp_train.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
 from fsdp_train.startup import (
     StartupClock,
     configure_compile_cache,
@@ -45,7 +46,6 @@ from fsdp_train.startup import (
 )
 from fsdp_train.state.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
 from fsdp_train.steps import GC_EVERY_STEPS, LaggedSteps, collected_every
-from fsdp_train.weights import load_pretrained_weights
 
 FAIL_AT_STEP_ENV = "FSDP_TRAIN_FAIL_AT_STEP"
 """Fault injection: raise after step N (and its checkpoint) unless the run resumed at or past N."""
@@ -401,7 +401,8 @@ def build(
 
 
 def matmul_precision(cfg: TrainConfig, device: torch.device, config: Any) -> str:
-    """``bf16``, ``fp8`` or ``fp32``: the matmuls' precision for this device and model (``fsdp_train.precision``)."""
+    """``bf16``, ``fp8`` or ``fp32``: the matmuls' precision for this device and model
+    (``fsdp_train.models.precision``)."""
     if cfg.mixed_precision == "fp32":
         return "fp32"  # no mixed precision at all (the config refuses fp8 with it)
     on_gpu = device.type == "cuda"

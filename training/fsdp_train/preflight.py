@@ -6,7 +6,7 @@ briefly). `fsdpctl run-local` runs every check before it starts a cluster; in a 
 the data source before it fetches the tokenizer, and each rank checks the code or the model before its first
 collective. A hub that cannot be reached is said as such, a model the hub does not have as not found.
 
-No torch import here (run-local calls it in the operator's own process); `fsdp_train.model` is imported only
+No torch import here (run-local calls it in the operator's own process); `fsdp_train.models.model` is imported only
 when the model's name may be one it builds without downloading.
 """
 

@@ -22,7 +22,7 @@ from fsdp_train.tracking import Settings
 from fsdp_train.user_function import FunctionConfig
 
 if TYPE_CHECKING:
-    from fsdp_train.parallelize import Topology
+    from fsdp_train.models.parallelize import Topology
 
 # Per-rank event lines survive Ray's log handling only without dedup and without Train's print patch
 # (../shared/notes/environment.md). Train V2 passes RAY_TRAIN_* variables from driver to workers.
@@ -179,7 +179,7 @@ def ray_worker(use_gpu: bool) -> tuple[Topology, str]:
     import ray.train
     import ray.util
 
-    from fsdp_train.parallelize import Topology
+    from fsdp_train.models.parallelize import Topology
 
     ctx = ray.train.get_context()
     device_index = None

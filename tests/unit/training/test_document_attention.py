@@ -1,4 +1,4 @@
-"""Attention inside documents from document bounds (``fsdp_train.attention``), not from a dense mask.
+"""Attention inside documents from document bounds (``fsdp_train.models.attention``), not from a dense mask.
 
 On CPU the bounds become the dense block-causal mask (the fallback); with CUDA the varlen flash kernel
 runs, and must give the loss of the dense path. Speed is measured by ``bench/data_runs.sh`` (docs/data.md).
@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fsdp_train import fa4
-from fsdp_train.attention import DOCUMENT_ATTENTION, document_attention, register, varlen_available
 from fsdp_train.datapath.feed import Collate
 from fsdp_train.datapath.packing import BOUNDS_KEY, DOC_START, TARGET, Packed, document_bounds
-from fsdp_train.model import build_meta_model
+from fsdp_train.models import fa4
+from fsdp_train.models.attention import DOCUMENT_ATTENTION, document_attention, register, varlen_available
+from fsdp_train.models.model import build_meta_model
 from support.tiny_hf import TINY_QWEN2
 
 

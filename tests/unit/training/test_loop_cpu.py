@@ -28,7 +28,7 @@ from fsdp_train.contract.events import (
     parse_lines,
 )
 from fsdp_train.loop import FAIL_AT_STEP_ENV, Host, random_tokens, train
-from fsdp_train.parallelize import Topology
+from fsdp_train.models.parallelize import Topology
 from fsdp_train.state.checkpoint import DirectoryCheckpoints
 from support.cpu_ranks import run_rank
 from support.rank_processes import rank_context

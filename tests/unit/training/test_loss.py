@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from fsdp_train.loss import (
+from fsdp_train.models.loss import (
     IGNORE_INDEX,
     ce_chunk,
     linear_cross_entropy,

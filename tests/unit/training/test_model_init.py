@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from fsdp_train.contract.config import ConfigError, TrainConfig
-from fsdp_train.model import build_meta_model, hf_config, init_weights
+from fsdp_train.models.model import build_meta_model, hf_config, init_weights
 from support.tiny_hf import save_tiny_model
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from fsdp_train.contract.config import ConfigError, TrainConfig
-from fsdp_train.model import build_meta_model, decoder_blocks, hf_config
-from fsdp_train.precision import Float8Choice, convert_to_float8, has_fp8_tensor_cores, resolve_precision
+from fsdp_train.models.model import build_meta_model, decoder_blocks, hf_config
+from fsdp_train.models.precision import Float8Choice, convert_to_float8, has_fp8_tensor_cores, resolve_precision
 
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
         "num_hidden_layers": 2, "vocab_size": 512}  # fmt: skip

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from fsdp_train.datapath.data import load_tokenizer_choice
 from fsdp_train.datapath.tokenizer_choice import PROBE_TEXTS, choose_tokenizer
-from fsdp_train.weights import _write_hf_dir
+from fsdp_train.models.weights import _write_hf_dir
 from support.tiny_hf import TINY_QWEN2
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

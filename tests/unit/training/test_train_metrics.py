@@ -91,7 +91,7 @@ def test_bus_bandwidth_formula() -> None:
 
 
 def test_auto_sharding() -> None:
-    from fsdp_train.parallelize import resolve_sharding
+    from fsdp_train.models.parallelize import resolve_sharding
 
     assert resolve_sharding("auto", 1, None, 25.0) == "full"
     assert resolve_sharding("auto", 2, None, 25.0) == "hybrid"
@@ -102,7 +102,7 @@ def test_auto_sharding() -> None:
 
 
 def test_topology_from_torchrun_and_fake_nodes() -> None:
-    from fsdp_train.parallelize import Topology
+    from fsdp_train.models.parallelize import Topology
 
     env = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}
     topo = Topology.from_torchrun_env(env)

@@ -33,7 +33,7 @@ from fsdp_train.contract.events import (
     parse_event,
     parse_log,
 )
-from fsdp_train.parallelize import Topology
+from fsdp_train.models.parallelize import Topology
 from fsdp_train.user_function import (
     FunctionConfig,
     checkpoint_uri,

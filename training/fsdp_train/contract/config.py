@@ -90,7 +90,7 @@ class TrainConfig:
     compile: bool = False
     """``torch.compile`` each decoder block (and the loss's per-chunk softmax)."""
     loss_chunk_tokens: int = 4096
-    """Tokens per chunk of the fused lm_head + cross-entropy (``fsdp_train.loss``), which never holds
+    """Tokens per chunk of the fused lm_head + cross-entropy (``fsdp_train.models.loss``), which never holds
     more than one chunk of logits; 0: Hugging Face's own loss over the full fp32 logits."""
     reshard_after_forward: bool = True
     """Free each block's gathered parameters after its forward and gather them again in backward
@@ -99,7 +99,7 @@ class TrainConfig:
     precision: str = "bf16"
     """Matmul precision of the decoder blocks' linear layers: ``bf16``, ``fp8`` (torchao float8 training;
     needs fp8 tensor cores: L4, L40S, H100, H200) or ``auto`` (fp8 only where it was measured to win:
-    H100/H200 and a hidden size of at least 3584; ``fsdp_train.precision``)."""
+    H100/H200 and a hidden size of at least 3584; ``fsdp_train.models.precision``)."""
     compile_cache_dir: str = ""
     """Directory for Inductor's and Triton's compile caches, shared by the runs of a job (a volume), so a
     restart or a second run reuses the compiled kernels; empty: the default per-process temporary cache."""
@@ -125,7 +125,7 @@ class TrainConfig:
     """Evaluate every N steps (and after the last); 0: only after the last step."""
     document_mask: bool = True
     """Restart position ids at every document of a packed row and keep attention inside documents (variable-
-    length flash attention over the batch's document bounds, ``fsdp_train.attention``: no dense mask);
+    length flash attention over the batch's document bounds, ``fsdp_train.models.attention``: no dense mask);
     false: positions run through the row and attention spans its documents (plain causal)."""
     shuffle_seed: int = 0
     """Seed of the per-epoch order of the packed sequences (and of the validation split)."""

@@ -155,7 +155,7 @@ class Export(Event):
     path: str
     seconds: float = 0.0
     verified: bool = False
-    """The export, loaded as a user loads it, matched the training run (``fsdp_train.weights.verify_export``)."""
+    """The export, loaded as a user loads it, matched the training run (``fsdp_train.models.weights.verify_export``)."""
     training_loss: float | None = None
     """Loss of the model in training on the self-check's rows, just before the export."""
     export_loss: float | None = None

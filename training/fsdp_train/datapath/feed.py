@@ -55,7 +55,7 @@ class Collate:
             "position_ids": torch.from_numpy(np.ascontiguousarray(positions, dtype=np.int64)),
             "sample_ids": torch.from_numpy(rows),
         }
-        if self.document_mask:  # for fsdp_train.attention: attention inside documents without a dense mask
+        if self.document_mask:  # for fsdp_train.models.attention: attention inside documents without a dense mask
             batch[BOUNDS_KEY] = torch.from_numpy(document_bounds((flags & DOC_START) != 0))
         return batch
 

@@ -21,7 +21,7 @@ DOC_START = 2
 """Flag bit: a document begins at this token (its position id is 0)."""
 IGNORE_INDEX = -100
 BOUNDS_KEY = "document_bounds"
-"""The batch key of ``document_bounds`` (read by ``fsdp_train.attention``)."""
+"""The batch key of ``document_bounds`` (read by ``fsdp_train.models.attention``)."""
 
 
 @dataclass(slots=True)

@@ -1,6 +1,6 @@
 """Which tokenizer a directory's user meant: ``AutoTokenizer``'s class when it gives the ids of the directory's own
 ``tokenizer.json``, else that ``tokenizer.json`` itself (``fsdp_train.datapath.data`` trains with it,
-``fsdp_train.weights``
+``fsdp_train.models.weights``
 exports and pins it). Imports neither of them (both import this).
 """
 

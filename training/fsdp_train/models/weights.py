@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdp_train.contract.config import TrainConfig
-from fsdp_train.model import _rebuild_rotary, to_empty_keeping_ties
+from fsdp_train.models.model import _rebuild_rotary, to_empty_keeping_ties
 from fsdp_train.state.storage import is_remote
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -62,7 +62,7 @@ def load_sharded(model: nn.Module, directory: str) -> float:
     )
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    from fsdp_train.model import canonical_name
+    from fsdp_train.models.model import canonical_name
 
     started = time.perf_counter()
     state = get_model_state_dict(model)
@@ -299,7 +299,7 @@ def describe(directory: Path) -> dict[str, Any]:
 
 
 def load_pretrained_weights(model: nn.Module, cfg: TrainConfig, device: torch.device) -> None:
-    """Materialize the sharded model and fill it from ``cfg.model``, a local directory (``fsdp_train.weights``).
+    """Materialize the sharded model and fill it from ``cfg.model``, a local directory (``fsdp_train.models.weights``).
 
     Safetensors go straight into each rank's shards; other weight files are loaded on rank 0 and broadcast.
     """

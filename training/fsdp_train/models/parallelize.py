@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsdp_train.precision import Float8Choice, convert_to_float8
+from fsdp_train.models.precision import Float8Choice, convert_to_float8
 
 if TYPE_CHECKING:  # torch is imported where it is used: the topology helpers stay import-light
     from torch import nn

@@ -55,10 +55,11 @@ def build_meta_model(config: Any) -> nn.Module:
     """The model on the meta device: no memory, no init; ``parallelize`` shards it, then ``init_weights``."""
     from transformers import AutoModelForCausalLM
 
-    from fsdp_train.attention import register
+    from fsdp_train.models.attention import register
 
     with torch.device("meta"):
-        # Plain causal SDPA without document bounds; with them, flash attention per document (fsdp_train.attention).
+        # Plain causal SDPA without document bounds; with them, flash attention per document
+        # (fsdp_train.models.attention).
         model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
             config, attn_implementation=register(), dtype=torch.float32
         )

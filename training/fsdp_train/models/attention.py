@@ -5,7 +5,7 @@ transformers' ``sdpa`` path turns restarting position ids into a dense [batch, 1
 SDPA with any mask leaves the flash kernel for the slower memory-efficient one (8.6 % per step at
 1.5B, seq 2048). Here the batch is flattened to one stream of documents and the document bounds
 (``cu_seqlens``: where each document, or each row, begins in the stream) go to variable-length flash
-attention (FlashAttention-4 where ``flash-attn-4`` is installed, ``fsdp_train.fa4``; else torch's
+attention (FlashAttention-4 where ``flash-attn-4`` is installed, ``fsdp_train.models.fa4``; else torch's
 ``torch.nn.attention.varlen``): causal inside each document, masked blocks never computed. Rows stay full
 (``fsdp_train.datapath.packing`` cuts documents at row ends; a row start is a bound).
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import torch
 
-from fsdp_train import fa4
 from fsdp_train.datapath.packing import BOUNDS_KEY
+from fsdp_train.models import fa4
 
 DOCUMENT_ATTENTION = "fsdp_document_varlen"
 

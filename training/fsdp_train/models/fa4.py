@@ -3,7 +3,7 @@
 On Hopper (and Blackwell) its kernel runs attention inside documents about as fast as cuDNN runs plain causal rows,
 where torch's own ``varlen_attn`` (FlashAttention-2) is 1.5x slower (docs/performance.md, round ten). It is optional:
 the Ray Train image does not ship it (``pip install flash-attn-4``, e.g. in the job's runtime environment); without it,
-or on another GPU, ``fsdp_train.attention`` uses torch's kernel.
+or on another GPU, ``fsdp_train.models.attention`` uses torch's kernel.
 
 Wrapped here as two custom ops, forward and backward, with shapes for tracing: torch.compile keeps them opaque (the
 kernels are compiled by their own DSL at first call), and autograd calls the backward op. torch 2.11's own switch,
