@@ -3,7 +3,7 @@
     python bench/flight_dump.py OUTDIR
 
 Writes OUTDIR/nccl-one-rank-completed.pkl (every collective finished) and OUTDIR/nccl-one-rank-in-flight.pkl (taken
-while a large all-reduce may still run), then prints what ``fsdp_train.flight`` reads from each. The dumps are
+while a large all-reduce may still run), then prints what ``fsdp_train.watch.flight`` reads from each. The dumps are
 torch's own pickle (``_dump_fr_trace``, or ``_dump_nccl_trace`` before torch 2.10), without stack traces.
 """
 
@@ -27,7 +27,7 @@ def main() -> int:
     os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "64")
     import torch
     import torch.distributed as dist
-    from fsdp_train import flight
+    from fsdp_train.watch import flight
 
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))

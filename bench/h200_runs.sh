@@ -397,7 +397,7 @@ step-times)  # one GPU: the step events' times and rates against the wall clock,
     echo "\$ python -m pytest --noconftest -q tests/unit/training/test_steps.py"
     timeout 120 "$py" -m pytest --noconftest -q -p no:cacheprovider tests/unit/training/test_steps.py 2>&1 | tail -n 3
     ;;
-notice)  # one GPU: a node's notice during the 1.5B run (fsdp_train.notice): notice -> saved, blocked and total save
+notice)  # one GPU: a node's notice during the 1.5B run (fsdp_train.watch.notice): notice -> saved, blocked and total save
     notice_run
     ;;
 headline)  # one GPU, one call: the three figures of docs/performance.md's headline, side by side; PRECISION=fp8: every

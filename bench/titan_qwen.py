@@ -11,7 +11,7 @@ Its data are uniform random token ids, as ours are (no tokenizer, no dataset: no
 
 Throughput is taken as ours is: one device sync before the first timed step and one after the last,
 tokens over the wall time between them; MFU uses this project's FLOPs per token for Qwen2.5-1.5B
-(``fsdp_train.metrics.flops_per_token``: 6N + 12·L·d·s) and peak, not torchtitan's own count (which leaves
+(``fsdp_train.watch.metrics.flops_per_token``: 6N + 12·L·d·s) and peak, not torchtitan's own count (which leaves
 the tied embedding, and so the lm_head matmul, out of N). The ``--x.*`` arguments are this script's own;
 the rest go to torchtitan's config manager (``bench/titan_qwen.toml`` holds the settings compared).
 """
@@ -120,8 +120,8 @@ def main() -> int:
     register(overrides)
 
     from fsdp_train.contract.config import TrainConfig
-    from fsdp_train.metrics import flops_per_token, mfu, peak_flops
     from fsdp_train.models.model import hf_config
+    from fsdp_train.watch.metrics import flops_per_token, mfu, peak_flops
     from torchtitan.config import ConfigManager
     from torchtitan.tools.logging import init_logger
     from torchtitan.train import Trainer

@@ -247,8 +247,8 @@ def test_pretrained_weights_are_loaded_sharded(tmp_path: Path) -> None:
 def test_parameter_formula_matches_the_built_model(overrides: dict[str, Any]) -> None:
     """The analytic count behind MFU equals the real architecture's (Qwen2.5-1.5B from the in-code config)."""
     from fsdp_train.contract.config import TrainConfig
-    from fsdp_train.metrics import count_params
     from fsdp_train.models.model import build_meta_model, hf_config
+    from fsdp_train.watch.metrics import count_params
 
     config = hf_config(TrainConfig(model_overrides=overrides))
     model = build_meta_model(config)  # meta device: no memory, no download

@@ -28,7 +28,7 @@ from fsdp_operator.local import ThreadedApiServer
 from fsdp_operator.local.apiserver import ApiServer
 from fsdp_operator.local.kubelet import LocalKubelet
 from fsdp_operator.local.kuberay import LocalCluster, LocalKubeRay, RayNode
-from fsdp_train.notice import DONE_FILE, NOTICE_FILE, read_notice
+from fsdp_train.watch.notice import DONE_FILE, NOTICE_FILE, read_notice
 from test_apiserver import PODS, Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -17,7 +17,7 @@ PRELOADED = (
     "torch.distributed",
     "fsdp_train.loop",
     "fsdp_train.state.checkpoint",
-    "fsdp_train.health",
+    "fsdp_train.watch.health",
     "support.cpu_ranks",
     "support.notice_ranks",
 )

@@ -15,7 +15,7 @@ moto = pytest.importorskip("moto")
 from fsdp_operator.api import render, schema  # noqa: E402
 from fsdp_operator.api.spec import Job, Spec, SpecError, parse_job  # noqa: E402
 from fsdp_train.contract import catalog  # noqa: E402
-from fsdp_train.metrics import peak_flops  # noqa: E402
+from fsdp_train.watch.metrics import peak_flops  # noqa: E402
 
 
 def parse_spec(spec: dict[str, Any]) -> Spec:

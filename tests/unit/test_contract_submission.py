@@ -35,7 +35,7 @@ TINY_OVERRIDES = {
     "vocab_size": 512,
 }
 
-# spec.health's defaults as the ranks receive them (fsdp_train.health.HealthConfig).
+# spec.health's defaults as the ranks receive them (fsdp_train.watch.health.HealthConfig).
 DEFAULT_HEALTH = {"enabled": True, "hang_timeout_seconds": None, "window_steps": 20}
 
 # What the loop runs for each example, written out in full (defaults included).

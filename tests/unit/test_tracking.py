@@ -17,9 +17,9 @@ from fsdp_operator.api import render
 from fsdp_operator.api.spec import SpecError, parse_job
 from fsdp_operator.decide import tracking as tracking_status
 from fsdp_operator.decide.summary import summary_lines
-from fsdp_train import tracking
 from fsdp_train.contract import events
 from fsdp_train.contract.events import Tracking, parse_line
+from fsdp_train.watch import tracking
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

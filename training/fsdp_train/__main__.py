@@ -29,13 +29,13 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    from fsdp_train.startup import use_bytecode_cache
+    from fsdp_train.watch.startup import use_bytecode_cache
 
     use_bytecode_cache(cfg.compile_cache_dir)  # before the heavy imports
     from fsdp_train.loop import run_from_env  # torch is imported only once the config is valid
 
     summary = run_from_env(cfg)
-    from fsdp_train.notice import EXIT_INTERRUPTED
+    from fsdp_train.watch.notice import EXIT_INTERRUPTED
 
     return EXIT_INTERRUPTED if summary.get("interrupted") else 0  # a notice ended the run after its checkpoint
 

@@ -13,12 +13,13 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fsdp_train.notice import NOTICE_DIR_ENV, NOTICE_FILE
+from fsdp_train.watch.notice import NOTICE_DIR_ENV, NOTICE_FILE
 
 TEST_HOOK_ENV = "FSDP_TRAIN_TEST_HEALTH"
 """``stall=RANK:STEP`` blocks that rank (for an hour) before that step, in a run that did not resume;
 ``slow=RANK:SECONDS`` adds that much to each of its steps; ``hold=RANK:STEP`` holds that rank before that step, in
-a run that did not resume, until its node's notice file exists (``fsdp_train.notice``; at most :data:`HOLD_SECONDS`),
+a run that did not resume, until its node's notice file exists (``fsdp_train.watch.notice``; at most
+:data:`HOLD_SECONDS`),
 so that a test drains a worker at a known step however fast the steps run. Comma-separated."""
 HOLD_SECONDS = 900.0
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_train import health, preflight, report
+from fsdp_train import preflight
 from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
 from fsdp_train.contract.events import Checkpoint, Summary, as_dict, emit
 from fsdp_train.contract.failures import failure_of
@@ -30,22 +30,23 @@ from fsdp_train.datapath.fingerprint import run_fingerprint
 from fsdp_train.datapath.packing import Packed, samples_digest
 from fsdp_train.evaluation import evaluate, export_checked
 from fsdp_train.fault_hooks import FaultHook
-from fsdp_train.metrics import Backend, EventsBackend, Metrics, flops_per_token, peak_flops
 from fsdp_train.models.attention import to_device
 from fsdp_train.models.loss import use_loss
 from fsdp_train.models.model import build_meta_model, decoder_blocks, hf_config, init_weights
 from fsdp_train.models.parallelize import Topology, build_mesh, parallelize, resolve_sharding
 from fsdp_train.models.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
 from fsdp_train.models.weights import load_pretrained_weights
-from fsdp_train.notice import Watch
-from fsdp_train.startup import (
+from fsdp_train.state.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
+from fsdp_train.watch import health, report
+from fsdp_train.watch.metrics import Backend, EventsBackend, Metrics, flops_per_token, peak_flops
+from fsdp_train.watch.notice import Watch
+from fsdp_train.watch.startup import (
     StartupClock,
     configure_compile_cache,
     fill_bytecode_cache,
     finish_bytecode_cache,
 )
-from fsdp_train.state.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
-from fsdp_train.steps import GC_EVERY_STEPS, LaggedSteps, collected_every
+from fsdp_train.watch.steps import GC_EVERY_STEPS, LaggedSteps, collected_every
 
 FAIL_AT_STEP_ENV = "FSDP_TRAIN_FAIL_AT_STEP"
 """Fault injection: raise after step N (and its checkpoint) unless the run resumed at or past N."""
@@ -165,7 +166,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     eval_loss: float | None = None
     eval_seconds = export_seconds = 0.0
     steps = LaggedSteps(metrics, device, tokens_per_step)
-    # A notice that a node goes away (fsdp_train.notice): looked for at every step boundary, agreed by all ranks.
+    # A notice that a node goes away (fsdp_train.watch.notice): looked for at every step boundary, agreed by all ranks.
     watch, interruption = Watch.from_env(env, topo.rank, topo.local_rank, resumed_from), {}
     monitor = health.Monitor(topo.rank, host.health, flight=health.flight_for(device)).start()
     hook = FaultHook.from_env(env, topo.rank)

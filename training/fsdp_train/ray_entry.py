@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fsdp_train.contract.config import TrainConfig
-from fsdp_train.tracking import Settings
 from fsdp_train.user_function import FunctionConfig
+from fsdp_train.watch.tracking import Settings
 
 if TYPE_CHECKING:
     from fsdp_train.models.parallelize import Topology
@@ -47,9 +47,9 @@ class RayJobConfig:
     function: FunctionConfig | None = None
     """A user's Ray Train function to run instead of the bundled one (``fsdp_train.user_function``)."""
     health: dict[str, Any] | None = None
-    """``fsdp_train.health.HealthConfig`` as a mapping (checked here, built on each rank)."""
+    """``fsdp_train.watch.health.HealthConfig`` as a mapping (checked here, built on each rank)."""
     tracking: dict[str, Any] | None = None
-    """Where rank 0 (or, for a user function, Ray Train's controller) logs the run (``fsdp_train.tracking``)."""
+    """Where rank 0 (or, for a user function, Ray Train's controller) logs the run (``fsdp_train.watch.tracking``)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RayJobConfig:
@@ -104,7 +104,7 @@ class RayJobConfig:
 
 
 def _health(raw: Any) -> dict[str, Any] | None:
-    from fsdp_train.health import HealthConfig
+    from fsdp_train.watch.health import HealthConfig
 
     return HealthConfig.from_dict(raw).to_dict() if raw is not None else None
 
@@ -132,13 +132,13 @@ def with_key(fn: Callable[[dict[str, Any]], Any], key_hex: str) -> Callable[[dic
 
 def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
     """What each Ray Train worker runs: the torchrun loop with Ray's topology and checkpoints (under `with_key`)."""
-    from fsdp_train.startup import use_bytecode_cache
+    from fsdp_train.watch.startup import use_bytecode_cache
 
     use_bytecode_cache(str(loop_config["train"].get("compile_cache_dir", "")))  # before the heavy imports
     from fsdp_train.datapath.data import prepare_from_ray
-    from fsdp_train.health import HealthConfig
     from fsdp_train.loop import Host, prepare_torchrun, train
     from fsdp_train.state.checkpoint import Checkpointer, NoCheckpoints, RayCheckpoints
+    from fsdp_train.watch.health import HealthConfig
 
     cfg = TrainConfig.from_dict(loop_config["train"])
     topo, node_ip = ray_worker(bool(loop_config.get("use_gpu")))
@@ -160,8 +160,8 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
 
 def tracking_for_rank(loop_config: dict[str, Any], topo: Topology, cfg: TrainConfig) -> Any:
-    """Rank 0's MLflow tracker (``fsdp_train.tracking``) when the job names one; None otherwise."""
-    from fsdp_train import tracking
+    """Rank 0's MLflow tracker (``fsdp_train.watch.tracking``) when the job names one; None otherwise."""
+    from fsdp_train.watch import tracking
 
     raw, train = loop_config.get("tracking"), loop_config["train"]
     return tracking.start(
@@ -202,8 +202,8 @@ def ray_worker(use_gpu: bool) -> tuple[Topology, str]:
 def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
     """What each Ray Train worker runs for a user function (under `with_key`, which takes the key before the user's
     code is imported): the bundled reports, then the function."""
-    from fsdp_train import report
     from fsdp_train.user_function import run_user_function
+    from fsdp_train.watch import report
 
     function = FunctionConfig.from_dict(loop_config["function"])
     topo, node_ip = ray_worker(bool(loop_config.get("use_gpu")))
@@ -216,11 +216,12 @@ def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
             topo, node_ip=node_ip, device=device, env=os.environ, probe_size_bytes=function.probe_size_bytes
         )
 
-    from fsdp_train.health import HealthConfig, watching_reports
-    from fsdp_train.notice import finish_user_function
     from fsdp_train.user_function import reported_step
+    from fsdp_train.watch.health import HealthConfig, watching_reports
+    from fsdp_train.watch.notice import finish_user_function
 
-    # After a notice (fsdp_train.notice.interrupted), the interruption is reported and marks rank 0's return value.
+    # After a notice (fsdp_train.watch.notice.interrupted), the interruption is reported and marks rank 0's return
+    # value.
     with watching_reports(topo.rank, HealthConfig.from_dict(loop_config.get("health")), reported_step):
         return finish_user_function(run_user_function(function, topo.rank, verify))
 
@@ -238,7 +239,8 @@ def reported_metrics_callback(storage: str | None, key_hex: str = "", job: RayJo
         def __init__(self) -> None:
             self.reports = 0
             self.tracker: Any = None
-            """The job's MLflow run in the controller (``fsdp_train.tracking.Tracker``), once the first report came."""
+            """The job's MLflow run in the controller (``fsdp_train.watch.tracking.Tracker``), once the first report
+            came."""
 
         def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
             if self.reports == 0:
@@ -247,7 +249,7 @@ def reported_metrics_callback(storage: str | None, key_hex: str = "", job: RayJo
                 events.use_key(key_hex, emitter=events.CONTROLLER)
                 if job is not None and job.tracking is not None and job.function is not None:
                     # Each report goes to the job's run from here (the tracker lives as long as the controller).
-                    from fsdp_train import tracking
+                    from fsdp_train.watch import tracking
 
                     params = {"function": job.function.to_dict()}
                     self.tracker = tracking.start(job.tracking, params, world_size=job.num_workers, rank=0)
@@ -351,7 +353,7 @@ def run(job: RayJobConfig) -> dict[str, Any]:
         # Disconnect first, so that Ray's own shutdown chatter comes before the job's last line.
         ray.shutdown()
     if job.function is not None and job.tracking is not None:
-        from fsdp_train.tracking import finish_run
+        from fsdp_train.watch.tracking import finish_run
 
         finish_run(Settings.from_dict(job.tracking), "FAILED" if result.error is not None else "FINISHED")
     if result.error is not None:
@@ -359,7 +361,7 @@ def run(job: RayJobConfig) -> dict[str, Any]:
     summary = getattr(result, "return_value", None)
     if job.function is not None:
         # A user function's return value is its own (it may hold anything), not the job's summary; only the wrapper's
-        # mark of an interruption (fsdp_train.notice) is read.
+        # mark of an interruption (fsdp_train.watch.notice) is read.
         interrupted = summary.get("interrupted") if isinstance(summary, dict) and len(summary) == 1 else None
         return {"interrupted": interrupted} if isinstance(interrupted, dict) else {}
     return summary if isinstance(summary, dict) else {}
@@ -405,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fsdp_train: training failed: {one_line(e)}", file=sys.stderr, flush=True)
         return 1
     if isinstance(stopped := summary.get("interrupted"), dict):
-        from fsdp_train.notice import EXIT_INTERRUPTED
+        from fsdp_train.watch.notice import EXIT_INTERRUPTED
 
         # The attempt ends here: a node goes away. The operator starts the next one, which resumes from the checkpoint.
         print(

@@ -12,7 +12,7 @@ from torch.distributed.fsdp import fully_shard
 from transformers import GPT2Config, GPT2LMHeadModel
 
 try:  # shipped with every job the operator runs (docs/byo-function.md, "A node that goes away")
-    from fsdp_train.notice import interrupted
+    from fsdp_train.watch.notice import interrupted
 except ImportError:  # run elsewhere: no notices
 
     def interrupted() -> bool:

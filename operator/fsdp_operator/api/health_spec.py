@@ -1,7 +1,7 @@
 """`spec.health`: when a rank counts as stalled or as a straggler, and what a stall does to the job.
 
 Declared here (the spec's own module keeps to the project's module size) and used as one group of `Spec`.
-The ranks apply the hang timeout themselves (`fsdp_train.health`); the operator folds what they report
+The ranks apply the hang timeout themselves (`fsdp_train.watch.health`); the operator folds what they report
 (`decide/health.py`). docs/health.md says what each signal costs and what it cannot see.
 """
 
@@ -53,7 +53,7 @@ class Health:
     )
 
     def for_ranks(self) -> dict[str, Any]:
-        """The entrypoint's `health` (`fsdp_train.health.HealthConfig`)."""
+        """The entrypoint's `health` (`fsdp_train.watch.health.HealthConfig`)."""
         return {
             "enabled": True,
             "hang_timeout_seconds": self.hang_timeout_seconds,

@@ -278,8 +278,10 @@ def _container(
 
 
 NOTICE_DIR = f"{RAY_LOGS}/fsdp-notice"
-"""Where a worker's preStop hook leaves its notice for the ranks (``fsdp_train.notice``): the pod's own Ray volume."""
-# The worker's preStop hook (fsdp_train.notice says the other side): write the notice (time, grace, reason) for the
+"""Where a worker's preStop hook leaves its notice for the ranks (``fsdp_train.watch.notice``): the pod's own Ray
+volume."""
+# The worker's preStop hook (fsdp_train.watch.notice says the other side): write the notice (time, grace, reason) for
+# the
 # ranks of this pod, then wait until they say `done`, while one of them lives, at most the grace period; then, when
 # they said it, give Ray's log monitor LOG_FLUSH_SECONDS to forward their last lines (the report of the save) to the
 # driver, and stop Ray as the head's hook does. POSIX sh only: the image is used unmodified.

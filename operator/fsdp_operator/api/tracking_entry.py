@@ -1,6 +1,6 @@
 """What a job's spec.tracking becomes: the entrypoint's `tracking` config and the NetworkPolicy's egress to the tracker.
 
-The training side reads the config (`fsdp_train.tracking.Settings`); the egress rule lets the job's pods reach a
+The training side reads the config (`fsdp_train.watch.tracking.Settings`); the egress rule lets the job's pods reach a
 tracking server on a port other than HTTPS's 443, which the policy allows anywhere already (docs/tracking.md).
 """
 

@@ -1,6 +1,6 @@
 """spec.tracking: where a job's runs are recorded (MLflow). The declaration, its grammars and its rules.
 
-The training side (`fsdp_train.tracking`) logs from rank 0 in the background; nothing here reaches a tracker. A
+The training side (`fsdp_train.watch.tracking`) logs from rank 0 in the background; nothing here reaches a tracker. A
 tracking URI is checked like the storage URIs (formats.STORAGE_URI): no credentials in it, no query, no `..`, no
 hidden characters, and no link-local host (the instance metadata service lives there: the job's NetworkPolicy
 opens egress to the tracker's port, docs/tracking.md). Credentials come only by reference, through spec.env's

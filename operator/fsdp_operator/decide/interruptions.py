@@ -1,6 +1,6 @@
 """A worker's node going away: the ranks' reports folded into `status.interruptions`, and the next attempt. Pure.
 
-The ranks (``fsdp_train.notice``) stop after the same step once a worker pod has been told it goes away (its
+The ranks (``fsdp_train.watch.notice``) stop after the same step once a worker pod has been told it goes away (its
 ``preStop`` hook; the operator deletes the pod of a node with a termination taint, `nodes.py` in runtime/),
 save a checkpoint when it fits, and the local rank 0 of each pod that had the notice reports an ``Interruption``
 event. Each becomes one entry here, keyed by attempt and pod: where the ranks stopped, whether the checkpoint was

@@ -12,7 +12,7 @@ The taints, as their projects document them:
   `rebalance-recommendation` taint is no termination and is not acted on.
 
 A worker pod on such a node is deleted gracefully (its own grace period) once: its preStop hook then tells the ranks
-and waits for the checkpoint (`fsdp_train.notice`), minutes before a drain would reach it, if ever.
+and waits for the checkpoint (`fsdp_train.watch.notice`), minutes before a drain would reach it, if ever.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 from fsdp_train.fault_hooks import TEST_HOOK_ENV, FaultHook
-from fsdp_train.notice import NOTICE_DIR_ENV, NOTICE_FILE
+from fsdp_train.watch.notice import NOTICE_DIR_ENV, NOTICE_FILE
 
 
 def test_each_rank_reads_only_its_own_hooks() -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsdp_train import flight
 from fsdp_train.contract.events import parse_line
 from fsdp_train.contract.health_events import RankHealth, Stall
-from fsdp_train.health import DERIVED_TIMEOUT_FLOOR, HealthConfig, Monitor
+from fsdp_train.watch import flight
+from fsdp_train.watch.health import DERIVED_TIMEOUT_FLOOR, HealthConfig, Monitor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.rank_processes import rank_context
@@ -41,7 +41,7 @@ def _rank(rank: int, port: int, out: Any) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCH_FR_BUFFER_SIZE="64")
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    from fsdp_train.health import flight_for
+    from fsdp_train.watch.health import flight_for
 
     monitor = Monitor(rank, HealthConfig(hang_timeout_seconds=3.0), send=lambda e: out.put(e.to_line()))
     monitor._flight = flight_for()
@@ -218,8 +218,8 @@ def test_any_entries_summarize_without_error(entries: list[Any]) -> None:
 
 def test_a_user_function_progresses_by_its_ray_train_report_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray.train
-    from fsdp_train.health import watching_reports
     from fsdp_train.user_function import reported_step
+    from fsdp_train.watch.health import watching_reports
 
     seen: list[dict[str, Any]] = []
     monkeypatch.setattr(ray.train, "report", lambda metrics, **_: seen.append(metrics))
@@ -250,7 +250,7 @@ def test_ray_trains_own_barriers_are_collectives_named_as_users_know_them() -> N
     import inspect
 
     import torch.distributed as dist
-    from fsdp_train.health import collective_name
+    from fsdp_train.watch.health import collective_name
     from ray.train.collective import collectives
     from ray.train.v2._internal.execution.context import TrainContext
 
@@ -281,8 +281,8 @@ def test_a_rank_waiting_in_ray_train_reports_barrier_is_sampled_and_located_in_a
     import threading
     import types
 
-    from fsdp_train import health
-    from fsdp_train.health import _Classifier, locate
+    from fsdp_train.watch import health
+    from fsdp_train.watch.health import _Classifier, locate
     from ray.train.v2._internal.execution import context
 
     code = _sync_checkpoint_dir_name_across_ranks.__code__.replace(co_filename=context.__file__)
@@ -312,7 +312,7 @@ def test_a_rank_waiting_in_ray_train_reports_barrier_is_sampled_and_located_in_a
 def test_a_flight_recorder_that_hangs_or_raises_never_keeps_the_stall_from_being_reported() -> None:
     import threading
 
-    from fsdp_train import health
+    from fsdp_train.watch import health
 
     never = threading.Event()
 

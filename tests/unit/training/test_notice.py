@@ -1,4 +1,4 @@
-"""A node's notice to the training loop (`fsdp_train.notice`): two CPU ranks on two simulated nodes, the notice
+"""A node's notice to the training loop (`fsdp_train.watch.notice`): two CPU ranks on two simulated nodes, the notice
 written into one node's directory as the worker pod's `preStop` hook writes it. Every rank stops after the same
 step, the checkpoint of that step is complete, the hook's `done` is written, and a resumed run continues from it
 with the losses of an uninterrupted run; a notice too short for the save skips it."""
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from fsdp_train.contract.events import Interruption, Step, Summary, parse_lines
-from fsdp_train.notice import DONE_FILE, NOTICE_FILE, read_notice, write_done
 from fsdp_train.state.checkpoint import DirectoryCheckpoints
+from fsdp_train.watch.notice import DONE_FILE, NOTICE_FILE, read_notice, write_done
 from support.notice_ranks import run_rank_with_notices
 from support.rank_processes import rank_context
 
@@ -214,7 +214,7 @@ def test_no_notice_without_the_file_and_done_is_written_atomically(tmp_path: Pat
 def test_a_user_function_polls_interrupted_and_the_wrapper_reports_and_marks_rank_0s_return_value(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from fsdp_train import notice
+    from fsdp_train.watch import notice
 
     monkeypatch.setattr(notice, "_USER_WATCH", None)
     monkeypatch.setenv("FSDP_NOTICE_DIR", str(tmp_path))
@@ -236,7 +236,7 @@ def test_a_user_function_under_ray_train_releases_the_hook_once_the_controller_r
     """The wrapper writes `done` only after Ray Train's controller took in the function's report (a report still
     waiting for the controller's poll when the hook returns goes with the pod: `support.ray_controller`)."""
     import ray.train
-    from fsdp_train import notice
+    from fsdp_train.watch import notice
     from ray.train.v2._internal.execution.train_fn_utils import set_train_fn_utils
     from support.ray_controller import ControllerStandIn, recorded
 
@@ -259,7 +259,7 @@ def test_a_user_function_under_ray_train_releases_the_hook_once_the_controller_r
 
 
 def test_a_declared_save_time_counts_until_a_longer_one_is_measured() -> None:
-    from fsdp_train.notice import SAVE_SECONDS_ENV, Watch
+    from fsdp_train.watch.notice import SAVE_SECONDS_ENV, Watch
 
     assert Watch.from_env({SAVE_SECONDS_ENV: "45"}, 0, 0).longest_save == 45.0
     for junk in ("", "x", "nan", "-3", "inf"):
@@ -269,7 +269,7 @@ def test_a_declared_save_time_counts_until_a_longer_one_is_measured() -> None:
 def test_the_report_is_printed_before_done_releases_the_hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The hook stops the node's Ray (and its log forwarding) once it reads `done`: the report must come first."""
     from fsdp_train.contract import events
-    from fsdp_train.notice import Watch
+    from fsdp_train.watch.notice import Watch
 
     seen: list[tuple[str, bool]] = []
     monkeypatch.setattr(
@@ -292,7 +292,7 @@ def test_a_notice_saves_only_when_the_longest_save_times_the_margin_fits(
     """The decision boundary: a save is started only when the notice leaves the run's longest save x SAVE_MARGIN
     (1.5) + EXIT_SECONDS (1) before its deadline; without the margin a save of exactly the measured time was started
     with nothing to spare, and the kubelet killed it half written."""
-    from fsdp_train.notice import EXIT_SECONDS, SAVE_MARGIN, Watch
+    from fsdp_train.watch.notice import EXIT_SECONDS, SAVE_MARGIN, Watch
 
     assert (SAVE_MARGIN, EXIT_SECONDS) == (1.5, 1.0)
     (tmp_path / NOTICE_FILE).write_text(f"{time.time():.3f} {left} spot-itn\n")

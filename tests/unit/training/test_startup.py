@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fsdp_train.contract.events import Timings, parse_line
-from fsdp_train.startup import (
+from fsdp_train.watch.startup import (
     BYTECODE_DIR,
     INDUCTOR_CACHE_ENV,
     TRITON_CACHE_ENV,
@@ -87,7 +87,7 @@ def test_a_filled_bytecode_cache_is_read_by_the_next_process(tmp_path: Path) -> 
         f"""
         import sys
         sys.path.insert(0, {str(sources)!r})
-        from fsdp_train.startup import fill_bytecode_cache, finish_bytecode_cache, use_bytecode_cache
+        from fsdp_train.watch.startup import fill_bytecode_cache, finish_bytecode_cache, use_bytecode_cache
         used = use_bytecode_cache({str(cache)!r})
         import heavy_module
         if not used:

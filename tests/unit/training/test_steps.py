@@ -1,4 +1,5 @@
-"""The step loop's hot-path helpers (``fsdp_train.steps``): losses read a step late, the collector on a schedule."""
+"""The step loop's hot-path helpers (``fsdp_train.watch.steps``): losses read a step late, the collector on a
+schedule."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import time
 
 import pytest
 import torch
-from fsdp_train.metrics import RATE_WINDOW_STEPS, Metrics
-from fsdp_train.steps import LaggedSteps, collected_every
+from fsdp_train.watch.metrics import RATE_WINDOW_STEPS, Metrics
+from fsdp_train.watch.steps import LaggedSteps, collected_every
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

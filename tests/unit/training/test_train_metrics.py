@@ -6,7 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fsdp_train.metrics import Metrics, StepMetrics, count_params, flops_per_token, mfu, peak_flops
+from fsdp_train.watch.metrics import Metrics, StepMetrics, count_params, flops_per_token, mfu, peak_flops
 
 QWEN = SimpleNamespace(
     hidden_size=1536,
@@ -82,7 +82,7 @@ def test_metrics_summary_leaves_out_the_first_step() -> None:
 
 
 def test_bus_bandwidth_formula() -> None:
-    from fsdp_train.metrics import bus_bandwidth_gbps
+    from fsdp_train.watch.metrics import bus_bandwidth_gbps
 
     # 1 GB in 0.1 s over 4 ranks: algbw 10 GB/s; all-reduce x 2·3/4, all-gather x 3/4.
     assert bus_bandwidth_gbps("all_reduce", 10**9, 0.1, 4) == pytest.approx(15.0)
@@ -121,7 +121,7 @@ def test_topology_from_torchrun_and_fake_nodes() -> None:
 
 
 def test_nccl_debug_file_naming(tmp_path: Path) -> None:
-    from fsdp_train.report import nccl_debug_path, pod_name, prepare_nccl_debug
+    from fsdp_train.watch.report import nccl_debug_path, pod_name, prepare_nccl_debug
 
     assert nccl_debug_path("/x/nccl.%h.%p.log", hostname="node-a.ec2.internal", pid=42) == "/x/nccl.node-a.42.log"
     env: dict[str, str] = {"FSDP_TRAIN_NCCL_LOG_DIR": str(tmp_path / "nccl")}

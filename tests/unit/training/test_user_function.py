@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 import torch.distributed as dist
-from fsdp_train import report
 from fsdp_train.contract import events
 from fsdp_train.contract.events import (
     FORGED,
@@ -42,6 +41,7 @@ from fsdp_train.user_function import (
     load_callable,
     run_user_function,
 )
+from fsdp_train.watch import report
 
 CODE = str(Path(__file__).resolve().parents[2] / "data" / "byo")
 KEY = bytes(range(32))

@@ -238,7 +238,7 @@ class Failure(Event):
 
 @dataclass(kw_only=True, slots=True)
 class Interruption(Event):
-    """A node of the job was told it goes away (``fsdp_train.notice``): where the ranks stopped, and the save."""
+    """A node of the job was told it goes away (``fsdp_train.watch.notice``): where the ranks stopped, and the save."""
 
     kind: ClassVar[str] = "interruption"
     step: int
@@ -254,7 +254,7 @@ class Interruption(Event):
 
 @dataclass(kw_only=True, slots=True)
 class Tracking(Event):
-    """The tracker's run and whether logging to it works (``fsdp_train.tracking``); ``problem`` empty: it does."""
+    """The tracker's run and whether logging to it works (``fsdp_train.watch.tracking``); ``problem`` empty: it does."""
 
     kind: ClassVar[str] = "tracking"
     run_id: str = ""
@@ -568,7 +568,7 @@ _emitting = threading.Lock()
 
 
 LISTENERS: list[Callable[[Event], None]] = []
-"""Handed each event this process emits (``fsdp_train.tracking`` queues it); they never block and never raise."""
+"""Handed each event this process emits (``fsdp_train.watch.tracking`` queues it); they never block and never raise."""
 
 
 def emit(event: Event) -> None:

@@ -1,4 +1,4 @@
-"""The events of a rank's health (``fsdp_train.health``): its step timings, and where it stands when it stalls.
+"""The events of a rank's health (``fsdp_train.watch.health``): its step timings, and where it stands when it stalls.
 
 Declared apart from ``fsdp_train.contract.events`` (which keeps to the project's module size); its schema lists them, so
 they are parsed by the same total, bounded parser (every field typed and cut to the bounds of
@@ -54,7 +54,7 @@ class Stall(Event):
     """Since its last progress."""
     where: Where
     at: str = ""
-    """``file.py:line in function`` of the innermost frame that says where (see ``fsdp_train.health.locate``)."""
+    """``file.py:line in function`` of the innermost frame that says where (see ``fsdp_train.watch.health.locate``)."""
     collective: str = ""
     """For ``collective``: the ``torch.distributed`` call (``all_reduce``) or Ray Train's barrier
     (``ray.train.report``); for torch's, with NCCL's flight recorder, its summary (``all_reduce #12 entered, #11

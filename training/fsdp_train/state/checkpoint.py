@@ -385,7 +385,8 @@ class RayCheckpoints:
     ``ray.train.report`` returns once this rank's files are in storage, before the controller has taken the
     checkpoint in: it does so only once it has collected the report of every rank (each from its rank's result
     queue, polled), and only then writes it into its record. A rank whose process ends right after its report (its
-    node goes away: ``fsdp_train.notice``) takes its report with it, and the checkpoint is never recorded: ``wait``
+    node goes away: ``fsdp_train.watch.notice``) takes its report with it, and the checkpoint is never recorded:
+    ``wait``
     waits until the controller has taken in every report of this rank (``fsdp_train.state.ray_commit``)."""
 
     _reported: _Reported | None = field(default=None, repr=False)

@@ -4,7 +4,7 @@
 the checkpoint in later: it polls each rank's result queue, and once it holds the report of every rank it records the
 checkpoint in the run's snapshot (``checkpoint_manager_snapshot.json`` in the run's storage), which is what the next
 run of the same name resumes from (``ray.train.get_checkpoint()``). Until then the report lives only in the ranks'
-processes: a rank that ends right after reporting (its node goes away, ``fsdp_train.notice``) takes it along, and
+processes: a rank that ends right after reporting (its node goes away, ``fsdp_train.watch.notice``) takes it along, and
 the checkpoint, whole on disk, is never resumed from. ``ray.train.get_all_reported_checkpoints`` with
 ``CheckpointConsistencyMode.COMMITTED`` blocks until the controller has taken in every report of the calling rank.
 """

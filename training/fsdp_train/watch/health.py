@@ -9,7 +9,7 @@ device synchronisation, no hooks, no profiler. Everything else runs on one daemo
   tells a straggler (which waits least) from the ranks that wait for it;
 - when the rank made no progress for its hang timeout it takes every thread's stack and emits a signed ``Stall``
   event naming where the training thread is: waiting in a collective (``all_reduce``), or in code at
-  ``file:line`` (:func:`locate`); with NCCL, the flight recorder's last collectives (``fsdp_train.flight``).
+  ``file:line`` (:func:`locate`); with NCCL, the flight recorder's last collectives (``fsdp_train.watch.flight``).
 
 Why in-process and not py-spy: py-spy needs ``CAP_SYS_PTRACE`` in the pod and a binary of its own; reading the
 interpreter's own frames needs neither. What it cannot see: a thread that holds the GIL and never returns to the
@@ -213,7 +213,7 @@ def stop_monitors() -> None:
 def flight_for(device: Any = None) -> Callable[[], str] | None:
     """The flight recorder's summary of this rank's last collectives where it records (a buffer size set: NCCL's,
     and gloo's in torch 2.13); else None."""
-    from fsdp_train import flight
+    from fsdp_train.watch import flight
 
     return flight.summary if flight.recording() else None
 

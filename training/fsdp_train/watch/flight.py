@@ -10,7 +10,7 @@ dicts, lists, tuples, strings, numbers, booleans and None come out): a dump file
 pickle, and unpickling one runs whatever it names. :func:`summarize` gives each process group's last entered and
 last completed collective; :func:`summary` is this rank's, one line, for its ``Stall`` event.
 
-``python -m fsdp_train.flight DUMP...`` prints the summary of each dump file.
+``python -m fsdp_train.watch.flight DUMP...`` prints the summary of each dump file.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from fsdp_train.contract.events import Placement, Probe, Transport, emit
-from fsdp_train.metrics import bus_bandwidth_gbps
 from fsdp_train.models.parallelize import Topology
+from fsdp_train.watch.metrics import bus_bandwidth_gbps
 
 NCCL_LOG_DIR_ENV = "FSDP_TRAIN_NCCL_LOG_DIR"
 """Where per-process NCCL debug files go when ``NCCL_DEBUG_FILE`` is not set already."""

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from fsdp_train.contract.events import Step
-from fsdp_train.metrics import Metrics, StepMetrics
+from fsdp_train.watch.metrics import Metrics, StepMetrics
 
 GC_EVERY_STEPS = 50
 """Steps between two garbage collections (generation 1) while the loop runs."""
