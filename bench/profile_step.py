@@ -24,8 +24,8 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from fsdp_train.contract.config import TrainConfig
-from fsdp_train.loop import build, train_step
 from fsdp_train.models.parallelize import Topology
+from fsdp_train.run.loop import build, train_step
 
 GROUPS: tuple[tuple[str, str], ...] = (
     ("attention", r"flash|fmha|attention|sdpa|cudnn"),

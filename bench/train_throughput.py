@@ -44,13 +44,13 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
-from fsdp_train import loop
 from fsdp_train.contract.config import TrainConfig
-from fsdp_train.loop import build, step_figures, train_step
 from fsdp_train.models import loss as loss_module
 from fsdp_train.models.model import build_meta_model, hf_config, init_weights
 from fsdp_train.models.parallelize import Topology, parallelize
 from fsdp_train.models.precision import DEFAULT_FLOAT8, Float8Choice
+from fsdp_train.run import loop
+from fsdp_train.run.loop import build, step_figures, train_step
 from fsdp_train.watch.metrics import flops_per_token, mfu, peak_flops
 from fsdp_train.watch.steps import GC_EVERY_STEPS, collected_every
 

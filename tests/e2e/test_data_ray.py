@@ -80,7 +80,7 @@ def test_a_killed_worker_resumes_mid_epoch_with_the_uninterrupted_sample_sequenc
         "name": "killed",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_train.ray_entry", "--config-json", json.dumps(job)],
+        [sys.executable, "-m", "fsdp_train.run.ray_entry", "--config-json", json.dumps(job)],
         env=ray_env(RAY_ADDRESS=cluster, FSDP_TRAIN_DATA_CACHE=str(tmp_path / "cache"), **POLL),
         capture_output=True,
         text=True,
@@ -127,7 +127,7 @@ def test_an_unreadable_source_fails_in_the_driver_with_data_unavailable(
         "name": "no-data",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_train.ray_entry", "--config-json", json.dumps(job)],
+        [sys.executable, "-m", "fsdp_train.run.ray_entry", "--config-json", json.dumps(job)],
         env=ray_env(RAY_ADDRESS=cluster),
         capture_output=True,
         text=True,
@@ -165,7 +165,7 @@ def test_data_that_cannot_be_trained_on_fails_in_the_driver_naming_file_and_fiel
         "name": "bad-rows",
     }
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_train.ray_entry", "--config-json", json.dumps(job)],
+        [sys.executable, "-m", "fsdp_train.run.ray_entry", "--config-json", json.dumps(job)],
         env=ray_env(RAY_ADDRESS=cluster),
         capture_output=True,
         text=True,

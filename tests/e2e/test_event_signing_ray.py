@@ -82,7 +82,7 @@ def test_the_real_emitters_lines_verify_through_ray_and_a_print_does_not(tmp_pat
 AS_A_JOB = """
 import json, os, sys, time, ray
 from fsdp_train.contract import events
-from fsdp_train.ray_entry import with_key
+from fsdp_train.run.ray_entry import with_key
 
 class Seen:
     def __init__(self, stream):

@@ -7,7 +7,7 @@ collectives (with `hangTimeoutSeconds: 30` the status names rank 1, its `file:li
 machine, most of it two Ray starts). The same for a user function, `onHang: Fail`, and a
 clean 200-step run that must raise neither verdict run with `make test-all` (`slow`).
 
-The faults come from the bundled loop's test hook (`fsdp_train.fault_hooks`, an environment variable set through
+The faults come from the bundled loop's test hook (`fsdp_train.run.fault_hooks`, an environment variable set through
 `runtimeEnv.envVars`) and from the test's own user function (tests/data/byo/byo_checks/functions.py).
 """
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from fsdp_operator.local.run import TERMINAL_PHASES, LocalRun
 from fsdp_train.contract.events import Checkpoint, Interruption, Step, Summary, parse_lines
-from fsdp_train.fault_hooks import TEST_HOOK_ENV
+from fsdp_train.run.fault_hooks import TEST_HOOK_ENV
 from support.ray_cluster import RAY_TESTS
 from test_faults_ray import Status, ray_address, ray_log, ray_token, run_with, until
 

@@ -1,4 +1,4 @@
-"""End to end on CPU: ``python -m fsdp_train.ray_entry`` on a local Ray cluster of two "nodes".
+"""End to end on CPU: ``python -m fsdp_train.run.ray_entry`` on a local Ray cluster of two "nodes".
 
 A head (no CPUs) and two worker nodes on 127.0.0.2 and 127.0.0.3 (Ray groups ranks into nodes by IP),
 each with its own temp dir. Every worker process has ``FSDP_TRAIN_FAIL_AT_STEP=10``, so a first attempt
@@ -52,7 +52,7 @@ def cluster() -> Iterator[str]:
 
 def submit(address: str, job: dict[str, Any]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fsdp_train.ray_entry", "--config-json", json.dumps(job)],
+        [sys.executable, "-m", "fsdp_train.run.ray_entry", "--config-json", json.dumps(job)],
         env=ray_env(RAY_ADDRESS=address),
         capture_output=True,
         text=True,
@@ -140,7 +140,7 @@ def test_ray_entry_fails_with_one_line(cluster: str, tmp_path: Path) -> None:
 
 def test_ray_entry_rejects_bad_config() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_train.ray_entry", "--config-json", json.dumps({"train": {"seq_len": 0}})],
+        [sys.executable, "-m", "fsdp_train.run.ray_entry", "--config-json", json.dumps({"train": {"seq_len": 0}})],
         capture_output=True,
         text=True,
         timeout=60,

@@ -224,7 +224,7 @@ def test_two_nodes_report_placement_and_train_hybrid(single_process: dict[int, f
 def test_pretrained_weights_are_loaded_sharded(tmp_path: Path) -> None:
     """``model_init: pretrained`` from a local directory: rank 0 reads, every rank gets its shard."""
     import torch
-    from fsdp_train.loop import random_tokens
+    from fsdp_train.run.loop import random_tokens
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     torch.manual_seed(1)

@@ -1,7 +1,7 @@
 """Ranks of the training loop as plain processes on CPU, joined through a file store (no port to pick).
 
 `run_rank` is the target of a rank process (`support.rank_processes`): it joins a gloo group through a `FileStore`, runs
-`fsdp_train.loop.train` with the topology it is given and writes the events it printed to a file.
+`fsdp_train.run.loop.train` with the topology it is given and writes the events it printed to a file.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ def run_rank(rank: int, world_size: int, ranks_per_node: int, store: str, train:
     import torch
     import torch.distributed as dist
     from fsdp_train.contract.config import TrainConfig
-    from fsdp_train.loop import Host
-    from fsdp_train.loop import train as run_train
     from fsdp_train.models.parallelize import Topology
+    from fsdp_train.run.loop import Host
+    from fsdp_train.run.loop import train as run_train
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)

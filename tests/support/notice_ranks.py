@@ -1,6 +1,6 @@
 """Ranks of the training loop as CPU processes (`support.rank_processes`) with a notice directory per simulated node.
 
-`run_rank_with_notices` joins a gloo group through a `FileStore`, runs `fsdp_train.loop.train` with a directory
+`run_rank_with_notices` joins a gloo group through a `FileStore`, runs `fsdp_train.run.loop.train` with a directory
 checkpointer and `FSDP_NOTICE_DIR` set to its node's folder (as the worker pod's environment sets it), and writes
 the events it printed and its return value to files. With `ray_storage`, Ray Train's checkpoints instead, in a rank
 process without a cluster (`support.ray_controller`).
@@ -30,9 +30,9 @@ def run_rank_with_notices(
     import torch
     import torch.distributed as dist
     from fsdp_train.contract.config import TrainConfig
-    from fsdp_train.loop import Host
-    from fsdp_train.loop import train as run_train
     from fsdp_train.models.parallelize import Topology
+    from fsdp_train.run.loop import Host
+    from fsdp_train.run.loop import train as run_train
     from fsdp_train.state.checkpoint import DirectoryCheckpoints
 
     torch.set_num_threads(1)

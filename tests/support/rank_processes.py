@@ -15,7 +15,7 @@ from multiprocessing.context import ForkServerContext
 PRELOADED = (
     "torch",
     "torch.distributed",
-    "fsdp_train.loop",
+    "fsdp_train.run.loop",
     "fsdp_train.state.checkpoint",
     "fsdp_train.watch.health",
     "support.cpu_ranks",

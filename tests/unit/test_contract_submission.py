@@ -1,6 +1,6 @@
 """The operator -> trainer contract: a job's spec, through `render.submission()`, is the config the loop runs.
 
-The entrypoint string the operator submits is split as a shell would, handed to `fsdp_train.ray_entry`'s
+The entrypoint string the operator submits is split as a shell would, handed to `fsdp_train.run.ray_entry`'s
 own `main()` (its argument parser and config parser), and the `RayJobConfig` it would run is compared,
 field by field, with values written down here for every example, and for a sample of accepted specs.
 """
@@ -16,9 +16,9 @@ import pytest
 import yaml
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import SpecError, parse_job
-from fsdp_train import ray_entry
 from fsdp_train.contract.config import TrainConfig
-from fsdp_train.ray_entry import RayJobConfig
+from fsdp_train.run import ray_entry
+from fsdp_train.run.ray_entry import RayJobConfig
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
 
@@ -257,7 +257,7 @@ def through_the_entrypoint(manifest: dict[str, Any], monkeypatch: pytest.MonkeyP
     job = parse_job(manifest)
     submission = render.submission(job, SID, PACKAGE)
     argv = shlex.split(submission.entrypoint)
-    assert argv[:3] == ["python", "-m", "fsdp_train.ray_entry"]
+    assert argv[:3] == ["python", "-m", "fsdp_train.run.ray_entry"]
     seen: list[RayJobConfig] = []
 
     def capture(config: RayJobConfig) -> dict[str, Any]:

@@ -317,7 +317,7 @@ def test_interleaved_signers_in_any_order_are_all_accepted_and_a_replay_is_not()
 
 def test_the_driver_signs_in_a_sequence_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """The driver's DataUnavailable says rank 0, as rank 0's own lines do: it must not share rank 0's sequence."""
-    from fsdp_train import ray_entry
+    from fsdp_train.run import ray_entry
 
     def fails(job: Any) -> dict[str, Any]:
         raise DataUnavailable("data source s3://b/d does not exist")
@@ -342,7 +342,7 @@ def test_the_driver_signs_in_a_sequence_of_its_own(monkeypatch: pytest.MonkeyPat
 
 def test_the_controller_callback_signs_as_the_controller(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("ray.train")
-    from fsdp_train.ray_entry import reported_metrics_callback
+    from fsdp_train.run.ray_entry import reported_metrics_callback
 
     monkeypatch.delenv(events.KEY_ENV, raising=False)
     out = io.StringIO()
@@ -371,7 +371,7 @@ def test_take_key_leaves_no_copy_in_the_job_config_ray_hands_every_worker(monkey
 
 
 def test_with_key_signs_in_the_worker_with_the_key_it_carries(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fsdp_train.ray_entry import with_key
+    from fsdp_train.run.ray_entry import with_key
 
     monkeypatch.setattr(events, "_signer", None)
     monkeypatch.setenv(events.KEY_ENV, "leftover")

@@ -258,7 +258,7 @@ def test_a_one_gpu_worker_asks_ray_for_its_gpu_and_the_entrypoint_is_canonical_j
     sub = render.submission(parse_job(manifest), "one-1", "/pkg")
     assert sub.config["scaling"] == {"num_workers": 2, "use_gpu": True, "resources_per_worker": {"CPU": 1, "GPU": 1}}
     argv = shlex.split(sub.entrypoint)
-    assert argv[:4] == ["python", "-m", "fsdp_train.ray_entry", "--config-json"] and len(argv) == 5
+    assert argv[:4] == ["python", "-m", "fsdp_train.run.ray_entry", "--config-json"] and len(argv) == 5
     # The same job always gives the same text: compact and key-sorted.
     assert argv[4] == json.dumps(json.loads(argv[4]), separators=(",", ":"), sort_keys=True)
 

@@ -264,7 +264,7 @@ def test_submission_carries_the_training_parameters() -> None:
     sub = render.submission(j, "sid-1", "/opt/pkg/fsdp_train")
     assert sub.submission_id == "sid-1"
     argv = shlex.split(sub.entrypoint)
-    assert argv[:4] == ["python", "-m", "fsdp_train.ray_entry", "--config-json"]
+    assert argv[:4] == ["python", "-m", "fsdp_train.run.ray_entry", "--config-json"]
     config = json.loads(argv[4])
     assert config == sub.config
     assert (

@@ -56,10 +56,12 @@ def test_each_exited_process_is_counted_once_under_the_test_that_started_it(tmp_
             module.Seen(1000.4, "python setup_worker.py ...", "tests/e2e/test_a.py::test_one (call)"),
             module.Seen(1500.2, "bash -c true", ""),
         ],
-        42: [module.Seen(999.1, "/venv/bin/python -m fsdp_train.ray_entry --config-json {}", "tests/b.py::t (setup)")],
+        42: [
+            module.Seen(999.1, "/venv/bin/python -m fsdp_train.run.ray_entry --config-json {}", "tests/b.py::t (setup)")
+        ],
     }
     text = module.report(exited, seen, top=10)
     assert text.startswith("84 CPU-s in 3 processes")
-    assert "     80.0  tests/b.py::t [setup]" in text and "python fsdp_train.ray_entry 80" in text
+    assert "     80.0  tests/b.py::t [setup]" in text and "python fsdp_train.run.ray_entry 80" in text
     assert "      3.0  tests/e2e/test_a.py::test_one [call]" in text and "ray::IDLE 3" in text
     assert "      1.0  (no test" in text

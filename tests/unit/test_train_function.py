@@ -20,8 +20,8 @@ from fsdp_operator.decide.observed import RAY_FAILED, RAY_RUNNING, ClusterView, 
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_train.contract.events import Event, parse_lines
-from fsdp_train.ray_entry import RayJobConfig
-from fsdp_train.user_function import events_from_report, failure
+from fsdp_train.run.ray_entry import RayJobConfig
+from fsdp_train.run.user_function import events_from_report, failure
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 

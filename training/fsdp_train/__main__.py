@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     from fsdp_train.watch.startup import use_bytecode_cache
 
     use_bytecode_cache(cfg.compile_cache_dir)  # before the heavy imports
-    from fsdp_train.loop import run_from_env  # torch is imported only once the config is valid
+    from fsdp_train.run.loop import run_from_env  # torch is imported only once the config is valid
 
     summary = run_from_env(cfg)
     from fsdp_train.watch.notice import EXIT_INTERRUPTED

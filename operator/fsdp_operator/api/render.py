@@ -449,7 +449,7 @@ def train_config(job: Job) -> dict[str, Any]:
 
 
 def user_function(spec: Spec) -> dict[str, Any]:
-    """The entrypoint's `function` (`fsdp_train.user_function.FunctionConfig`) for spec.trainFunction.
+    """The entrypoint's `function` (`fsdp_train.run.user_function.FunctionConfig`) for spec.trainFunction.
 
     A remote `code` goes to Ray's runtime environment (`working_dir`), a local directory to the wrapper's path.
     """
@@ -494,7 +494,7 @@ def submission(job: Job, submission_id: str, training_package: str) -> Submissio
         config["function"] = user_function(spec)
     if (tracking := tracking_entry.entry(job, submission_id)) is not None:
         config["tracking"] = tracking
-    entrypoint = "python -m fsdp_train.ray_entry --config-json " + shlex.quote(
+    entrypoint = "python -m fsdp_train.run.ray_entry --config-json " + shlex.quote(
         json.dumps(config, separators=(",", ":"), sort_keys=True)
     )
     env_vars = {

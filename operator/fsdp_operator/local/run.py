@@ -73,8 +73,8 @@ def cannot_run_locally(job: Job) -> str:
 def preflight_problems(job: Job) -> list[str]:
     """What `job` needs and this machine does not have (the Ray nodes of run-local are this machine), each
     naming its field: the user function's code directory, the data source, the tokenizer, the model's config.
-    Seconds, before any cluster starts (fsdp_train.preflight; the same checks run again in the job)."""
-    from fsdp_train import preflight
+    Seconds, before any cluster starts (fsdp_train.run.preflight; the same checks run again in the job)."""
+    from fsdp_train.run import preflight
 
     function = job.spec.train_function
     if function is not None:

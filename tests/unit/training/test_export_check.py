@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.contract.events import Event, Export, Failure, parse_lines
-from fsdp_train.loop import Host, train
 from fsdp_train.models.parallelize import Topology
 from fsdp_train.models.weights import ExportCheck, verify_export
+from fsdp_train.run.loop import Host, train
 from support.tiny_hf import TINY_QWEN2, documents, save_tiny_model, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")

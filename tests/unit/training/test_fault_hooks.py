@@ -1,11 +1,11 @@
-"""The bundled loop's test hooks (``fsdp_train.fault_hooks``): what they parse, and the hold on a node's notice."""
+"""The bundled loop's test hooks (``fsdp_train.run.fault_hooks``): what they parse, and the hold on a node's notice."""
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
 
-from fsdp_train.fault_hooks import TEST_HOOK_ENV, FaultHook
+from fsdp_train.run.fault_hooks import TEST_HOOK_ENV, FaultHook
 from fsdp_train.watch.notice import NOTICE_DIR_ENV, NOTICE_FILE
 
 

@@ -218,7 +218,7 @@ def test_any_entries_summarize_without_error(entries: list[Any]) -> None:
 
 def test_a_user_function_progresses_by_its_ray_train_report_calls(monkeypatch: pytest.MonkeyPatch) -> None:
     import ray.train
-    from fsdp_train.user_function import reported_step
+    from fsdp_train.run.user_function import reported_step
     from fsdp_train.watch.health import watching_reports
 
     seen: list[dict[str, Any]] = []

@@ -27,8 +27,8 @@ from fsdp_train.contract.events import (
     Transport,
     parse_lines,
 )
-from fsdp_train.loop import FAIL_AT_STEP_ENV, Host, random_tokens, train
 from fsdp_train.models.parallelize import Topology
+from fsdp_train.run.loop import FAIL_AT_STEP_ENV, Host, random_tokens, train
 from fsdp_train.state.checkpoint import DirectoryCheckpoints
 from support.cpu_ranks import run_rank
 from support.rank_processes import rank_context
@@ -197,7 +197,7 @@ def test_losses_read_a_step_late_are_each_steps_own(one_rank: Topology, capsys: 
     """The loop reads each step's loss and grad norm only after queueing the next step: the logged numbers must
     still be each step's own, as a step read back at once gives them."""
     import torch
-    from fsdp_train.loop import build, step_figures
+    from fsdp_train.run.loop import build, step_figures
 
     cfg = TrainConfig.from_dict({**TRAIN, "steps": 5})
     assert cfg.max_grad_norm > 0

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from fsdp_operator.cli.main import main
 from fsdp_train.contract.config import TrainConfig
-from fsdp_train.preflight import data_problems, function_problems, job_problems, model_problems
+from fsdp_train.run.preflight import data_problems, function_problems, job_problems, model_problems
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
@@ -116,7 +116,7 @@ def hub_without_repos() -> Iterator[str]:
 def ask_hub(endpoint: str, home: Path) -> str:
     """hub_problem in a fresh process: huggingface_hub reads HF_ENDPOINT when it is imported."""
     env = {**os.environ, "HF_ENDPOINT": endpoint, "HF_HOME": str(home), "HF_HUB_OFFLINE": "0"}
-    code = "from fsdp_train.preflight import hub_problem; print(hub_problem('acme/no-such-model', 'config.json'))"
+    code = "from fsdp_train.run.preflight import hub_problem; print(hub_problem('acme/no-such-model', 'config.json'))"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fsdp_train import ray_entry
-from fsdp_train.ray_entry import RayJobConfig, main, one_line
+from fsdp_train.run import ray_entry
+from fsdp_train.run.ray_entry import RayJobConfig, main, one_line
 
 
 @pytest.fixture(autouse=True)
@@ -106,7 +106,7 @@ def test_one_line_names_the_root_cause(text: str, line: str) -> None:
 
 
 def test_one_line_names_an_errors_own_reason_as_its_failure_event_does() -> None:
-    from fsdp_train.preflight import PreflightFailed
+    from fsdp_train.run.preflight import PreflightFailed
 
     missing = PreflightFailed(["spec.data.source: /d.jsonl not found"], reason="DataUnavailable")
     assert one_line(missing) == "DataUnavailable: spec.data.source: /d.jsonl not found"

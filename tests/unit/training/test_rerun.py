@@ -14,8 +14,8 @@ import pytest
 import torch.distributed as dist
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.contract.events import Checkpoint, Evaluation, Event, Export, Failure, Step, parse_lines
-from fsdp_train.loop import FAIL_AT_STEP_ENV, Host, train
 from fsdp_train.models.parallelize import Topology
+from fsdp_train.run.loop import FAIL_AT_STEP_ENV, Host, train
 from fsdp_train.state.checkpoint import CheckpointMismatch, DirectoryCheckpoints
 from support.tiny_hf import documents, train_tokenizer, write_jsonl
 

@@ -1,5 +1,5 @@
 """A user's function behind the wrapper, in this process (no Ray): the reports before it, its failures, and
-what its ``ray.train.report`` metrics become (``fsdp_train.user_function``).
+what its ``ray.train.report`` metrics become (``fsdp_train.run.user_function``).
 
 The functions are a package of their own, tests/data/byo/byo_checks, found through ``code`` as a job finds its.
 The same functions under Ray and the operator run in tests/e2e/test_byo_function.py.
@@ -33,7 +33,7 @@ from fsdp_train.contract.events import (
     parse_log,
 )
 from fsdp_train.models.parallelize import Topology
-from fsdp_train.user_function import (
+from fsdp_train.run.user_function import (
     FunctionConfig,
     checkpoint_uri,
     events_from_report,

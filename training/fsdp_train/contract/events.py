@@ -131,7 +131,7 @@ class Step(Event):
     """A fingerprint of this step's sample ids in order (``fsdp_train.datapath.packing.samples_digest``)."""
     extra: dict[str, float] = field(default_factory=dict)
     """Other numeric metrics of the step, at most :data:`MAX_EXTRA` of them: a user function's
-    (``fsdp_train.user_function``); the bundled function's ``grad_norm`` (before clipping)."""
+    (``fsdp_train.run.user_function``); the bundled function's ``grad_norm`` (before clipping)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -386,7 +386,7 @@ _signer: Signer | None = None
 CONTROLLER = "controller"
 """The emitter name of Ray Train's controller process, which reports a user function's metrics."""
 DRIVER = "driver"
-"""The emitter name of the Ray job's driver (``fsdp_train.ray_entry.main``), which reports its own failures."""
+"""The emitter name of the Ray job's driver (``fsdp_train.run.ray_entry.main``), which reports its own failures."""
 EMITTERS = ("", CONTROLLER, DRIVER)
 """Who signs: a training rank (no name: torchrun's and Ray Train's ranks), the controller, or the driver. The
 verifier keeps one sequence per (emitter, rank)."""

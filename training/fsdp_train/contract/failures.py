@@ -9,7 +9,7 @@ from fsdp_train.contract.wire import TEXT_LIMITS, clean_text, safe_str
 OWN_REASONS: dict[str, str] = {
     "fsdp_train.state.storage.DataUnavailable": "DataUnavailable",
     "fsdp_train.state.checkpoint.CheckpointMismatch": "CheckpointMismatch",
-    "fsdp_train.preflight.PreflightFailed": "PreflightFailed",
+    "fsdp_train.run.preflight.PreflightFailed": "PreflightFailed",
 }
 """The project's own exceptions (``module.QualifiedName``) that carry a reason to the operator, and that reason.
 Any other exception's ``reason`` attribute (``URLError``'s is an exception object; a model repository's code can

@@ -1,5 +1,5 @@
 """Experiment tracking (MLflow) from one process of a job: rank 0 of the bundled function, or Ray Train's controller
-for a user function (each ``ray.train.report`` becomes events there, ``fsdp_train.user_function``).
+for a user function (each ``ray.train.report`` becomes events there, ``fsdp_train.run.user_function``).
 
 The process's events (``fsdp_train.contract.events.emit``) are its one source: a :class:`Tracker` listens to them,
 turns each

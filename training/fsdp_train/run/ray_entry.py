@@ -1,4 +1,4 @@
-"""Ray job entrypoint: ``python -m fsdp_train.ray_entry --config-json '<JSON>'`` runs the loop in TorchTrainer.
+"""Ray job entrypoint: ``python -m fsdp_train.run.ray_entry --config-json '<JSON>'`` runs the loop in TorchTrainer.
 
 The JSON: ``{"train": {TrainConfig}, "scaling": {"num_workers": 4, "use_gpu": false,
 "resources_per_worker": {"CPU": 1}}, "max_failures": 0, "storage_path": "/shared/or/s3://..." | null,
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fsdp_train.contract.config import TrainConfig
-from fsdp_train.user_function import FunctionConfig
+from fsdp_train.run.user_function import FunctionConfig
 from fsdp_train.watch.tracking import Settings
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ class RayJobConfig:
     storage_path: str | None = None
     name: str = "fsdp-train"
     function: FunctionConfig | None = None
-    """A user's Ray Train function to run instead of the bundled one (``fsdp_train.user_function``)."""
+    """A user's Ray Train function to run instead of the bundled one (``fsdp_train.run.user_function``)."""
     health: dict[str, Any] | None = None
     """``fsdp_train.watch.health.HealthConfig`` as a mapping (checked here, built on each rank)."""
     tracking: dict[str, Any] | None = None
@@ -136,7 +136,7 @@ def train_fn_per_worker(loop_config: dict[str, Any]) -> dict[str, Any]:
 
     use_bytecode_cache(str(loop_config["train"].get("compile_cache_dir", "")))  # before the heavy imports
     from fsdp_train.datapath.data import prepare_from_ray
-    from fsdp_train.loop import Host, prepare_torchrun, train
+    from fsdp_train.run.loop import Host, prepare_torchrun, train
     from fsdp_train.state.checkpoint import Checkpointer, NoCheckpoints, RayCheckpoints
     from fsdp_train.watch.health import HealthConfig
 
@@ -202,7 +202,7 @@ def ray_worker(use_gpu: bool) -> tuple[Topology, str]:
 def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
     """What each Ray Train worker runs for a user function (under `with_key`, which takes the key before the user's
     code is imported): the bundled reports, then the function."""
-    from fsdp_train.user_function import run_user_function
+    from fsdp_train.run.user_function import run_user_function
     from fsdp_train.watch import report
 
     function = FunctionConfig.from_dict(loop_config["function"])
@@ -216,7 +216,7 @@ def user_fn_per_worker(loop_config: dict[str, Any]) -> Any:
             topo, node_ip=node_ip, device=device, env=os.environ, probe_size_bytes=function.probe_size_bytes
         )
 
-    from fsdp_train.user_function import reported_step
+    from fsdp_train.run.user_function import reported_step
     from fsdp_train.watch.health import HealthConfig, watching_reports
     from fsdp_train.watch.notice import finish_user_function
 
@@ -233,7 +233,7 @@ def reported_metrics_callback(storage: str | None, key_hex: str = "", job: RayJo
     import ray.train
 
     from fsdp_train.contract import events
-    from fsdp_train.user_function import checkpoint_uri, events_from_report
+    from fsdp_train.run.user_function import checkpoint_uri, events_from_report
 
     class ReportedMetrics(ray.train.UserCallback):
         def __init__(self) -> None:
@@ -305,7 +305,7 @@ def run(job: RayJobConfig) -> dict[str, Any]:
     if job.function is None:
         # Before Ray and before the tokenizer is fetched: a missing data file is said as such, in seconds, not as
         # a hub error a minute later.
-        from fsdp_train import preflight
+        from fsdp_train.run import preflight
 
         preflight.check(preflight.data_problems(job.train), reason=preflight.DATA_UNAVAILABLE)
         preflight.check(preflight.tokenizer_problems(job.train))
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     take_key(emitter=DRIVER)
     # Before Ray is imported: it reads RAY_DEDUP_LOGS once, at import.
     os.environ.update(RAY_LOG_ENV)
-    parser = argparse.ArgumentParser(prog="python -m fsdp_train.ray_entry", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m fsdp_train.run.ray_entry", description=__doc__)
     parser.add_argument("--config-json", required=True, help="the entrypoint config as one JSON object")
     args = parser.parse_args(argv)
     try:

@@ -1,6 +1,6 @@
 """The per-rank training loop: plain ``torch.distributed``, the same under torchrun and Ray Train.
 
-``train()`` is what every rank runs; ``fsdp_train.__main__`` (torchrun) and ``fsdp_train.ray_entry``
+``train()`` is what every rank runs; ``fsdp_train.__main__`` (torchrun) and ``fsdp_train.run.ray_entry``
 (Ray Train) only build its ``Topology`` and ``Checkpointer``.
 """
 
@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_train import preflight
 from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
 from fsdp_train.contract.events import Checkpoint, Summary, as_dict, emit
 from fsdp_train.contract.failures import failure_of
@@ -28,14 +27,15 @@ from fsdp_train.datapath.data import Prepared, check_usable, prepare_on_each_nod
 from fsdp_train.datapath.feed import Collate, TrainFeed
 from fsdp_train.datapath.fingerprint import run_fingerprint
 from fsdp_train.datapath.packing import Packed, samples_digest
-from fsdp_train.evaluation import evaluate, export_checked
-from fsdp_train.fault_hooks import FaultHook
 from fsdp_train.models.attention import to_device
 from fsdp_train.models.loss import use_loss
 from fsdp_train.models.model import build_meta_model, decoder_blocks, hf_config, init_weights
 from fsdp_train.models.parallelize import Topology, build_mesh, parallelize, resolve_sharding
 from fsdp_train.models.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
 from fsdp_train.models.weights import load_pretrained_weights
+from fsdp_train.run import preflight
+from fsdp_train.run.evaluation import evaluate, export_checked
+from fsdp_train.run.fault_hooks import FaultHook
 from fsdp_train.state.checkpoint import Checkpointer, NoCheckpoints, SaveTimes
 from fsdp_train.watch import health, report
 from fsdp_train.watch.metrics import Backend, EventsBackend, Metrics, flops_per_token, peak_flops

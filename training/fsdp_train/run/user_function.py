@@ -5,7 +5,7 @@ bandwidth ``Probe`` (``report.verify_link``, what the bundled loop runs too), th
 ``package.module:function`` called with its ``config``; an exception there becomes this rank's ``Failure``
 with its type, message and the last frames of its traceback. What the function passes to ``ray.train.report``
 reaches the operator through Ray Train's controller: :func:`events_from_report` turns rank 0's metrics into
-``Step`` (and ``Evaluation``, ``Checkpoint``) events there (``fsdp_train.ray_entry.reported_metrics_callback``).
+``Step`` (and ``Evaluation``, ``Checkpoint``) events there (``fsdp_train.run.ray_entry.reported_metrics_callback``).
 Nothing the user's code prints becomes an event: it holds no key (docs/byo-function.md).
 """
 
@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_train import preflight
 from fsdp_train.contract.events import (
     MAX_COUNT,
     MAX_EXTRA,
@@ -34,6 +33,7 @@ from fsdp_train.contract.events import (
     emit,
 )
 from fsdp_train.contract.failures import failure_message, failure_reason
+from fsdp_train.run import preflight
 
 REMOTE_CODE_SCHEMES = ("s3://", "gs://")
 """`code` locations Ray's runtime environment fetches itself (a ``.zip``); anything else is a local directory."""
