@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fsdp_operator.api import render, spec
-from fsdp_operator.local.resources import _walked_copy, json_copy
+from fsdp_operator.local.server.resources import _walked_copy, json_copy
 from integration.test_operator import manifest
 
 

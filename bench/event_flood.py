@@ -35,7 +35,7 @@ def measure(tree: Path, lines: int, samples: int) -> dict[str, Any]:
         sys.path.insert(0, str(tree / path))
     import requests
     from fsdp_operator.api import render
-    from fsdp_operator.local import ThreadedApiServer
+    from fsdp_operator.local.server import ThreadedApiServer
     from fsdp_train.contract import events
     from test_operator import JOBS, World, manifest
 

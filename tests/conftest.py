@@ -20,7 +20,7 @@ from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import support.<module>` from any test
 
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from support.ray_cluster import LONGEST_LANES, RAY_LANES
 
 # No per-example deadline: on a loaded 2-core machine (CI, parallel workers) one example can take seconds, and

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from fsdp_operator.api import render
 from fsdp_operator.decide.observed import dashboard_url
-from fsdp_operator.local.kuberay import kill_marked
+from fsdp_operator.local.cluster.kuberay import kill_marked
 from fsdp_operator.local.run import RUN_MARKER, TERMINAL_PHASES, LocalRun
 from fsdp_train.contract.events import Placement, Step, Summary, parse_lines
 from support.ray_cluster import RAY_TESTS

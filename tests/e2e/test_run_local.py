@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator.local.kuberay import marked_processes
+from fsdp_operator.local.cluster.kuberay import marked_processes
 from fsdp_operator.local.run import RUN_MARKER
 from support.ray_cluster import RAY_TESTS
 
@@ -501,7 +501,7 @@ def test_a_head_that_dies_while_the_workers_join_is_reported_at_once(tmp_path: P
     two-minute wait."""
     import signal
 
-    from fsdp_operator.local.kuberay import NODE_MARKER
+    from fsdp_operator.local.cluster.kuberay import NODE_MARKER
 
     fsdpctl = Path(sys.executable).with_name("fsdpctl")
     log = tmp_path / "run-local.out"

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import requests
 from fsdp_operator.api import generate, schema
-from fsdp_operator.local import ThreadedApiServer, protobuf
-from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
-from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
+from fsdp_operator.local.server import ThreadedApiServer, protobuf
+from fsdp_operator.local.server.admission import OwnerReferencesPermissionEnforcement
+from fsdp_operator.local.server.rbac import MASTERS, Access, User, service_account
 from test_operator import manifest
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import requests
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from support.crds import GROUP, PLURAL, VERSION, widget, widget_crd
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import requests
 from fsdp_operator.api import generate, schema
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.server import ThreadedApiServer
 from fsdp_operator.runtime.rayjobs import FakeRay
 from support.crds import GROUP, KIND, PLURAL, VERSION, widget_crd
 from support.fake_kuberay import FakeKubeRay
@@ -348,7 +348,7 @@ def test_the_local_kuberay_reports_a_refused_pod_and_starts_no_ray_process(
 ) -> None:
     """`fsdpctl run-local`'s KubeRay stand-in: the API server's answer for the pod is asked before any Ray
     process starts; a refusal is the Warning event KubeRay writes, and nothing runs."""
-    from fsdp_operator.local.kuberay import LocalKubeRay
+    from fsdp_operator.local.cluster.kuberay import LocalKubeRay
 
     assert post(api, CRDS, RAYCLUSTER_CRD)[0] == 201
     divisor = {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "3"}}

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.store import FOREGROUND_FINALIZER
+from fsdp_operator.local.server import ThreadedApiServer
+from fsdp_operator.local.server.store import FOREGROUND_FINALIZER
 from support.crds import GROUP, PLURAL, VERSION, widget, widget_crd
 from test_apiserver import CM, CRDS, Client
 

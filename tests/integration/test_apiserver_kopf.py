@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 import pytest
 import requests
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from support.crds import GROUP, PLURAL, VERSION, widget, widget_crd
 from support.kopf_runner import DEFAULT_FINALIZER, eventually, kopf_operator
 

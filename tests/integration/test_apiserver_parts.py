@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from fsdp_operator.local.patching import PatchError, json_patch, merge_patch, strategic_merge_patch
-from fsdp_operator.local.resources import InvalidDefinition, type_from_crd
-from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
-from fsdp_operator.local.tables import human_duration, json_path
+from fsdp_operator.local.server.patching import PatchError, json_patch, merge_patch, strategic_merge_patch
+from fsdp_operator.local.server.resources import InvalidDefinition, type_from_crd
+from fsdp_operator.local.server.selectors import SelectorError, parse_field_selector, parse_label_selector
+from fsdp_operator.local.server.tables import human_duration, json_path
 from support.crds import widget_crd
 
 

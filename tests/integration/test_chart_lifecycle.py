@@ -21,10 +21,10 @@ import pytest
 import yaml
 from fsdp_operator.api import render, schema
 from fsdp_operator.api.spec import parse_job
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
-from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.server import ThreadedApiServer
+from fsdp_operator.local.server.admission import OwnerReferencesPermissionEnforcement
+from fsdp_operator.local.server.rbac import MASTERS, Access, User, service_account
 from fsdp_operator.runtime.kube import AioKube
 from support import k8s_tools
 from support.tls import self_signed

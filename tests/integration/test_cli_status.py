@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fsdp_operator.api import generate, schema
 from fsdp_operator.cli.main import main
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from fsdp_operator.runtime.controller import JobLoop
 from fsdp_operator.runtime.kube import AioKube, KubeError
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay

@@ -17,9 +17,9 @@ import kopf
 import pytest
 import requests
 from fsdp_operator.api import generate, schema
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
-from fsdp_operator.local.rbac import MASTERS, Access, User
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.server import ThreadedApiServer
+from fsdp_operator.local.server.rbac import MASTERS, Access, User
 from fsdp_operator.runtime.handlers import build_registry
 from fsdp_operator.runtime.kube import AioKube, KubeError
 from fsdp_operator.runtime.rayjobs import FakeRay

@@ -7,8 +7,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.server import ThreadedApiServer
 from fsdp_operator.runtime.kube import AioKube
 from support import chart_rbac
 from support.chart_rbac import OPERATOR_AUTH

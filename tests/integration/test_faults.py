@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.faults import REQUEST_FAULTS, WATCH_FAULTS, FaultInjector, FaultPlan
+from fsdp_operator.local.server import ThreadedApiServer
+from fsdp_operator.local.server.faults import REQUEST_FAULTS, WATCH_FAULTS, FaultInjector, FaultPlan
 from fsdp_operator.runtime.rayjobs import RAY_PENDING, FakeJob, FakeRay
 from integration.test_operator import CLUSTERS, FAST, Script, World, manifest, scenario
 from support.kopf_runner import eventually

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
 from fsdp_train.contract.events import PREFIX, Signer, Transport, attempt_key
 from support.kopf_runner import eventually

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from fsdp_operator.decide.lifecycle import with_lifecycle_conditions
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.rbac import MASTERS, User
+from fsdp_operator.local.server import ThreadedApiServer
+from fsdp_operator.local.server.rbac import MASTERS, User
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import k8s_tools, kstatus
@@ -366,7 +366,7 @@ def test_a_rule_on_a_nested_field_refuses_its_edit_alone_and_leaves_the_objects_
     import copy
 
     from fsdp_operator.api import generate
-    from fsdp_operator.local import cel_rules
+    from fsdp_operator.local.server import cel_rules
 
     schema = generate.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     old = {**manifest("x"), "status": {"submissionId": "x-1"}}

@@ -20,8 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 from fsdp_operator.api import render
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.kuberay import free_port
+from fsdp_operator.local.cluster.kuberay import free_port
+from fsdp_operator.local.server import ThreadedApiServer
 from fsdp_operator.runtime.controller import JobLoop
 from fsdp_operator.runtime.handlers import build_registry
 from fsdp_operator.runtime.kube import AioKube, KubeError

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from support.crds import widget, widget_crd
 from support.k8s_tools import REPO, ToolsUnavailable, helm, kubectl, run_kubectl
 
@@ -212,7 +212,7 @@ def test_kubectl_drain_takes_a_local_worker_without_force(apiserver: ThreadedApi
     """The local KubeRay's worker pod, owned by its RayCluster as its controller (as KubeRay sets it), on its local
     node: `kubectl drain` evicts it with --delete-emptydir-data (its /dev/shm), as on a real cluster, and without
     --force (refused before: "cannot delete Pods that declare no controller")."""
-    from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalCluster, LocalKubeRay
+    from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD, LocalCluster, LocalKubeRay
 
     store = apiserver.store
     store.create(store.resource("customresourcedefinitions", "apiextensions.k8s.io"), RAYCLUSTER_CRD)

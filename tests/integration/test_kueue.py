@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
 from fsdp_train.contract.events import Checkpoint, Step, Summary
 from support.chart_rbac import ADMIN_AUTH

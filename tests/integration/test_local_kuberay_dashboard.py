@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from fsdp_operator.local.kuberay import LocalCluster, LocalKubeRay
+from fsdp_operator.local.cluster.kuberay import LocalCluster, LocalKubeRay
 
 pytestmark = [pytest.mark.integration]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import requests
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from prometheus_client.parser import text_string_to_metric_families
 from test_operator import Script, World, manifest, scenario
 

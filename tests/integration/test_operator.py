@@ -20,8 +20,8 @@ import pytest
 import requests
 from fsdp_operator.api import generate, render, schema
 from fsdp_operator.api.spec import parse_job
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.server import ThreadedApiServer
 from fsdp_operator.runtime.handlers import build_registry
 from fsdp_operator.runtime.job_secret import with_event_key
 from fsdp_operator.runtime.kube import AioKube

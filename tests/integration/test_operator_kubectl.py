@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.rbac import MASTERS, User
+from fsdp_operator.local.server import ThreadedApiServer
+from fsdp_operator.local.server.rbac import MASTERS, User
 from support import k8s_tools
 from support.kopf_runner import eventually
 from test_operator import Script, World, scenario

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from fsdp_operator.capacity.ec2 import Boto3Clients, Ec2ZoneAdvisor, NoCredentials
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from support.aws import FixedZone
 from support.kopf_runner import eventually
 from test_operator import World, manifest, scenario

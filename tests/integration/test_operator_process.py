@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import requests
 from fsdp_operator.api import generate, render, schema
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.server import ThreadedApiServer
 from support import chart_rbac
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

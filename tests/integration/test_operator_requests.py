@@ -9,7 +9,7 @@ what its loop asks the API server meanwhile.
 from __future__ import annotations
 
 import pytest
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from fsdp_operator.runtime.shared import Runtime
 from support.chart_rbac import ACCOUNT
 from support.kopf_runner import eventually

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from fsdp_operator.api import render, schema
-from fsdp_operator.local import ThreadedApiServer
+from fsdp_operator.local.server import ThreadedApiServer
 from fsdp_operator.runtime import calls
 from support.chart_rbac import ACCOUNT
 from support.kopf_runner import eventually

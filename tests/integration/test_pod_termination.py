@@ -24,10 +24,10 @@ from typing import Any
 import aiohttp
 import pytest
 from fsdp_operator.api.render import worker_notice_hook
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.apiserver import ApiServer
-from fsdp_operator.local.kubelet import LocalKubelet
-from fsdp_operator.local.kuberay import LocalCluster, LocalKubeRay, RayNode
+from fsdp_operator.local.cluster.kubelet import LocalKubelet
+from fsdp_operator.local.cluster.kuberay import LocalCluster, LocalKubeRay, RayNode
+from fsdp_operator.local.server import ThreadedApiServer
+from fsdp_operator.local.server.apiserver import ApiServer
 from fsdp_train.watch.notice import DONE_FILE, NOTICE_FILE, read_notice
 from test_apiserver import PODS, Client
 

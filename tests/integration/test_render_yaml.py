@@ -16,8 +16,8 @@ import pytest
 import yaml
 from fsdp_operator.api.manifest_yaml import decode, dump, load_all
 from fsdp_operator.cli.main import main
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.server import ThreadedApiServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.k8s_tools import REPO, ToolsUnavailable, kubectl, run_kubectl

@@ -26,8 +26,8 @@ import pytest
 from aiohttp import web
 from fsdp_operator.api import schema
 from fsdp_operator.api.render import Submission
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.faults import FaultInjector
+from fsdp_operator.local.server import ThreadedApiServer
+from fsdp_operator.local.server.faults import FaultInjector
 from fsdp_operator.runtime.handlers import build_registry
 from fsdp_operator.runtime.kube import USER_AGENT, AioKube
 from fsdp_operator.runtime.rayjobs import LOG_CHUNK, RayJobInfo, RayJobs, RayNodes

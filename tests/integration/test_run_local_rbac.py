@@ -4,9 +4,9 @@ which test_rbac.py holds equal to it): each call of the table is allowed where i
 from __future__ import annotations
 
 import pytest
-from fsdp_operator.local import rbac
 from fsdp_operator.local.run import OPERATOR_ACCOUNT, operator_rbac
-from fsdp_operator.local.store import Store
+from fsdp_operator.local.server import rbac
+from fsdp_operator.local.server.store import Store
 from fsdp_operator.runtime import calls
 
 pytestmark = pytest.mark.integration

@@ -19,10 +19,10 @@ from typing import Any
 
 from aiohttp import web
 from fsdp_operator.api import generate, schema
-from fsdp_operator.local import ApiServer
-from fsdp_operator.local.faults import FaultInjector, FaultPlan
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
-from fsdp_operator.local.store import WatchEvent
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.server import ApiServer
+from fsdp_operator.local.server.faults import FaultInjector, FaultPlan
+from fsdp_operator.local.server.store import WatchEvent
 from fsdp_operator.runtime.handlers import GC_THRESHOLDS
 from fsdp_operator.runtime.kube import USER_AGENT
 

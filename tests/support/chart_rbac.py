@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator.local import ApiServer, ThreadedApiServer
-from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
-from fsdp_operator.local.rbac import MASTERS, Access, User, service_account
+from fsdp_operator.local.server import ApiServer, ThreadedApiServer
+from fsdp_operator.local.server.admission import OwnerReferencesPermissionEnforcement
+from fsdp_operator.local.server.rbac import MASTERS, Access, User, service_account
 
 from support import k8s_tools
 

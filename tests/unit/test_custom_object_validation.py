@@ -9,8 +9,8 @@ from typing import Any
 import jsonschema
 from fsdp_operator.api import generate, render
 from fsdp_operator.api.spec import parse_job
-from fsdp_operator.local import validation
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.server import validation
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

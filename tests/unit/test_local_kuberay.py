@@ -16,8 +16,7 @@ from typing import Any
 import pytest
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import parse_job, parse_quantity
-from fsdp_operator.local import ThreadedApiServer
-from fsdp_operator.local.kuberay import (
+from fsdp_operator.local.cluster.kuberay import (
     RAYCLUSTER_CRD,
     LocalCluster,
     LocalKubeRay,
@@ -30,6 +29,7 @@ from fsdp_operator.local.kuberay import (
     marked_processes,
     secret_refs,
 )
+from fsdp_operator.local.server import ThreadedApiServer
 from support.ray_cluster import RAY_TESTS
 
 
@@ -181,7 +181,7 @@ def test_a_worker_whose_ray_start_exits_before_it_joined_is_started_again_in_its
     touched. `exits`: how many of a pod's starts exit before it joins. Each node is started again at most
     NODE_RESTARTS times, counted per node (one node's restarts never use up another's); one that exits every time
     is left out (the cluster stays short) while the others go on joining."""
-    from fsdp_operator.local import kuberay as kuberay_module
+    from fsdp_operator.local.cluster import kuberay as kuberay_module
 
     monkeypatch.setattr(kuberay_module, "WORKER_RESTART_BACKOFF_SECONDS", 0.05)
     monkeypatch.setattr(kuberay_module, "WORKER_JOIN_SECONDS", 5.0)
@@ -342,7 +342,7 @@ def test_a_head_started_again_gets_new_ports_and_the_cluster_its_endpoints(
 ) -> None:
     """Every pod here shares the machine's ports: a head whose first start exited is started again on a dashboard and
     GCS port of its own (the first start's were found taken), and the workers and the RayCluster's endpoints follow."""
-    from fsdp_operator.local import kuberay as kuberay_module
+    from fsdp_operator.local.cluster import kuberay as kuberay_module
 
     monkeypatch.setattr(kuberay_module, "WORKER_RESTART_BACKOFF_SECONDS", 0.05)
     started: list[tuple[str, list[str]]] = []
@@ -401,7 +401,7 @@ def test_a_worker_that_joins_after_its_wait_ran_out_is_marked_ready_and_the_clus
     """A worker still starting when its wait ran out (its process running, not in Ray yet) is not given up: when it
     joins later its pod turns Ready and the RayCluster `ready`, as a readiness probe that passes late and KubeRay's
     count of ready pods would have it. Until then the cluster says what it has."""
-    from fsdp_operator.local import kuberay as kuberay_module
+    from fsdp_operator.local.cluster import kuberay as kuberay_module
 
     monkeypatch.setattr(kuberay_module, "WORKER_JOIN_SECONDS", 0.5)
     joined: set[str] = set()
@@ -541,7 +541,7 @@ def test_suspending_a_running_raycluster_stops_its_ray_and_deletes_its_pods(apis
 def test_a_pod_is_owned_by_its_raycluster_as_its_controller_as_kuberay_sets_it() -> None:
     """`ctrl.SetControllerReference`: `controller: true` and `blockOwnerDeletion: true`. Without `controller`,
     `kubectl drain` refused the local workers ("cannot delete Pods that declare no controller") without --force."""
-    from fsdp_operator.local.kuberay import LocalCluster, LocalKubeRay
+    from fsdp_operator.local.cluster.kuberay import LocalCluster, LocalKubeRay
 
     cluster = LocalCluster("ml", "qwen-ray", "uid-1", Path("/nonexistent"))
     pod = LocalKubeRay._pod(cluster, "qwen-ray-worker-0", {"ray.io/node-type": "worker"}, {"spec": {}})

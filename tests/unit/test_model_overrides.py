@@ -124,7 +124,7 @@ def test_the_crd_types_the_overrides_too() -> None:
     """The API server (the emulated one applies the CRD's schema and prunes as a real one) refuses a wrong type
     or an impossible value before the operator sees it, and drops what is not a config field of any family."""
     from fsdp_operator.api import generate
-    from fsdp_operator.local import validation
+    from fsdp_operator.local.server import validation
 
     crd = generate.crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 

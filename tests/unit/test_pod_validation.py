@@ -4,8 +4,8 @@ canonicalizes them (what the divisor rule compares), and the env rules on their 
 from __future__ import annotations
 
 import pytest
-from fsdp_operator.local import podvalidation
-from fsdp_operator.local.podvalidation import QuantityError, canonical_quantity
+from fsdp_operator.local.server import podvalidation
+from fsdp_operator.local.server.podvalidation import QuantityError, canonical_quantity
 
 
 @pytest.mark.parametrize(

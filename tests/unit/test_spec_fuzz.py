@@ -27,7 +27,7 @@ from fsdp_operator.api.fields import Quantity
 from fsdp_operator.api.formats import parse_quantity
 from fsdp_operator.api.manifest_yaml import ManifestError, decode, load_all
 from fsdp_operator.api.spec import INSTANCE_TYPES, NotAJobError, Spec, SpecError, parse_job, train_config
-from fsdp_operator.local import validation
+from fsdp_operator.local.server import validation
 from fsdp_train.contract.config import TrainConfig
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st

@@ -14,7 +14,7 @@ from fsdp_operator.api.env_rules import OPERATOR_ENV, operator_owned
 from fsdp_operator.api.formats import parse_quantity
 from fsdp_operator.api.spec import SpecError, parse_job, train_config
 from fsdp_operator.cli.main import main
-from fsdp_operator.local import validation
+from fsdp_operator.local.server import validation
 from fsdp_train.contract.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]

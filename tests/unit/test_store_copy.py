@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdp_operator.local.resources import json_copy
+from fsdp_operator.local.server.resources import json_copy
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 from fsdp_operator.api import generate
-from fsdp_operator.local import structural
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
+from fsdp_operator.local.server import structural
 from support.crds import KUBERAY_CRDS, KUBERAY_VERSIONS, widget_crd
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,4 @@
-"""Local stand-ins that run on one machine: the emulated Kubernetes API server (and, next to it, KubeRay)."""
-
-from fsdp_operator.local.apiserver import ApiServer, RequestKey, ThreadedApiServer
-from fsdp_operator.local.store import ApiError, Store
-
-__all__ = ["ApiError", "ApiServer", "RequestKey", "Store", "ThreadedApiServer"]
+"""``fsdpctl run-local`` and what it runs on one machine: the emulated Kubernetes API server (``server/``), the
+cluster behind it (``cluster/``: a local KubeRay and kubelet, clients of the server over HTTP), and beside them
+run-local's driver (``run``) and ``fsdpctl local make-model`` (``model``).
+"""

@@ -33,12 +33,12 @@ from fsdp_operator.api import generate, queueing, schema
 from fsdp_operator.api import spec as spec_mod
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.summary import loss_curve, summary_lines
-from fsdp_operator.local import rbac
-from fsdp_operator.local.admission import OwnerReferencesPermissionEnforcement
-from fsdp_operator.local.apiserver import ApiServer
-from fsdp_operator.local.kubelet import LocalKubelet
-from fsdp_operator.local.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, marked_processes
-from fsdp_operator.local.store import WatchEvent
+from fsdp_operator.local.cluster.kubelet import LocalKubelet
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, marked_processes
+from fsdp_operator.local.server import rbac
+from fsdp_operator.local.server.admission import OwnerReferencesPermissionEnforcement
+from fsdp_operator.local.server.apiserver import ApiServer
+from fsdp_operator.local.server.store import WatchEvent
 from fsdp_operator.runtime import calls
 
 Obj = dict[str, Any]
@@ -500,7 +500,7 @@ async def _run(manifest: Obj, keep: bool, timeout: float | None, out: TextIO, st
     saved_final = False
     handler = logging.FileHandler(workdir / "kuberay.log")
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    stand_in_log = logging.getLogger("fsdp_operator.local.kuberay")
+    stand_in_log = logging.getLogger("fsdp_operator.local.cluster.kuberay")
     stand_in_log.addHandler(handler)
     stand_in_log.setLevel(logging.INFO)
     try:

@@ -17,7 +17,7 @@ import base64
 import datetime
 from typing import Any
 
-from fsdp_operator.local.resources import Obj
+from fsdp_operator.local.server.resources import Obj
 
 MAGIC = b"k8s\x00"
 

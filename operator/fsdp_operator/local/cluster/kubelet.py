@@ -40,7 +40,7 @@ from typing import Any
 
 import aiohttp
 
-from fsdp_operator.local.kuberay import (
+from fsdp_operator.local.cluster.kuberay import (
     LocalCluster,
     LocalKubeRay,
     RayNode,
@@ -50,7 +50,7 @@ from fsdp_operator.local.kuberay import (
     kill_marked,
     now_rfc3339,
 )
-from fsdp_operator.local.watching import list_then_watch
+from fsdp_operator.local.cluster.watching import list_then_watch
 
 log = logging.getLogger(__name__)
 

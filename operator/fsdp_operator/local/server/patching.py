@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fsdp_operator.local.resources import json_copy
+from fsdp_operator.local.server.resources import json_copy
 
 
 class PatchError(ValueError):

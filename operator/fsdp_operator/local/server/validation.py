@@ -14,7 +14,7 @@ import jsonschema
 import jsonschema.protocols
 import jsonschema_rs
 
-from fsdp_operator.local.resources import Obj, json_copy
+from fsdp_operator.local.server.resources import Obj, json_copy
 
 # Always kept at the root of a custom resource (and of embedded resources), whatever the schema says.
 _ROOT_FIELDS = ("apiVersion", "kind", "metadata")

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdp_operator.local import rbac
-from fsdp_operator.local.resources import Obj, ResourceType
-from fsdp_operator.local.store import ApiError, Store
+from fsdp_operator.local.server import rbac
+from fsdp_operator.local.server.resources import Obj, ResourceType
+from fsdp_operator.local.server.store import ApiError, Store
 
 # The plugin's whitelist: writes to these (resource, subresource) never set owners.
 _EXEMPT = {("", "pods", "status")}

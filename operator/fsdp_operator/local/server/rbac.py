@@ -28,8 +28,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from fsdp_operator.local.resources import Obj, ResourceType
-from fsdp_operator.local.store import ApiError, Store
+from fsdp_operator.local.server.resources import Obj, ResourceType
+from fsdp_operator.local.server.store import ApiError, Store
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
 MASTERS = "system:masters"

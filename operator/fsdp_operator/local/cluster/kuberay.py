@@ -51,7 +51,7 @@ from typing import Any
 import aiohttp
 
 from fsdp_operator.api.spec import parse_quantity
-from fsdp_operator.local.watching import list_then_watch
+from fsdp_operator.local.cluster.watching import list_then_watch
 
 log = logging.getLogger(__name__)
 

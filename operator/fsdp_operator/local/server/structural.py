@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fsdp_operator.local.resources import Obj
+from fsdp_operator.local.server.resources import Obj
 
 _TYPES = ("array", "boolean", "integer", "number", "object", "string")
 _META_FIELDS = ("apiVersion", "kind", "metadata")
@@ -391,7 +391,7 @@ def _nested_completeness(v: Any, s: Any, s_path: str, v_path: str) -> Iterator[F
 
 def _defaults(s: Any, path: str, *, embedded: bool, inside_meta: bool) -> Iterator[FieldError]:
     """Each default must be pruned (no unknown fields) and valid against its own schema ("Defaulting")."""
-    from fsdp_operator.local import validation  # the pruning and validation of objects; imports this module
+    from fsdp_operator.local.server import validation  # the pruning and validation of objects; imports this module
 
     if not isinstance(s, dict):
         return

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from fsdp_operator.local.store import ApiError
+from fsdp_operator.local.server.store import ApiError
 
 REQUEST_FAULTS = ("conflict", "throttle", "error", "slow", "lost")
 WATCH_FAULTS = ("drop", "expire")

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from decimal import ROUND_CEILING, Context, Decimal, InvalidOperation, localcontext
 from typing import Any
 
-from fsdp_operator.local.structural import FieldError
+from fsdp_operator.local.server.structural import FieldError
 
 Obj = dict[str, Any]
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fsdp_operator.local.resources import Obj, ResourceType
-from fsdp_operator.local.store import ApiError, now_timestamp
+from fsdp_operator.local.server.resources import Obj, ResourceType
+from fsdp_operator.local.server.store import ApiError, now_timestamp
 
 Path = tuple[str, ...]
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import cel
 
-from fsdp_operator.local.resources import Obj
+from fsdp_operator.local.server.resources import Obj
 
 _PATH = re.compile(r"\b(self|oldSelf)((?:\.[A-Za-z_][A-Za-z0-9_]*)*)(\s*[(\[]?)")
 _VERDICTS_KEPT = 4096

@@ -11,8 +11,8 @@ Not reproduced: the pod template's own defaults and validation, and the selector
 
 from __future__ import annotations
 
-from fsdp_operator.local.resources import Obj, ResourceType
-from fsdp_operator.local.store import invalid
+from fsdp_operator.local.server.resources import Obj, ResourceType
+from fsdp_operator.local.server.store import invalid
 
 
 def default_and_validate(rtype: ResourceType, obj: Obj) -> Obj:

@@ -22,9 +22,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from fsdp_operator.local import structural
-from fsdp_operator.local.patching import merge_patch
-from fsdp_operator.local.resources import InvalidDefinition, Obj, ResourceType, builtin_types, json_copy, type_from_crd
+from fsdp_operator.local.server import structural
+from fsdp_operator.local.server.patching import merge_patch
+from fsdp_operator.local.server.resources import (
+    InvalidDefinition,
+    Obj,
+    ResourceType,
+    builtin_types,
+    json_copy,
+    type_from_crd,
+)
 
 _T = TypeVar("_T")
 

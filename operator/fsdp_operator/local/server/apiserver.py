@@ -44,14 +44,14 @@ from typing import Any, NamedTuple
 import yaml
 from aiohttp import web
 
-from fsdp_operator.local import admission as admission_plugins
-from fsdp_operator.local import apply as server_side_apply
-from fsdp_operator.local import cel_rules, patching, podvalidation, protobuf, rbac, tables, validation, workloads
-from fsdp_operator.local.faults import FaultInjector
-from fsdp_operator.local.resources import ALL_VERBS, Obj, ResourceType, json_copy
-from fsdp_operator.local.selectors import SelectorError, parse_field_selector, parse_label_selector
-from fsdp_operator.local.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent, invalid_fields
-from fsdp_operator.local.structural import FieldError
+from fsdp_operator.local.server import admission as admission_plugins
+from fsdp_operator.local.server import apply as server_side_apply
+from fsdp_operator.local.server import cel_rules, patching, podvalidation, protobuf, rbac, tables, validation, workloads
+from fsdp_operator.local.server.faults import FaultInjector
+from fsdp_operator.local.server.resources import ALL_VERBS, Obj, ResourceType, json_copy
+from fsdp_operator.local.server.selectors import SelectorError, parse_field_selector, parse_label_selector
+from fsdp_operator.local.server.store import HISTORY_LENGTH, ApiError, Store, Subscription, WatchEvent, invalid_fields
+from fsdp_operator.local.server.structural import FieldError
 
 KUBERNETES_VERSION = {
     "major": "1",

@@ -6,7 +6,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from fsdp_operator.local.resources import Obj, PrinterColumn, ResourceType
+from fsdp_operator.local.server.resources import Obj, PrinterColumn, ResourceType
 
 _NAME = {
     "name": "Name",
