@@ -1,4 +1,6 @@
-"""The layout holds: imports only go down the layers, no import cycles, no module over the length limit.
+"""The layout holds in both packages: imports only go down the layers, no import cycles, no module over the length
+limit; the operator imports only the torch-free parts of the training package listed here; the emulated cluster of
+run-local reaches the emulated API server over HTTP only.
 
 Measured from the source with `ast` (imports inside functions and under TYPE_CHECKING count too), so a
 violation is found without importing anything. docs/architecture.md draws the layers and says why.
@@ -7,6 +9,8 @@ violation is found without importing anything. docs/architecture.md draws the la
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +25,23 @@ MAX_LINES = 600
 # emulated API server, local KubeRay) reads job manifests and summaries, and is driven by the cli only.
 RANK = {"cli": 5, "local": 4, "runtime": 3, "decide": 2, "api": 1, "capacity": 1}
 TOP = 6  # the package's own __init__ / __main__
+
+# The training package's rooms, top to bottom (docs/architecture.md; each room's __init__ says what it holds).
+TRAINING_RANK = {"run": 6, "watch": 5, "models": 4, "datapath": 3, "state": 2, "contract": 1}
+TRAINING_TOP = 7
+
+# What the operator may import of the training package, and why. Nothing here imports torch at module level
+# (test_the_operator_never_loads_torch holds it).
+OPERATOR_MAY_IMPORT = {
+    "fsdp_train": "the package's path, shipped with each job as a runtime_env py_module (runtime/settings.py)",
+    "fsdp_train.contract": "the events, config, catalogs and NCCL log reading both sides share",
+    "fsdp_train.datapath": "`fsdpctl data check` runs the job's data path on its first rows (imported when run)",
+    "fsdp_train.state.storage": "the data path's reads, for `fsdpctl data check` (imported when run)",
+    "fsdp_train.run.preflight": "`fsdpctl run-local` checks sources before a cluster starts (imported when run)",
+}
+
+# run-local's two rooms: neither imports the other (the cluster is a client of the server over HTTP).
+LOCAL_ROOMS = ("fsdp_operator.local.server", "fsdp_operator.local.cluster")
 
 
 def module_name(package: str, root: Path, path: Path) -> str:
@@ -62,11 +83,11 @@ def graph(package: str, root: Path) -> dict[str, set[str]]:
     return {name: imports(path, name, set(known)) for name, path in known.items()}
 
 
-def layer(module: str) -> tuple[str, int]:
+def layer(module: str, ranks: dict[str, int] = RANK, top: int = TOP) -> tuple[str, int]:
     parts = module.split(".")
-    if len(parts) < 2 or parts[1] not in RANK:
-        return parts[0], TOP  # the package itself and its __main__
-    return parts[1], RANK[parts[1]]
+    if len(parts) < 2 or parts[1] not in ranks:
+        return parts[0], top  # the package itself and its __main__
+    return parts[1], ranks[parts[1]]
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -110,15 +131,78 @@ def test_every_operator_module_sits_in_a_known_layer() -> None:
     assert stray == [], f"modules outside the layers (move each into a subpackage): {stray}"
 
 
-def test_imports_go_down_the_layers() -> None:
+def test_every_training_module_sits_in_a_room() -> None:
+    stray = [
+        name
+        for name in modules("fsdp_train", TRAINING)
+        if name.count(".") == 1 and name.split(".")[1] not in TRAINING_RANK and name != "fsdp_train.__main__"
+    ]
+    assert stray == [], f"training modules outside the rooms (move each into one): {stray}"
+    for room in TRAINING_RANK:
+        init = TRAINING / room / "__init__.py"
+        assert ast.get_docstring(ast.parse(init.read_text())), f"{init.relative_to(ROOT)} says what the room holds"
+
+
+def upward_imports(package: str, root: Path, ranks: dict[str, int], top: int) -> list[str]:
     upward = []
-    for source, targets in graph("fsdp_operator", OPERATOR).items():
-        source_layer, source_rank = layer(source)
+    for source, targets in graph(package, root).items():
+        source_layer, source_rank = layer(source, ranks, top)
         for target in targets:
-            target_layer, target_rank = layer(target)
+            target_layer, target_rank = layer(target, ranks, top)
             if target_layer != source_layer and target_rank >= source_rank:
                 upward.append(f"{source} ({source_layer}) imports {target} ({target_layer})")
-    assert upward == [], "imports against the layers:\n" + "\n".join(sorted(upward))
+    return sorted(upward)
+
+
+@pytest.mark.parametrize(
+    ("package", "root", "ranks", "top"),
+    [("fsdp_operator", OPERATOR, RANK, TOP), ("fsdp_train", TRAINING, TRAINING_RANK, TRAINING_TOP)],
+)
+def test_imports_go_down_the_layers(package: str, root: Path, ranks: dict[str, int], top: int) -> None:
+    upward = upward_imports(package, root, ranks, top)
+    assert upward == [], "imports against the layers:\n" + "\n".join(upward)
+
+
+def test_the_operator_imports_only_what_it_may_of_the_training_package() -> None:
+    training = set(modules("fsdp_train", TRAINING))
+    stray = []
+    for source, path in modules("fsdp_operator", OPERATOR).items():
+        found = imports(path, source, training)
+        # `from fsdp_train.run import preflight` names the room on its way to the module: the module is what counts
+        for target in {t for t in found if not any(other.startswith(f"{t}.") for other in found)}:
+            # the package itself is allowed alone; a room or module with what is inside it
+            rooms = [allowed for allowed in OPERATOR_MAY_IMPORT if "." in allowed]
+            if target not in OPERATOR_MAY_IMPORT and not any(target.startswith(f"{room}.") for room in rooms):
+                stray.append(f"{source} imports {target}")
+    assert stray == [], "the operator imports training modules outside OPERATOR_MAY_IMPORT:\n" + "\n".join(stray)
+
+
+def test_the_operator_never_loads_torch() -> None:
+    """Every operator module and the contract load without torch (a kopf process never pays torch's import)."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        "import fsdp_operator, fsdp_train.contract\n"
+        "for package in (fsdp_operator, fsdp_train.contract):\n"
+        "    for found in pkgutil.walk_packages(package.__path__, package.__name__ + '.'):\n"
+        "        if not found.name.endswith('__main__'):\n"
+        "            importlib.import_module(found.name)\n"
+        "print(sorted(name for name in sys.modules if name.split('.')[0] == 'torch')[:3])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.strip() == "[]", f"importing the operator loads torch: {done.stdout.strip()}"
+
+
+def test_the_local_cluster_and_api_server_never_import_each_other() -> None:
+    crossing = [
+        f"{source} imports {target}"
+        for source, targets in graph("fsdp_operator", OPERATOR).items()
+        for room in LOCAL_ROOMS
+        if source.startswith(f"{room}.") or source == room
+        for target in targets
+        for other in LOCAL_ROOMS
+        if other != room and (target == other or target.startswith(f"{other}."))
+    ]
+    assert crossing == [], "run-local's rooms import each other:\n" + "\n".join(crossing)
 
 
 @pytest.mark.parametrize(("package", "root"), [("fsdp_operator", OPERATOR), ("fsdp_train", TRAINING)])
@@ -172,3 +256,23 @@ def test_the_checks_find_what_they_look_for(tmp_path: Path) -> None:
     assert cycles(edges) == [["pkg.api.a", "pkg.api.b"]]
     assert "pkg.cli.main" in edges["pkg.api.a"]
     assert layer("pkg.api.a") == ("api", 1) and layer("pkg.cli.main") == ("cli", 5)
+
+
+def test_the_architecture_doc_lists_every_module_once() -> None:
+    """docs/architecture.md's module table names each module of both packages once, and nothing that is gone."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text[text.index("| module | what it holds |") :]
+    listed = [line.split("`")[1] for line in table.splitlines() if line.startswith("| `")]
+    present = [
+        path.relative_to(OPERATOR).as_posix()
+        for path in OPERATOR.rglob("*.py")
+        if path.name not in {"__init__.py", "__main__.py"} and path.parent != OPERATOR
+    ] + [
+        f"fsdp_train/{path.relative_to(TRAINING).as_posix()}"
+        for path in TRAINING.rglob("*.py")
+        if path.name not in {"__init__.py", "__main__.py"}
+    ]
+    doubled = sorted({name for name in listed if listed.count(name) > 1})
+    assert doubled == [], f"listed twice in docs/architecture.md: {doubled}"
+    assert sorted(set(present) - set(listed)) == [], "modules missing from docs/architecture.md's table"
+    assert sorted(set(listed) - set(present)) == [], "docs/architecture.md lists modules that are gone"
