@@ -40,6 +40,10 @@
 #   WHEELS=DIR bench/h200_runs.sh round12-bench OUTDIR  # 1 GPU (~5 min): round twelve's bench recipes side by side
 #   bench/h200_runs.sh notice OUTDIR        # 1 GPU: a node's notice at step 35 of the 1.5B run (a save every 20
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
+#   bench/h200_runs.sh lora OUTDIR   # 1 GPU (~8 min): LoRA beside full fine-tuning (1.5B) and beside peft on a plain
+#                                    # Hugging Face model (7B shape): tokens/s, MFU, peak allocated and reserved memory
+#   bench/h200_runs.sh conformance OUTDIR  # 1 GPU (~4 min): the start-up conformance check's losses and seconds, 1.5B
+#                                          # full fine-tuning and the 7B shape with LoRA
 #   bench/h200_runs.sh step-times OUTDIR   # 1 GPU (~3 min): every step's reported time and rate against the wall
 #                                         # clock (bench/step_times.py), checkpoints every 10 steps and an export at
 #                                         # the end; then the step timer's GPU unit test
@@ -385,6 +389,23 @@ round5-data)  # one GPU: the document mask with compile on a real corpus against
     ;;
 round5-checkpoint)  # one GPU: asynchronous checkpoints of the 1.5B run, blocked and total time
     round5_checkpoint
+    ;;
+lora)  # one GPU (~8 min): LoRA (training.lora, rank 16 on every linear layer of the blocks) beside full fine-tuning on
+      # Qwen2.5-1.5B's shape, then on Qwen2.5-7B's shape (its real config, random weights) beside the peer, peft on
+      # a plain Hugging Face model (peft-plain-ac), seq 2048. MFU counts LoRA's work as 4N + 6A + 12Lds.
+    bench lora-1.5b 1 200 --seq-len 2048 --batch 1 --steps 20 --warmup 3 --recipes ours-final,ours-lora,ours-lora-ac
+    OVERRIDES='{"hidden_size":3584,"intermediate_size":18944,"num_hidden_layers":28,"num_attention_heads":28,"num_key_value_heads":4,"vocab_size":152064,"tie_word_embeddings":false}' \
+        bench lora-7b 1 340 --seq-len 2048 --batch 1 --steps 20 --warmup 3 \
+        --recipes peft-plain-ac,ours-lora-ac,ours-lora,ours-lora-ac@b2
+    ;;
+conformance)  # one GPU (~4 min): the training function's start-up check (its two losses and its seconds) on the
+             # Qwen2.5-1.5B shape, full fine-tuning, and on the Qwen2.5-7B shape with LoRA and checkpointing
+    base='"seq_len":2048,"batch_size_per_rank":1,"probe_size_bytes":0,"compile":true,"learning_rate":2e-5,"steps":10,"model":"Qwen/Qwen2.5-1.5B","model_init":"random"'
+    fn1 conformance-1.5b 200 "{$base}"
+    grep -h '^fsdp_train: conformance' "$out/logs/conformance-1.5b.log"
+    OVERRIDES='{"hidden_size":3584,"intermediate_size":18944,"num_hidden_layers":28,"num_attention_heads":28,"num_key_value_heads":4,"vocab_size":152064,"tie_word_embeddings":false}' \
+        fn1 conformance-7b-lora 300 "{$base,\"lora_rank\":16,\"activation_checkpointing\":true,\"loss_chunk_tokens\":1024}"
+    grep -h '^fsdp_train: conformance' "$out/logs/conformance-7b-lora.log"
     ;;
 step-times)  # one GPU: the step events' times and rates against the wall clock, around checkpoints and the last step
     cfg='{"seq_len":2048,"batch_size_per_rank":8,"probe_size_bytes":0,"compile":true,"reshard_after_forward":false,"learning_rate":2e-5,"steps":'${STEPS:-40}',"model":"Qwen/Qwen2.5-1.5B","model_init":"random","checkpoint_path":"/tmp/fsdp-step-times","checkpoint_interval":10}'

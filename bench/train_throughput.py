@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.models import loss as loss_module
+from fsdp_train.models.adapters import adapter_params
 from fsdp_train.models.model import build_meta_model, hf_config, init_weights
 from fsdp_train.models.parallelize import Topology, parallelize
 from fsdp_train.models.precision import DEFAULT_FLOAT8, Float8Choice
@@ -100,6 +101,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "ours-elementwise": {**FINAL, "x_ce": "elementwise"},
     "ours-lazy": {**FINAL, "x_lazy": True},
     "ours-lazy-gc": {**FINAL, "x_lazy": True, "x_gc": True},
+    # LoRA (training.lora): rank 16 on every linear layer of the blocks, the base frozen in bf16; the gathered
+    # weights freed after forward (reshard_after_forward, the config's default: the frozen base's second copy would
+    # cost what LoRA saves), with and without activation checkpointing (with it, 1,024-token loss chunks: a 7B
+    # model's 152k-vocabulary logits are 0.6 GiB a chunk, fp32)
+    "ours-lora": {"compile": True, "loss_chunk_tokens": 4096, "lora_rank": 16, "lora_alpha": 32},
+    "ours-lora-ac": {
+        "compile": True,
+        "loss_chunk_tokens": 1024,
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "activation_checkpointing": True,
+    },
     "ours-r5": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True},
     "ours-r5-nofsdp": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True, "x_no_fsdp": True},
     # round eight: the round-five recipe with Inductor's coordinate-descent tuning (round three's one winning
@@ -192,7 +205,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 MODEL_LEVERS = ("kernels", "attention", "gate_up")
 """``x_`` keys that ``meta_model_with`` takes; the others are patched in by ``levers`` for one recipe."""
-RECIPES = ("seed", *VARIANTS)
+PEERS = ("peft-plain", "peft-plain-ac")
+"""The LoRA peer: peft on a plain Hugging Face model on one GPU, as its documentation shows (sdpa attention, the
+model's own loss over the full logits, no compile, no FSDP), with Hugging Face's gradient checkpointing (-ac)."""
+RECIPES = ("seed", *PEERS, *VARIANTS)
+ADAPTER_PARAMS: dict[str, int] = {}
+"""A LoRA recipe's adapter parameters (its MFU counts the frozen base's and the adapters' work apart)."""
 
 
 @dataclass
@@ -206,6 +224,8 @@ class Result:
     final_loss: float
     median_step_s: float
     losses: list[float] = field(default_factory=list)
+    peak_reserved_gib: float = 0.0
+    """What the caching allocator held at its peak: what a GPU must have free (allocated is what tensors used)."""
 
 
 @dataclass(frozen=True)
@@ -231,8 +251,8 @@ def parse_recipe(text: str, default_batch: int) -> Recipe:
         if not head.startswith("b") or not head[1:].isdigit() or (tail and not tail.isdigit()):
             raise ValueError(f"bad recipe suffix {suffix!r}: want bB or bBaA, e.g. b16 or b8a2")
         batch, accum = int(head[1:]), int(tail or 1)
-    if name == "seed" and accum != 1:
-        raise ValueError("the seed recipe has no gradient accumulation")
+    if (name == "seed" or name in PEERS) and accum != 1:
+        raise ValueError(f"the {name} recipe has no gradient accumulation")
     return Recipe(name, batch, accum)
 
 
@@ -496,6 +516,42 @@ def run_seed(
     return times, losses
 
 
+def run_peft_plain(
+    args: argparse.Namespace, recipe: Recipe, topo: Topology, device: torch.device
+) -> tuple[list[float], list[float]]:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    if topo.world_size != 1:
+        raise ValueError("the peft-plain peer is a one-GPU recipe")
+    config = hf_config(TrainConfig(model=args.model, seq_len=args.seq_len, model_overrides=args.overrides))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16, attn_implementation="sdpa")
+    init_weights(model, config, args.seed, device)  # the same base weights as ours, rounded to bf16
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=targets))
+    if recipe.name.endswith("-ac"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    ADAPTER_PARAMS[recipe.label] = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, fused=True)
+    times, losses = [], []
+    for step in range(1, args.warmup + args.steps + 1):
+        x = _tokens(args, recipe.batch, topo.rank, step, config.vocab_size, device)
+        _sync(device)
+        t0 = time.perf_counter()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        _sync(device)
+        if step > args.warmup:
+            times.append(time.perf_counter() - t0)
+        losses.append(_global_mean(loss))
+    del model, optimizer
+    return times, losses
+
+
 def run_ours(
     args: argparse.Namespace, recipe: Recipe, topo: Topology, device: torch.device
 ) -> tuple[list[float], list[float]]:
@@ -532,6 +588,7 @@ def run_ours(
     with levers(**extra):
         try:
             model, optimizer, config = build(cfg, topo, "full", device)
+            ADAPTER_PARAMS[recipe.label] = adapter_params(model) if cfg.lora_rank else 0
         finally:
             loop.build_meta_model, loop.DEFAULT_FLOAT8 = build_meta_model, DEFAULT_FLOAT8
             loop.parallelize = parallelize
@@ -669,7 +726,7 @@ def main() -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        run = run_seed if recipe.name == "seed" else run_ours
+        run = run_seed if recipe.name == "seed" else run_peft_plain if recipe.name in PEERS else run_ours
         try:
             times, losses = run(args, recipe, topo, device)
         except Exception as e:  # one recipe that cannot run (a kernel that refuses a shape) costs one row
@@ -682,7 +739,11 @@ def main() -> int:
             failed.append(f"{recipe.label}: {type(e).__name__}: {str(e)[:200]}")
             gc.collect()
             continue
-        peak_mem = torch.tensor(torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0, device=device)
+        on_gpu = device.type == "cuda"
+        peak_mem = torch.tensor(
+            [torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)] if on_gpu else [0, 0],
+            device=device,
+        )
         dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
         slowest = torch.tensor(times, device=device, dtype=torch.float64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
@@ -693,11 +754,12 @@ def main() -> int:
             recipe.batch,
             recipe.grad_accum,
             tps,
-            mfu(tps, fpt, peak),
-            peak_mem.item() / 2**30,
+            mfu(tps, flops_per_token(config, args.seq_len, ADAPTER_PARAMS.get(recipe.label, 0)), peak),
+            peak_mem[0].item() / 2**30,
             losses[-1],
             median,
             losses,
+            peak_mem[1].item() / 2**30,
         )
         results.append(result)
         if topo.rank == 0:
@@ -710,15 +772,16 @@ def main() -> int:
         tail = min(20, args.warmup + args.steps)
         print(f"\n{topo.world_size} GPU(s), seq {args.seq_len}, {args.warmup} + {args.steps} steps")
         print(
-            "| recipe | tokens/GPU/step | tokens/s/GPU | MFU | peak memory "
+            "| recipe | tokens/GPU/step | tokens/s/GPU | MFU | peak memory | peak reserved "
             f"| loss after {args.warmup + args.steps} steps | mean loss, last {tail} steps | ratio |"
         )
-        print("|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|")
         for r in results:
             m = f"{r.mfu * 100:.1f} %" if r.mfu is not None else "n/a"
             print(
                 f"| {r.recipe} | {r.batch * r.grad_accum * args.seq_len:,} | {r.tokens_per_s_per_gpu:,.0f} | {m} "
-                f"| {r.peak_memory_gib:.1f} GiB | {r.final_loss:.4f} | {statistics.fmean(r.losses[-tail:]):.4f} "
+                f"| {r.peak_memory_gib:.1f} GiB | {r.peak_reserved_gib:.1f} GiB | {r.final_loss:.4f} "
+                f"| {statistics.fmean(r.losses[-tail:]):.4f} "
                 f"| {r.tokens_per_s_per_gpu / base:.3f} |"
             )
         for line in failed:

@@ -146,7 +146,9 @@ def assert_what_happened_on_the_ranks(status: dict[str, Any], name: str) -> None
     assert conditions["WorkersReady"] == "True" and conditions["TransportVerified"] == "True"
 
 
-# The data job below runs the same cluster and checks the same status fields, with real data on top.
+# Covered fast: run-local's own start and end (the default cases below), the operator's submission through its Ray
+# client and the status it folds (test_byo_function's default case), the bundled loop under Ray Train (test_data_ray's
+# default case). The data job below runs the same cluster and checks the same status fields, with real data on top.
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a Ray cluster's start and a run: past 300 s beside another Ray lane (2026-12-05)
 def test_tiny_cpu_job_succeeds_and_the_status_tells_what_happened(tmp_path: Path) -> None:
@@ -311,8 +313,12 @@ def drain_a_worker_between_checkpoints(api_url: str, name: str) -> dict[str, Any
     return {**during, "drainedPod": pod}
 
 
-# About 90 s alone on a quiet 2-core machine; 286 s of the default 300 s in a clean-clone run, beside the other
-# tests, before the drain and the tracker: a loaded CI machine needs more.
+# Covered fast: run-local's own start and end (the cases above), the operator's submission through its Ray client and
+# the status it folds (test_byo_function's default case), Ray Data feeding the bundled loop, evaluation and export
+# under Ray (test_data_ray's default case), the data path and the export through S3 (test_data_torchrun), the drain
+# (tests/unit/training/test_notice.py, tests/integration/test_pod_termination.py), one MLflow run across two attempts
+# (tests/integration/test_tracking_server.py). 280-580 s in the default run: `slow` since issue 54.
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_tracked_data_job_drained_mid_epoch_resumes_learns_evaluates_and_exports(tmp_path: Path) -> None:
     """The representative run-local case: real data, evaluation, export and its reload, each rank's placement and
@@ -549,3 +555,36 @@ def test_a_head_that_dies_while_the_workers_join_is_reported_at_once(tmp_path: P
     print(f"kill to run-local's end {took:.0f} s; fatal line to report {moment[1] - moment[0]:.2f} s: {reported[1]}")
     assert moment[1] - moment[0] < 5  # a look or a few (HEAD_WATCH_SECONDS), not the workers' 120 s wait
     assert_nothing_left(output)
+
+
+@pytest.mark.slow  # LoRA's training, checkpoints and export are covered fast in tests/unit/training/test_lora.py
+@pytest.mark.timeout(900)  # a Ray cluster's start and a run
+def test_the_tiny_lora_example_runs_and_its_adapter_loads_with_peft(tmp_path: Path) -> None:
+    """examples/tiny-lora.yaml as its comment says to run it (its paths moved under this test's folder)."""
+    import torch
+    from fsdp_operator.cli.main import main
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    example = ROOT / "examples" / "tiny-lora.yaml"
+    text = example.read_text().replace("/tmp/fsdp-tiny", str(tmp_path / "fsdp-tiny"))
+    assert main(["local", "make-model", str(tmp_path / "fsdp-tiny-model")]) == 0
+    manifest = yaml.safe_load(text)
+    manifest["spec"]["sharedVolume"]["mountPath"] = str(tmp_path)
+    path = tmp_path / "tiny-lora.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    proc, job = run_local(path, tmp_path, timeout=800)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = job["status"]
+    assert status["phase"] == "Succeeded" and status["output"]["verified"] is True
+    assert status["result"]["finalLoss"] < status["result"]["firstLoss"]
+
+    adapter, base_dir = tmp_path / "fsdp-tiny-lora", tmp_path / "fsdp-tiny-model"
+    tokens = torch.randint(0, 100, (1, 32), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        plain = base(input_ids=tokens).logits
+        adapted = PeftModel.from_pretrained(base, str(adapter))(input_ids=tokens).logits
+        merged = AutoModelForCausalLM.from_pretrained(str(adapter / "merged"), dtype=torch.float32)
+        assert torch.allclose(merged(input_ids=tokens).logits, adapted, atol=0.05, rtol=0.02)
+    assert not torch.allclose(adapted, plain, atol=1e-3)

@@ -99,6 +99,7 @@ SAMPLES: dict[str, tuple[list[Any], list[Any]]] = {
     formats.RAY_VERSION.name: (["2.58.0", "2.58.0rc1"], ["latest"]),
     formats.INTERFACE_NAMES.name: (["eth0", "^lo,docker", "ens"], ["eth 0"]),
     formats.CONFIG_KEY.name: (["hidden_size", "num_hidden_layers", "vocab_size"], ["1x"]),
+    formats.MODULE_NAME.name: (["q_proj", "down_proj", "c_attn", "_x1"], ["q.proj", "1q", "", "q-proj", "x" * 65]),
     formats.SECRET_KEY.name: (["key", "aws.secret"], ["a b"]),
     formats.FIELD_PATH.name: (["metadata.name", "status.podIP"], ["x y"]),
     f"{formats.ZONE_OR_AUTO.name} or empty": (["", "auto", "us-east-1b", "us-west-2-lax-1a"], ["us-east-1", "Auto"]),

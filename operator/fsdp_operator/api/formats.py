@@ -528,6 +528,12 @@ def _config_key(value: str) -> str | None:
     return None
 
 
+def _module_name(value: str) -> str | None:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", value):
+        return "must be a layer's name in the model (q_proj, down_proj): a letter or '_', then letters, digits or '_'"
+    return None
+
+
 def _secret_key(value: str) -> str | None:
     if len(value) > 253 or not re.fullmatch(r"[-._a-zA-Z0-9]+", value):
         return "must be a key of a Secret or ConfigMap: letters, digits, '-', '_' or '.'"
@@ -585,5 +591,6 @@ WRITABLE_PATH = Grammar("absolute path outside the system directories", _writabl
 RAY_VERSION = Grammar("Ray version", _ray_version, 64)
 INTERFACE_NAMES = Grammar("interface names", _interface_names, 256)
 CONFIG_KEY = Grammar("config key", _config_key, 64)
+MODULE_NAME = Grammar("layer name", _module_name, 64)
 SECRET_KEY = Grammar("Secret or ConfigMap key", _secret_key, 253)
 FIELD_PATH = Grammar("field path", _field_path, 256)

@@ -171,6 +171,40 @@ class Output:
     every_checkpoint: bool = declare(
         "Also export at each checkpoint, into <storage>/step_NNNNNNNN.", default=False, train="export_every_checkpoint"
     )
+    merge: bool = declare(
+        "With training.lora: also write the base with the adapters merged in, a plain Hugging Face model that "
+        "AutoModelForCausalLM.from_pretrained loads, into <storage>/merged (storage itself holds the adapter "
+        "directory that peft.PeftModel.from_pretrained(base, storage) loads).",
+        default=False,
+        train="export_merged",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Lora:
+    """LoRA: train low-rank adapters (peft's layers, saved in peft's format) on a frozen bf16 base instead of every
+    weight. Only the adapters are trained, checkpointed and exported."""
+
+    rank: int = declare("The adapters' rank.", default=16, minimum=1, maximum=4096, train="lora_rank")
+    alpha: int = declare(
+        "Scale numerator: an adapter adds (alpha / rank) x B A to its layer's output.",
+        default=32,
+        minimum=1,
+        maximum=65_536,
+        train="lora_alpha",
+    )
+    dropout: float = declare(
+        "Dropout on the adapters' input.", default=0.0, minimum=0, maximum=0.9, train="lora_dropout"
+    )
+    target_modules: list[str] = declare(
+        "The linear layers of the decoder blocks that get adapters, by name (q_proj, k_proj, v_proj, o_proj, "
+        "gate_proj, up_proj, down_proj in Llama-style families). Empty: every linear layer of the blocks. A name "
+        "the model's blocks do not have fails the job at its start, naming the layers they have.",
+        factory=list,
+        grammar=formats.MODULE_NAME,
+        max_items=64,
+        train="lora_target_modules",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +296,7 @@ class Training:
         train="probe_size_bytes",
     )
     checkpoint: Checkpoint = declare(Checkpoint.__doc__ or "", factory=Checkpoint)
+    lora: Lora | None = declare(Lora.__doc__ or "")
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from fsdp_train.models.loss import (
     shift_labels,
     use_loss,
 )
+from torch.utils.flop_counter import FlopCounterMode
 
 TINY = {
     "hidden_size": 32,
@@ -53,6 +54,26 @@ def test_loss_and_gradients_match_cross_entropy(chunk_tokens: int, dtype: torch.
     assert (h1.grad - h2.grad).norm() / h2.grad.norm() < tol * 10
     assert (w1.grad - w2.grad).norm() / w2.grad.norm() < tol * 10
     assert h1.grad[[0, 5, 36]].abs().max() == 0  # ignored positions get no gradient
+
+
+@pytest.mark.parametrize("chunk_tokens", [7, 64])
+def test_a_frozen_weight_gets_no_gradient_and_the_hidden_states_the_right_one(chunk_tokens: int) -> None:
+    """A LoRA run's lm_head is frozen: no weight gradient is made (no matmul, no buffer); the hidden states, theirs."""
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(37, 24, generator=gen, dtype=torch.float64)
+    weight = torch.randn(53, 24, generator=gen, dtype=torch.float64) * 0.3
+    targets = torch.randint(0, 53, (37,), generator=gen)
+    h1, frozen = hidden.clone().requires_grad_(), weight.clone()
+    with FlopCounterMode(display=False) as counted:
+        got = linear_cross_entropy(h1, frozen, targets, chunk_tokens=chunk_tokens)
+    matmul = 2 * 37 * 53 * 24
+    assert counted.get_total_flops() == 2 * matmul  # the logits and the hidden states' gradient, no weight gradient
+    got.backward()
+    h2 = hidden.clone().requires_grad_()
+    reference(h2, weight.clone(), targets).backward()
+    assert frozen.grad is None
+    assert h1.grad is not None and h2.grad is not None
+    assert (h1.grad - h2.grad).norm() / h2.grad.norm() < 1e-11
 
 
 def test_bf16_matches_the_upcast_reference() -> None:

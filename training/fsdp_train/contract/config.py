@@ -33,6 +33,8 @@ STORAGE_SCHEMES = ("s3://", "gs://", "file:///", "/")
 storage_path, pyarrow): an object store's scheme in lower case (``S3://b`` is not read as S3: it would be a
 relative local path), ``file://`` followed by an absolute path, or an absolute path. The operator refuses the
 rest with the same table (fsdp_operator.api.formats.STORAGE_URI), so a job it accepts is never refused here."""
+MERGED_DIR = "merged"
+"""Where a LoRA run's export puts the merged model, inside the adapter directory (``export_merged``)."""
 DATA_SCHEMES = ("s3://", "gs://", "hf://datasets/", "file:///", "/")
 """Where data may come from: STORAGE_SCHEMES, or a data set of the Hugging Face hub."""
 
@@ -144,6 +146,19 @@ class TrainConfig:
     """Bytes of the all-reduce / all-gather probe before training; 0 skips the probe."""
     min_cross_node_gbps: float = 25.0
     """Cross-node all-reduce bus bandwidth (GB/s) below which ``sharding=auto`` picks ``hybrid``."""
+    lora_rank: int = 0
+    """LoRA adapters of this rank on ``lora_target_modules`` of a frozen base (``fsdp_train.models.adapters``,
+    peft's layers); 0: full fine-tuning."""
+    lora_alpha: int = 32
+    """LoRA's scale numerator: an adapter's update is ``(alpha / rank) * B @ A``."""
+    lora_dropout: float = 0.0
+    """Dropout on the adapters' input."""
+    lora_target_modules: list[str] = field(default_factory=list)
+    """Names of the linear layers inside the decoder blocks that get adapters (``q_proj``, ``down_proj``); empty:
+    every linear layer of the blocks (the attention and MLP projections of any family)."""
+    export_merged: bool = False
+    """With LoRA: also export the base with the adapters merged in, as a plain Hugging Face model, into
+    ``<output_path>/merged`` (``MERGED_DIR``; the adapter directory is ``output_path`` itself)."""
 
     def __post_init__(self) -> None:
         p = self.PREFIX
@@ -182,6 +197,40 @@ class TrainConfig:
                 raise ConfigError(name, "must be 0 or greater.")
 
         self._check_data()
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        p = self.PREFIX
+        if self.lora_rank < 0:
+            raise ConfigError("lora_rank", "must be 0 (full fine-tuning) or greater.")
+        if self.lora_alpha <= 0:
+            raise ConfigError("lora_alpha", "must be greater than 0.")
+        if not (0.0 <= self.lora_dropout < 1.0):
+            raise ConfigError("lora_dropout", f"must be at least 0 and below 1; got {self.lora_dropout!r}.")
+        if any(not name or not name.replace("_", "").isalnum() for name in self.lora_target_modules):
+            raise ConfigError(
+                "lora_target_modules", f"must be module names (letters, digits, _); got {self.lora_target_modules!r}."
+            )
+        if not self.lora_rank:
+            for name, unset in (("lora_target_modules", []), ("export_merged", False)):
+                if getattr(self, name) != unset:
+                    raise ConfigError(name, f"needs LoRA ({p}.lora_rank of 1 or more).")
+            return
+        if self.precision == "fp8":
+            # torchao's float8 training converts the linear layers it trains; a frozen base's matmuls have no weight
+            # gradient to speed up, and peft's rank-r layers are too small for fp8 to pay.
+            raise ConfigError(
+                "precision",
+                f"fp8 is for full fine-tuning; with LoRA ({p}.lora_rank) use bf16 or auto (which picks bf16).",
+            )
+        if self.output_path and self.model_init != "pretrained":
+            raise ConfigError(
+                "output_path",
+                f"with LoRA needs {p}.model_init pretrained: an adapter is loaded onto the base it was trained on, "
+                "and a random base cannot be loaded again.",
+            )
+        if self.export_merged and not self.output_path:
+            raise ConfigError("export_merged", f"needs {p}.output_path.")
 
     def _check_data(self) -> None:
         p = self.PREFIX
@@ -292,6 +341,10 @@ def _coerce(name: str, value: Any, default: Any) -> Any:
         if not isinstance(value, str):
             raise ConfigError(name, f"must be a string, got {value!r}.")
         return value
+    if isinstance(default, list):
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise ConfigError(name, f"must be a list of strings, got {value!r}.")
+        return list(value)
     if isinstance(default, dict):
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             raise ConfigError(name, f"must be a mapping with string keys, got {value!r}.")

@@ -31,6 +31,10 @@ TRAJECTORY_FIELDS = (
     "max_grad_norm",
     "mixed_precision",
     "precision",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
 )
 """The settings that decide a run's trajectory: a checkpoint resumes only a run with the same values
 (``steps`` and ``epochs`` too: the learning-rate schedule depends on the length)."""

@@ -90,6 +90,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         chunk_fn: CeChunk,
     ) -> torch.Tensor:
         grads = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        # A frozen lm_head (LoRA) needs no weight gradient: neither its matmul nor its vocab x hidden buffer.
+        weight_grads = ctx.needs_input_grad[1]
         # A tensor, not a Python number: counting the valid targets must not wait for the GPU.
         acc_dtype = torch.promote_types(hidden.dtype, torch.float32)
         scale = 1.0 / (targets != IGNORE_INDEX).sum().clamp(min=1).to(acc_dtype)
@@ -106,6 +108,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                     torch.mm(grad_logits, weight, out=rows)
                 else:  # under autocast (fp32 weights and hidden states, bf16 matmuls)
                     rows.copy_(grad_logits @ weight)
+            if grads and weight_grads:
                 part = grad_logits.t() @ h
                 # The first chunk's product is kept as it is (one chunk, the common GPU setting, then costs no
                 # accumulator at all); later chunks are summed in fp32, without bf16 rounding in between.
@@ -119,7 +122,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         grad_hidden, grad_weight = ctx.saved_tensors
         return (
             (grad_hidden.to(grad_out.dtype) * grad_out).to(grad_hidden.dtype),
-            (grad_weight * grad_out).to(ctx.weight_dtype),
+            None if grad_weight is None else (grad_weight * grad_out).to(ctx.weight_dtype),
             None,
             None,
             None,

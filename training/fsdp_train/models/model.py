@@ -55,13 +55,14 @@ def build_meta_model(config: Any) -> nn.Module:
     """The model on the meta device: no memory, no init; ``parallelize`` shards it, then ``init_weights``."""
     from transformers import AutoModelForCausalLM
 
-    from fsdp_train.models.attention import register
+    from fsdp_train.models.conformance import attention_for
 
+    implementation, _ = attention_for(config)
     with torch.device("meta"):
         # Plain causal SDPA without document bounds; with them, flash attention per document
-        # (fsdp_train.models.attention).
+        # (fsdp_train.models.attention); transformers' own where the family asks for what that does not do.
         model = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-            config, attn_implementation=register(), dtype=torch.float32
+            config, attn_implementation=implementation, dtype=torch.float32
         )
     return cast(nn.Module, model)
 
@@ -74,12 +75,18 @@ def decoder_blocks(model: nn.Module) -> nn.ModuleList:
     return layers
 
 
-def canonical_name(name: str) -> str:
-    """The parameter's name as in the plain model, without wrapper prefixes (checkpointing, compile)."""
+def unwrapped_name(name: str) -> str:
+    """The parameter's name without wrapper prefixes (checkpointing, compile): its name in a state dict."""
     return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
 
 
-def _param_seed(seed: int, name: str) -> int:
+def canonical_name(name: str) -> str:
+    """The parameter's name as in the plain model: unwrapped, and without the ``base_layer.`` of a layer peft
+    wrapped with an adapter (so a LoRA run's base is the plain model's, in its files and its random init)."""
+    return unwrapped_name(name).replace(".base_layer.", ".")
+
+
+def param_seed(seed: int, name: str) -> int:
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
 
@@ -93,8 +100,6 @@ def init_weights(model: nn.Module, config: Any, seed: int, device: torch.device)
     single-process run start from the same point. Init follows Hugging Face's for Qwen2: normal(0,
     initializer_range) for matrices and embeddings, zero biases, ones for RMSNorm.
     """
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
     to_empty_keeping_ties(model, device)
     std = float(config.initializer_range)
     for name, param in model.named_parameters():
@@ -104,15 +109,23 @@ def init_weights(model: nn.Module, config: Any, seed: int, device: torch.device)
         elif "norm" in name:
             full = torch.ones(shape, device=device)
         else:
-            gen = torch.Generator(device=device).manual_seed(_param_seed(seed, canonical_name(name)))
+            gen = torch.Generator(device=device).manual_seed(param_seed(seed, canonical_name(name)))
             full = torch.empty(shape, device=device).normal_(0.0, std, generator=gen)
-        if isinstance(param, DTensor):
-            # src_data_rank=None: every rank holds the same full tensor; slice locally, no broadcast.
-            shard = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
-            param.to_local().copy_(shard.to_local())
-        else:
-            param.copy_(full)
-    _rebuild_rotary(model, config, device)
+        fill_parameter(param, full)
+    rebuild_buffers(model, config, device)
+
+
+@torch.no_grad()
+def fill_parameter(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Give a (possibly sharded) parameter its full value: each rank keeps its own shard of ``full``."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(param, DTensor):
+        # src_data_rank=None: every rank holds the same full tensor; slice locally, no broadcast.
+        shard = distribute_tensor(full.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)
 
 
 def to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:
@@ -134,10 +147,32 @@ def to_empty_keeping_ties(model: nn.Module, device: torch.device) -> None:
                 setattr(module, name, first)
 
 
-def _rebuild_rotary(model: nn.Module, config: Any, device: torch.device) -> None:
-    # Rotary frequencies are non-persistent buffers: meta -> to_empty leaves them uninitialised.
+def rebuild_buffers(model: nn.Module, config: Any, device: torch.device) -> None:
+    """Give back the non-persistent buffers that meta -> ``to_empty`` leaves uninitialised (no file holds them).
+
+    Rotary frequencies (a fresh rotary module from the config) and a scaled embedding's scale (Gemma 3's
+    ``embed_scale``, from its ``scalar_embed_scale``). Any other non-persistent buffer would hold whatever memory it
+    got: the model is refused, naming it, rather than trained with garbage in it.
+    """
     for parent in list(model.modules()):
         for child_name, child in list(parent.named_children()):
             if type(child).__name__.endswith("RotaryEmbedding"):
                 with torch.device(device):  # transformers >= 5.17 deprecates its ``device`` argument
                     setattr(parent, child_name, type(child)(config=config))
+    unknown = []
+    for path, module in model.named_modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            continue
+        for name in getattr(module, "_non_persistent_buffers_set", ()):
+            buffer = getattr(module, name)
+            if name == "embed_scale" and hasattr(module, "scalar_embed_scale"):
+                with torch.no_grad():
+                    buffer.fill_(float(module.scalar_embed_scale))
+            elif buffer is not None:
+                unknown.append(f"{path}.{name}" if path else name)
+    if unknown:
+        raise ConfigError(
+            "model",
+            f"{type(model).__name__} holds buffers that no weight file has and the bundled function cannot rebuild: "
+            f"{', '.join(sorted(unknown)[:4])}; train it with trainFunction (your own Ray Train function).",
+        )

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_train.contract.config import TrainConfig
-from fsdp_train.models.model import _rebuild_rotary, to_empty_keeping_ties
+from fsdp_train.contract.config import MERGED_DIR, TrainConfig
+from fsdp_train.models.model import rebuild_buffers, to_empty_keeping_ties
 from fsdp_train.state.storage import is_remote
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -66,10 +66,12 @@ def load_sharded(model: nn.Module, directory: str) -> float:
 
     started = time.perf_counter()
     state = get_model_state_dict(model)
-    for name in {canonical_name(n) for n in tied_names(model)}:
-        state.pop(name, None)
+    tied = {canonical_name(n) for n in tied_names(model)}
+    # The files' names: a layer wrapped with a LoRA adapter keeps its weight under base_layer; the adapters
+    # (fsdp_train.models.adapters) are not in the files. Same tensors, so DCP loads into the model's own shards.
+    wanted = {canonical_name(k): v for k, v in state.items() if "lora_" not in k and canonical_name(k) not in tied}
     # DCP raises for a requested name the files lack, so strict=False only lets the tied names through.
-    dcp_load(state, storage_reader=HuggingFaceStorageReader(directory))
+    dcp_load(wanted, storage_reader=HuggingFaceStorageReader(directory))
     set_model_state_dict(model, state, options=StateDictOptions(strict=False))
     return time.perf_counter() - started
 
@@ -79,10 +81,14 @@ def load_broadcast(model: nn.Module, directory: str, overrides: dict[str, Any]) 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoModelForCausalLM
 
+    from fsdp_train.models.model import canonical_name, unwrapped_name
+
     full: dict[str, Any] = {}
     if dist.get_rank() == 0:
         loaded = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, **overrides)
-        full = loaded.state_dict()
+        # Under the model's own names (a layer wrapped with a LoRA adapter holds its weight under base_layer).
+        names = {canonical_name(name): unwrapped_name(name) for name, _ in model.named_parameters()}
+        full = {names.get(key, key): value for key, value in loaded.state_dict().items()}
     set_model_state_dict(
         model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     )
@@ -128,6 +134,53 @@ def export(
     return verdict[0]
 
 
+def export_adapters(
+    model: nn.Module,
+    config: Any,
+    destination: str,
+    *,
+    base: str,
+    merged: bool,
+    tokenizer_dir: str | None,
+    generation_source: str | None,
+    dtype: torch.dtype = torch.bfloat16,
+    check: Callable[[Path], ExportCheck] | None = None,
+) -> ExportCheck | None:
+    """A LoRA run's export: the adapter directory ``peft.PeftModel.from_pretrained(base, destination)`` loads,
+    with the tokenizer, and with ``merged`` the base with the adapters merged in ``destination/merged``.
+
+    Collective, as ``export``: only the adapters are gathered unless the merged model is asked for; rank 0 writes,
+    runs ``check`` on the written directory and publishes only what passed.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from fsdp_train.models import adapters
+
+    lora = cast(Any, model).peft_config["default"]
+    lora.base_model_name_or_path = base
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=not merged)
+    full = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
+    verdict: list[ExportCheck | None] = [None]
+    if dist.get_rank() == 0:
+        staging = Path(tempfile.mkdtemp(prefix="fsdp-export-"))
+        try:
+            adapters.write_adapter_dir(model, {k: v for k, v in full.items() if adapters.is_adapter(k)}, lora, staging)
+            _write_tokenizer(staging, tokenizer_dir)
+            if merged:
+                state = adapters.merged_state(full, config, lora)
+                _write_hf_dir(state, config, staging / MERGED_DIR, tokenizer_dir, generation_source, dtype)
+            del full
+            for item in staging.iterdir():
+                item.chmod(0o755 if item.is_dir() else 0o644)
+            verdict[0] = check(staging) if check is not None else None
+            if verdict[0] is None or verdict[0].verified:
+                _publish(staging, destination)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    dist.broadcast_object_list(verdict, src=0)
+    return verdict[0]
+
+
 def _write_hf_dir(
     full: dict[str, torch.Tensor],
     config: Any,
@@ -158,26 +211,32 @@ def _write_hf_dir(
             hf_model.generation_config = GenerationConfig.from_pretrained(generation_source)
     hf_model.save_pretrained(directory, max_shard_size="5GB")
     _set_json(directory / "config.json", use_cache=True)  # save_pretrained keeps the training run's False
-    if tokenizer_dir:
-        from fsdp_train.datapath.tokenizer_choice import choose_tokenizer
-
-        tokenizer = choose_tokenizer(tokenizer_dir).tokenizer  # the one training used, not AutoTokenizer's own
-        tokenizer.save_pretrained(directory)
-        _stop_at_end_of_turn(directory, tokenizer)
-        if type(tokenizer).__name__ in GENERIC_TOKENIZER_CLASSES:
-            # Next to a config.json, AutoTokenizer would otherwise pick the model family's own class
-            # (Qwen2Tokenizer), which rebuilds the pre-tokenizer and splits digits and spaces differently.
-            # transformers 4 honours tokenizer_class; transformers 5 overrides it for some families
-            # (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS, qwen2 among them) unless an auto_map names the
-            # class, and with that entry falls back to tokenizer_class without running remote code.
-            # The export's self-check (verify_export) loads it back and compares the token ids either way.
-            _set_json(
-                directory / "tokenizer_config.json",
-                tokenizer_class="PreTrainedTokenizerFast",
-                auto_map={"AutoTokenizer": [None, "PreTrainedTokenizerFast"]},
-            )
+    _write_tokenizer(directory, tokenizer_dir)
     for item in directory.iterdir():
         item.chmod(0o644)  # safetensors are written 0600; an export is read by other users and services
+
+
+def _write_tokenizer(directory: Path, tokenizer_dir: str | None) -> None:
+    """The tokenizer training used, saved so that ``AutoTokenizer.from_pretrained(directory)`` loads it."""
+    if not tokenizer_dir:
+        return
+    from fsdp_train.datapath.tokenizer_choice import choose_tokenizer
+
+    tokenizer = choose_tokenizer(tokenizer_dir).tokenizer  # the one training used, not AutoTokenizer's own
+    tokenizer.save_pretrained(directory)
+    _stop_at_end_of_turn(directory, tokenizer)
+    if type(tokenizer).__name__ in GENERIC_TOKENIZER_CLASSES:
+        # Next to a config.json, AutoTokenizer would otherwise pick the model family's own class
+        # (Qwen2Tokenizer), which rebuilds the pre-tokenizer and splits digits and spaces differently.
+        # transformers 4 honours tokenizer_class; transformers 5 overrides it for some families
+        # (MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS, qwen2 among them) unless an auto_map names the
+        # class, and with that entry falls back to tokenizer_class without running remote code.
+        # The export's self-check (verify_export) loads it back and compares the token ids either way.
+        _set_json(
+            directory / "tokenizer_config.json",
+            tokenizer_class="PreTrainedTokenizerFast",
+            auto_map={"AutoTokenizer": [None, "PreTrainedTokenizerFast"]},
+        )
 
 
 END_OF_TURN = "<|im_end|>"
@@ -220,7 +279,10 @@ def _publish(staging: Path, destination: str) -> None:
         target = Path(destination.removeprefix("file://"))
         target.mkdir(parents=True, exist_ok=True)
         for item in staging.iterdir():
-            shutil.copy2(item, target / item.name)
+            if item.is_dir():  # a LoRA export's merged model
+                shutil.copytree(item, target / item.name, dirs_exist_ok=True)
+            else:
+                shutil.copy2(item, target / item.name)
         return
     fs, path = filesystem(destination)
     pafs.copy_files(str(staging), path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
@@ -245,8 +307,12 @@ def verify_export(
     batch: dict[str, torch.Tensor],
     training_loss: float,
     device: torch.device,
+    load: Callable[[Path, torch.dtype], Any] | None = None,
 ) -> ExportCheck:
     """Load ``directory`` alone, as a user does, and compare it with the model and tokenizer that trained.
+
+    ``load`` is how a user loads it (a LoRA adapter: ``PeftModel.from_pretrained`` on its base); by default
+    ``AutoModelForCausalLM.from_pretrained``.
 
     ``AutoTokenizer`` on the directory must give the training tokenizer's token ids on ``texts``, and
     ``AutoModelForCausalLM`` on it must reach ``training_loss`` on ``batch`` (the same rows, measured
@@ -271,7 +337,11 @@ def verify_export(
                 )
                 break
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    loaded: Any = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
+    loaded: Any = (
+        load(directory, dtype)
+        if load is not None
+        else AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype)
+    )
     loaded = loaded.to(device)
     loaded.eval()
     with torch.no_grad():
@@ -309,4 +379,4 @@ def load_pretrained_weights(model: nn.Module, cfg: TrainConfig, device: torch.de
         load_sharded(model, cfg.model)
     else:
         load_broadcast(model, cfg.model, dict(cfg.model_overrides))
-    _rebuild_rotary(model, model.config, device)
+    rebuild_buffers(model, model.config, device)

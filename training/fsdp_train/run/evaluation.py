@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdp_train.contract.config import TrainConfig
+from fsdp_train.contract.config import MERGED_DIR, TrainConfig
 from fsdp_train.contract.events import Evaluation, Export, emit
 from fsdp_train.datapath.data import load_tokenizer
 from fsdp_train.datapath.feed import eval_batches
@@ -21,9 +22,11 @@ from fsdp_train.datapath.packing import Packed
 from fsdp_train.models.attention import to_device
 from fsdp_train.models.loss import IGNORE_INDEX
 from fsdp_train.models.parallelize import Topology
-from fsdp_train.models.weights import ExportCheck, export, verify_export
+from fsdp_train.models.weights import ExportCheck, export, export_adapters, verify_export
 from fsdp_train.state.storage import TOKENIZER_FILE_PATTERNS, fetch
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+"""Any of these in a directory: it holds a tokenizer."""
 EXPORT_CHECK_TEXTS = 8
 """Rows of the self-check's batch decoded to text, for the tokenizer's round trip."""
 
@@ -84,6 +87,8 @@ def export_checked(
             tokenizer_dir = fetch(cfg.tokenizer or cfg.model, patterns=TOKENIZER_FILE_PATTERNS)
         except Exception:
             tokenizer_dir = None
+        if tokenizer_dir is not None and not any(Path(tokenizer_dir, name).exists() for name in TOKENIZER_FILES):
+            tokenizer_dir = None  # a model directory without a tokenizer: the export has none either
     # The model as it is exported, on the check's rows: every rank runs the forward (FSDP's is collective).
     model.eval()
     with torch.no_grad():
@@ -91,7 +96,7 @@ def export_checked(
         training_loss = float(model(**inputs).loss.float())
     model.train()
 
-    def check(directory: Path) -> ExportCheck:
+    def check(directory: Path, load: Loader | None = None) -> ExportCheck:
         tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir else None
         texts = []
         if tokenizer is not None:
@@ -105,9 +110,22 @@ def export_checked(
             batch=check_batch,
             training_loss=training_loss,
             device=device,
+            load=load,
         )
 
-    verdict = export(model, config, target, tokenizer_dir=tokenizer_dir, generation_source=model_dir, check=check)
+    if cfg.lora_rank:
+        verdict = export_adapters(
+            model,
+            config,
+            target,
+            base=cast(Any, model).peft_config["default"].base_model_name_or_path,
+            merged=cfg.export_merged,
+            tokenizer_dir=tokenizer_dir,
+            generation_source=model_dir,
+            check=lambda directory: _check_adapters(directory, check, model_dir or cfg.model, cfg.export_merged),
+        )
+    else:
+        verdict = export(model, config, target, tokenizer_dir=tokenizer_dir, generation_source=model_dir, check=check)
     assert verdict is not None
     if topo.rank == 0:
         emit(
@@ -124,3 +142,26 @@ def export_checked(
         )
     if not verdict.verified:
         raise ExportMismatch(f"export to {target} failed its self-check, nothing was written: {verdict.reason}")
+
+
+Loader = Callable[[Path, torch.dtype], Any]
+
+
+def _check_adapters(
+    directory: Path, check: Callable[[Path, Loader | None], ExportCheck], base_dir: str, merged: bool
+) -> ExportCheck:
+    """A LoRA export's self-check, as a user loads each part: the adapter with peft onto its base, then the
+    merged model alone."""
+
+    def with_peft(where: Path, dtype: torch.dtype) -> Any:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
+        return PeftModel.from_pretrained(base, str(where))
+
+    adapter = check(directory, with_peft)
+    if not adapter.verified or not merged:
+        return adapter
+    whole = check(directory / MERGED_DIR, None)
+    return whole if not whole.verified else adapter

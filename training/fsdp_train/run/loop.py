@@ -27,7 +27,10 @@ from fsdp_train.datapath.data import Prepared, check_usable, prepare_on_each_nod
 from fsdp_train.datapath.feed import Collate, TrainFeed
 from fsdp_train.datapath.fingerprint import run_fingerprint
 from fsdp_train.datapath.packing import Packed, samples_digest
+from fsdp_train.models import conformance
+from fsdp_train.models.adapters import adapter_params, add_adapters, init_adapters, trainable
 from fsdp_train.models.attention import to_device
+from fsdp_train.models.conformance import attention_for
 from fsdp_train.models.loss import use_loss
 from fsdp_train.models.model import build_meta_model, decoder_blocks, hf_config, init_weights
 from fsdp_train.models.parallelize import Topology, build_mesh, parallelize, resolve_sharding
@@ -133,14 +136,14 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     clock.mark("probe")
 
     # Data before weights: a source that cannot be read fails the job in seconds, not after a model load.
-    model_dir = _fetch_model(cfg, topo)
+    source, model_dir = cfg.model, _fetch_model(cfg, topo)
     if model_dir is not None:
         cfg = dataclasses.replace(cfg, model=model_dir)
     feed, validation, tokenizer_dir = _prepare_data(cfg, topo, host, device)
     if feed is not None:
         cfg = dataclasses.replace(cfg, steps=feed.total_steps(cfg.steps, cfg.epochs))
 
-    model, optimizer, config = build(cfg, topo, sharding, device)
+    model, optimizer, config = build(cfg, topo, sharding, device, source=source)
     extra = {"data": feed.position} if feed is not None else {}
     resumed_from = host.checkpointer.restore(model, optimizer, extra, fingerprint)
     if resumed_from and topo.rank == 0:
@@ -148,6 +151,15 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         print(f"fsdp_train: resumed from the checkpoint of step {resumed_from} of {cfg.steps}", flush=True)
     if feed is not None and resumed_from != feed.position.epoch * feed.steps_per_epoch + feed.position.step_in_epoch:
         raise AssertionError(f"checkpoint of step {resumed_from} holds data position {feed.position}")
+    # The model it trains is the family's model: the bundled path's loss against transformers' own, on one row.
+    row = _check_batch(cfg, feed, validation, config.vocab_size, 1)
+    ours, theirs, seconds = conformance.check(model, row, device, conformance.TOLERANCE[cfg.mixed_precision])
+    if topo.rank == 0:
+        print(
+            f"fsdp_train: conformance: the training path's loss {ours:.4f}, transformers' own {theirs:.4f} on one row "
+            f"({seconds:.2f} s)",
+            flush=True,
+        )
     clock.mark("build")
 
     device_name, _ = report.device_identity(device)
@@ -155,7 +167,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         rank=topo.rank,
         world_size=topo.world_size,
         total_steps=cfg.steps,
-        flops_per_token=flops_per_token(config, cfg.seq_len),
+        flops_per_token=flops_per_token(config, cfg.seq_len, adapter_params(model) if cfg.lora_rank else 0),
         peak=peak_flops(device_name) if device.type == "cuda" else None,
         backends=[EventsBackend(), *host.backends],
     )
@@ -337,16 +349,16 @@ EXPORT_CHECK_ROWS = 4
 
 
 def _check_batch(
-    cfg: TrainConfig, feed: TrainFeed | None, validation: Packed | None, vocab: int
+    cfg: TrainConfig, feed: TrainFeed | None, validation: Packed | None, vocab: int, rows: int = EXPORT_CHECK_ROWS
 ) -> dict[str, torch.Tensor]:
-    """The self-check's fixed rows: the first validation rows, else the first training rows, else random tokens."""
+    """The self-checks' fixed rows: the first validation rows, else the first training rows, else random tokens."""
     packed = validation if validation is not None and len(validation) else (feed.packed if feed else None)
     if packed is None:
         tokens = random_tokens(
-            seed=cfg.seed, step=0, micro=0, first_sample=0, samples=EXPORT_CHECK_ROWS, seq_len=cfg.seq_len, vocab=vocab
+            seed=cfg.seed, step=0, micro=0, first_sample=0, samples=rows, seq_len=cfg.seq_len, vocab=vocab
         )
         return {"input_ids": tokens, "labels": tokens}
-    return Collate(packed, cfg.document_mask)(list(range(min(EXPORT_CHECK_ROWS, len(packed)))))
+    return Collate(packed, cfg.document_mask)(list(range(min(rows, len(packed)))))
 
 
 def _maybe_kill(env: Mapping[str, str], rank: int, step: int, resumed_from: int) -> None:
@@ -364,11 +376,18 @@ def _maybe_kill(env: Mapping[str, str], rank: int, step: int, resumed_from: int)
 
 
 def build(
-    cfg: TrainConfig, topo: Topology, sharding: str, device: torch.device
+    cfg: TrainConfig, topo: Topology, sharding: str, device: torch.device, *, source: str = ""
 ) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
-    """The sharded, initialised model, its AdamW optimizer and its Hugging Face config."""
+    """The sharded, initialised model, its AdamW optimizer and its Hugging Face config.
+
+    ``source``: the model as the user named it (``cfg.model`` may be its local copy), for an adapter's config.
+    """
     config = hf_config(cfg)
     model = build_meta_model(config)
+    if (why := attention_for(config)[1]) and topo.rank == 0:
+        print(f"fsdp_train: {why}", flush=True)
+    if cfg.lora_rank:  # peft's adapters on the meta model, the rest frozen: FSDP2 shards both
+        add_adapters(model, cfg, base=source or cfg.model)
     mesh = build_mesh(topo, sharding, device.type)
     on_gpu = device.type == "cuda"
     precision = matmul_precision(cfg, device, config)
@@ -387,10 +406,12 @@ def build(
         load_pretrained_weights(model, cfg, device)
     else:
         init_weights(model, config, cfg.seed, device)
+    if cfg.lora_rank:
+        init_adapters(model, cfg.seed, device)
     model.train()
     # fused: one kernel for the whole update on GPU (DTensor parameters are supported by FSDP2).
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        trainable(model),
         lr=cfg.learning_rate,
         weight_decay=cfg.weight_decay,
         fused=True if on_gpu else None,
@@ -406,6 +427,8 @@ def matmul_precision(cfg: TrainConfig, device: torch.device, config: Any) -> str
     (``fsdp_train.models.precision``)."""
     if cfg.mixed_precision == "fp32":
         return "fp32"  # no mixed precision at all (the config refuses fp8 with it)
+    if cfg.lora_rank:
+        return "bf16"  # fp8 is for full fine-tuning (the config refuses it with LoRA); auto picks bf16
     on_gpu = device.type == "cuda"
     return resolve_precision(
         cfg.precision,
@@ -476,7 +499,7 @@ def step_figures(
         total += loss.detach()
     grad_norm = torch.full((), math.nan, device=device)
     if cfg.max_grad_norm > 0:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(trainable(model), cfg.max_grad_norm)
         # Sharded gradients give a DTensor whose value is still a partial one: the whole norm, as every rank has it.
         full = getattr(norm, "full_tensor", None)
         grad_norm = (full() if full is not None else norm).detach().float()

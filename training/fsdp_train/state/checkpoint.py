@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.optim import Optimizer
@@ -80,9 +80,26 @@ Extra = Mapping[str, Any]
 """More state to save and restore beside model and optimizer: DCP ``Stateful`` objects by name (the data position)."""
 
 
+# Frozen parameters (a LoRA run's base) are not saved: the base is read again from the model source on resume, and
+# a checkpoint holds what training changed. With full fine-tuning no parameter is frozen and nothing is left out.
+TRAINED_ONLY = StateDictOptions(ignore_frozen_params=True)
+# Loading sets what was saved; the frozen parameters keep what the model source gave them. Every trained tensor is
+# still required: DCP's load raises for a requested name the checkpoint lacks.
+TRAINED_INTO = StateDictOptions(ignore_frozen_params=True, strict=False)
+
+
 def app_state(model: nn.Module, optimizer: Optimizer, step: int, extra: Extra | None = None) -> dict[str, Any]:
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=TRAINED_ONLY)
+    # ignore_frozen_params leaves out each frozen tensor under its first name only: a tied lm_head, frozen with its
+    # embedding, would still be saved under its second name.
+    frozen = {_state_name(n) for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    model_sd = {name: value for name, value in model_sd.items() if name not in frozen}
     return {"model": model_sd, "optim": optim_sd, "train": {"step": step}, **(extra or {})}
+
+
+def _state_name(name: str) -> str:
+    """A parameter's name in a state dict: without the wrappers' prefixes (activation checkpointing, compile)."""
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
 
 
 def load_into(model: nn.Module, optimizer: Optimizer, checkpoint_id: str, extra: Extra | None = None) -> None:
@@ -92,7 +109,9 @@ def load_into(model: nn.Module, optimizer: Optimizer, checkpoint_id: str, extra:
     """
     state = app_state(model, optimizer, 0, extra)
     dcp_load(state, checkpoint_id=checkpoint_id)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=TRAINED_INTO
+    )
 
 
 class Checkpointer(Protocol):

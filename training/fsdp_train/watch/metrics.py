@@ -40,14 +40,19 @@ def matmul_params(config: Any) -> int:
     return count_params(config) - int(untied_input)
 
 
-def flops_per_token(config: Any, seq_len: int) -> float:
+def flops_per_token(config: Any, seq_len: int, adapter_params: int = 0) -> float:
     """Model FLOPs per trained token: 6·N + 12·L·d·s (docs/performance.md "How to count", PaLM appendix B).
 
     N is ``matmul_params`` (no input embedding); 12·L·d·s is attention's score and value matmuls,
-    forward and backward.
+    forward and backward. With LoRA (``adapter_params`` > 0) the frozen base does its forward (2·N) and the
+    backward to its inputs (2·N) but makes no weight gradients, and the adapters do all three (6·A):
+    4·N + 6·A + 12·L·d·s. Recomputation (activation checkpointing) is never counted.
     """
     n = matmul_params(config)
-    return float(6 * n + 12 * config.num_hidden_layers * config.hidden_size * seq_len)
+    attention = 12 * config.num_hidden_layers * config.hidden_size * seq_len
+    if adapter_params:
+        return float(4 * n + 6 * adapter_params + attention)
+    return float(6 * n + attention)
 
 
 def bus_bandwidth_gbps(kind: str, size_bytes: int, seconds: float, ranks: int) -> float:

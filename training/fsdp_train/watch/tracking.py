@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdp_train.contract import events
+from fsdp_train.contract.config import MERGED_DIR
 from fsdp_train.contract.events import Event, Tracking
 
 QUEUE_RECORDS = 100_000
@@ -377,6 +378,8 @@ class Tracker:
         if local is not None and size is not None and size <= UPLOAD_LIMIT_BYTES:
             client.log_artifacts(self.run_id, local, artifact_path="export")
             source = f"{client.get_run(self.run_id).info.artifact_uri.rstrip('/')}/export"
+            if (Path(local) / MERGED_DIR).is_dir():  # a LoRA export with its merged model: that is the version
+                source = f"{source}/{MERGED_DIR}"
         client.set_tag(self.run_id, "export.uri", export.path[:5000])
         client.set_tag(self.run_id, "export.step", str(export.step))
         name = self.settings.registered_model

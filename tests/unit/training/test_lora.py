@@ -1,0 +1,177 @@
+"""LoRA on a frozen base (``training.lora_rank``): only the adapters train, checkpoints hold them alone and resume
+exactly, and the export loads as users load it (peft onto the base; the merged model alone), to the same logits.
+
+One rank in this process (gloo), a tiny Qwen2 saved with ``save_pretrained``, real checkpoints and exports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from fsdp_train.contract.config import MERGED_DIR, ConfigError, TrainConfig
+from fsdp_train.contract.events import Event, Export, Step, parse_lines
+from fsdp_train.models.parallelize import Topology
+from fsdp_train.run.loop import FAIL_AT_STEP_ENV, Host, build, train, train_step
+from fsdp_train.state.checkpoint import DirectoryCheckpoints
+from support.tiny_hf import documents, save_tiny_model, write_jsonl
+from torch.distributed.checkpoint import FileSystemReader
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+LORA: dict[str, Any] = {
+    "model_init": "pretrained",
+    "steps": 6,
+    "seq_len": 32,
+    "batch_size_per_rank": 2,
+    "learning_rate": 1e-2,
+    "lr_schedule": "constant",
+    "mixed_precision": "fp32",
+    "probe_size_bytes": 0,
+    "lora_rank": 4,
+    "lora_alpha": 8,
+}
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Iterator[Topology]:
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        yield Topology(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, device_index=0)
+    finally:
+        dist.destroy_process_group()
+
+
+def config(tmp_path: Path, **more: Any) -> TrainConfig:
+    model = tmp_path / "model"
+    if not model.exists():
+        save_tiny_model(model)
+        write_jsonl(tmp_path / "corpus.jsonl", [{"text": d} for d in documents(80)])
+    return TrainConfig.from_dict({**LORA, "model": str(model), "data": str(tmp_path / "corpus.jsonl"), **more})
+
+
+def printed(capsys: pytest.CaptureFixture[str]) -> list[Event]:
+    return list(parse_lines(capsys.readouterr().out.splitlines()))
+
+
+def run(cfg: TrainConfig, topo: Topology, env: dict[str, str] | None = None) -> None:
+    host = Host(node_ip="127.0.0.1", env=env or {})
+    if cfg.checkpoint_path:
+        host = dataclasses.replace(host, checkpointer=DirectoryCheckpoints(cfg.checkpoint_path))
+    train(cfg, topo, host)
+
+
+def test_only_the_adapters_train_and_the_base_keeps_its_bytes(one_rank: Topology, tmp_path: Path) -> None:
+    cfg = config(tmp_path, mixed_precision="bf16")
+    model, optimizer, _ = build(cfg, one_rank, "full", torch.device("cpu"))
+    before = {name: p.detach().full_tensor().clone() for name, p in model.named_parameters()}
+    adapters = {name for name, p in model.named_parameters() if p.requires_grad}
+    assert adapters and all("lora_A" in n or "lora_B" in n for n in adapters)
+    assert {p.dtype for n, p in model.named_parameters() if n not in adapters} == {torch.bfloat16}  # no fp32 base
+    assert {p.dtype for n, p in model.named_parameters() if n in adapters} == {torch.float32}
+    assert {id(p) for group in optimizer.param_groups for p in group["params"]} == {
+        id(p) for n, p in model.named_parameters() if n in adapters
+    }
+    tokens = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    batch = [{"input_ids": tokens, "labels": tokens}]  # one batch again and again: its loss must fall
+    cpu = torch.device("cpu")
+    losses = [train_step(cfg, one_rank, model, optimizer, s, "full", cpu, 512, batch) for s in (1, 2, 3)]
+    after = {name: p.detach().full_tensor() for name, p in model.named_parameters()}
+    changed = sorted(n for n in before if not torch.equal(before[n], after[n]))
+    assert changed and set(changed) <= adapters, changed
+    # B starts at zero (the adapted model is the base itself at step 0) and is trained away from it.
+    assert any("lora_B" in n and torch.count_nonzero(after[n]) for n in changed)
+    assert losses[-1] < losses[0]
+
+
+def test_the_export_loads_with_peft_and_merged_to_the_training_models_logits(
+    one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    cfg = config(tmp_path, output_path=str(tmp_path / "export"), export_merged=True, validation_split=0.2)
+    run(cfg, one_rank)
+    events = printed(capsys)
+    (export,) = [e for e in events if isinstance(e, Export)]
+    assert export.verified, export.check
+    steps = [e for e in events if isinstance(e, Step)]
+    assert steps[-1].loss < steps[0].loss
+
+    directory = tmp_path / "export"
+    adapter_config = json.loads((directory / "adapter_config.json").read_text())
+    assert adapter_config["r"] == 4 and adapter_config["lora_alpha"] == 8
+    assert adapter_config["base_model_name_or_path"] == str(tmp_path / "model")
+    assert not (directory / "model.safetensors").exists()  # the adapter directory holds the adapters only
+
+    tokens = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(1))
+    base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"), dtype=torch.float32)
+    with torch.no_grad():
+        plain = base(input_ids=tokens).logits
+        adapted = PeftModel.from_pretrained(base, str(directory))(input_ids=tokens).logits
+        merged = AutoModelForCausalLM.from_pretrained(str(directory / MERGED_DIR), dtype=torch.float32)
+        merged_logits = merged(input_ids=tokens).logits
+    assert not torch.allclose(adapted, plain, atol=1e-3)  # the adapters carry what training learned
+    # The merged export is written in bf16, as every export is: equal to peft's within bf16's rounding.
+    assert torch.allclose(merged_logits, adapted, atol=0.05, rtol=0.02)
+
+
+def test_resume_from_an_adapter_checkpoint_is_exact(
+    one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    whole = config(tmp_path, checkpoint_path=str(tmp_path / "whole"), checkpoint_interval=2)
+    run(whole, one_rank)
+    uninterrupted = [e.loss for e in printed(capsys) if isinstance(e, Step)]
+
+    cut = dataclasses.replace(whole, checkpoint_path=str(tmp_path / "cut"))
+    with pytest.raises(RuntimeError):
+        run(cut, one_rank, env={FAIL_AT_STEP_ENV: "3"})
+    printed(capsys)
+    saved = FileSystemReader(str(tmp_path / "cut" / "step_00000002")).read_metadata().state_dict_metadata
+    tensors = [name.split(".", 1)[1] for name in saved if name.startswith("model.")]
+    assert tensors and all(".lora_A." in n or ".lora_B." in n for n in tensors), tensors  # no base tensor
+    run(cut, one_rank)
+    resumed = [e.loss for e in printed(capsys) if isinstance(e, Step)]
+    assert resumed == uninterrupted[2:]
+
+
+@pytest.mark.parametrize(
+    ("more", "field", "words"),
+    [
+        ({"lora_target_modules": ["q_proj", "w_qkv"]}, "lora_target_modules", "w_qkv"),
+        ({"lora_rank": 4096}, "lora_rank", "larger than the layer"),
+    ],
+)
+def test_what_the_model_cannot_take_is_refused_naming_the_field(
+    one_rank: Topology, tmp_path: Path, more: dict[str, Any], field: str, words: str
+) -> None:
+    cfg = config(tmp_path, **more)
+    with pytest.raises(ConfigError, match=words) as refused:
+        build(cfg, one_rank, "full", torch.device("cpu"))
+    assert refused.value.field == field
+
+
+@pytest.mark.parametrize(
+    ("more", "field"),
+    [
+        ({"lora_rank": -1}, "lora_rank"),
+        ({"lora_alpha": 0}, "lora_alpha"),
+        ({"lora_dropout": 1.0}, "lora_dropout"),
+        ({"precision": "fp8"}, "precision"),
+        ({"lora_rank": 0, "lora_target_modules": ["q_proj"]}, "lora_target_modules"),
+        ({"lora_rank": 0, "export_merged": True, "output_path": "/x"}, "export_merged"),
+        ({"export_merged": True}, "export_merged"),
+        ({"model_init": "random", "output_path": "/x"}, "output_path"),
+        ({"lora_target_modules": ["q_proj", "q.proj"]}, "lora_target_modules"),
+    ],
+)
+def test_settings_that_cannot_go_together_are_refused_naming_the_field(more: dict[str, Any], field: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        TrainConfig.from_dict({**LORA, "model": "/m", **more})
+    assert refused.value.field == field
