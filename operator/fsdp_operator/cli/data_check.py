@@ -86,6 +86,7 @@ def check(cfg: Any, rows: int) -> bool:
     tokens = sum(len(ids) for b in batches for ids in b["input_ids"])
     targets = int(((packed.flags & TARGET) != 0).sum())
     files = len(source.files)
+    print(f"model: {model_family(cfg)}")
     print(f"data: {cfg.data} ({source.format}, {files} files, field {cfg.data_field!r}, kind {cfg.data_kind})")
     print(f"tokenizer: {tokenize.tokenizer_location}: {load_tokenizer_choice(tokenize.tokenizer_location).why}")
     print(f"rows read: {report.total_rows} (the first {rows} at most)")
@@ -108,6 +109,32 @@ def check(cfg: Any, rows: int) -> bool:
         return False
     print("verdict: trainable")
     return True
+
+
+def model_family(cfg: Any) -> str:
+    """The model's architecture and family as its config names them, and the attention the training path gives it
+    (``fsdp_train.contract.families``); or why the config could not be read here."""
+    from fsdp_train.contract.config import ConfigError
+    from fsdp_train.contract.families import DOCUMENT_ATTENTION, architecture, attention_for
+    from fsdp_train.contract.known_models import KNOWN_CONFIGS
+
+    try:
+        from transformers import AutoConfig, PretrainedConfig
+
+        if cfg.model in KNOWN_CONFIGS and cfg.model_init == "random":
+            known = dict(KNOWN_CONFIGS[cfg.model])
+            config = AutoConfig.for_model(known.pop("model_type"), **known)
+        else:
+            config = AutoConfig.from_pretrained(cfg.model)
+        assert isinstance(config, PretrainedConfig)
+    except Exception as e:  # a hub id this machine cannot reach, a directory without config.json
+        return f"{cfg.model} (its config could not be read here: {type(e).__name__}: {str(e)[:200]})"
+    name = f"{cfg.model}: {architecture(config)} (model_type {config.model_type})"
+    try:
+        attention, why = attention_for(config)
+    except ConfigError as e:
+        return f"{name}; the job would fail: {e}"
+    return f"{name}; attention: " + ("the document attention" if attention == DOCUMENT_ATTENTION else why)
 
 
 def first_document(packed: Any) -> tuple[list[int], list[int]]:

@@ -38,6 +38,7 @@ def test_good_chat_rows_print_counts_and_a_sample_with_its_targets_marked(
     assert main(["data", "check", "-f", str(job(tmp_path, data.parent, model)), "--rows", "20"]) == 0
     out = capsys.readouterr().out
     assert "rows read: 20 (the first 20 at most)" in out
+    assert f"model: {model}: Qwen2ForCausalLM (model_type qwen2); attention: the document attention" in out
     assert "bad rows: 0" in out
     assert "packed: 20 documents into" in out
     first = conversations(30)[0]
@@ -78,3 +79,29 @@ def test_the_sample_is_the_packed_document_whose_first_token_is_no_target(
     sample = out.split("sample (targets between [[ and ]]):\n", 1)[1].splitlines()[0]
     assert sample.startswith(first + "[[") and sample.endswith("<|endoftext|>]]"), sample
     assert "tokenizer: " in out and "AutoTokenizer" in out  # which class, and why
+
+
+def test_the_model_family_it_resolved_and_the_attention_it_gets_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    tiny = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    gemma = tmp_path / "gemma"
+    config = AutoConfig.for_model("gemma3_text", **tiny, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    AutoModelForCausalLM.from_config(config).save_pretrained(gemma)
+    save_tiny_model(tmp_path / "tokenizer")  # its tokenizer only: the job names it in data.tokenizer
+    data = write_jsonl(tmp_path / "chat" / "a.jsonl", [{"messages": c} for c in conversations(10)])
+    manifest = yaml.safe_load(job(tmp_path, data.parent, gemma).read_text())
+    manifest["spec"]["data"]["tokenizer"] = str(tmp_path / "tokenizer")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(manifest))
+    assert main(["data", "check", "-f", str(tmp_path / "job.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert f"model: {gemma}: Gemma3ForCausalLM (model_type gemma3_text); attention: Gemma3ForCausalLM has " in out
+    assert "sliding-window layers" in out
+
+    missing = yaml.safe_load((tmp_path / "job.yaml").read_text())
+    missing["spec"]["model"]["name"] = str(tmp_path / "nowhere")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(missing))
+    main(["data", "check", "-f", str(tmp_path / "job.yaml")])
+    assert f"model: {tmp_path / 'nowhere'} (its config could not be read here: " in capsys.readouterr().out

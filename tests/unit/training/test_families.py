@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from fsdp_train.contract import families
 from fsdp_train.contract.config import ConfigError, TrainConfig
 from fsdp_train.contract.events import Export, parse_lines
-from fsdp_train.models import conformance
 from fsdp_train.models.parallelize import Topology
 from fsdp_train.run.loop import Host, train
 
@@ -115,9 +115,7 @@ def test_a_path_that_drops_what_the_family_asks_for_fails_at_the_start_naming_it
     model_type: str, one_rank: Topology, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The document attention forced onto a family with sliding windows: the run fails before its first step."""
-    from fsdp_train.models.attention import register
-
-    monkeypatch.setattr(conformance, "attention_for", lambda config: (register(), ""))
+    monkeypatch.setattr(families, "attention_for", lambda config: (families.DOCUMENT_ATTENTION, ""))
     model = save_family(tmp_path / "model", model_type, FAMILIES[model_type])
     with pytest.raises(ConfigError, match=r"differs from transformers' own forward .*sliding_window=8") as refused:
         train(config(model, tmp_path), one_rank, Host(node_ip="127.0.0.1", env={}))
@@ -140,6 +138,6 @@ def test_the_run_says_which_attention_a_family_gets() -> None:
     gemma2 = AutoConfig.for_model("gemma2", **SMALL, **FAMILIES["gemma2"])
     gemma3 = AutoConfig.for_model("gemma3_text", **SMALL, **FAMILIES["gemma3_text"])
     qwen2 = AutoConfig.for_model("qwen2", **SMALL)
-    assert conformance.attention_for(gemma2)[0] == "eager" and "soft-caps" in conformance.attention_for(gemma2)[1]
-    assert conformance.attention_for(gemma3)[0] == "sdpa" and "sliding-window" in conformance.attention_for(gemma3)[1]
-    assert conformance.attention_for(qwen2) == (conformance.register(), "")
+    assert families.attention_for(gemma2)[0] == "eager" and "soft-caps" in families.attention_for(gemma2)[1]
+    assert families.attention_for(gemma3)[0] == "sdpa" and "sliding-window" in families.attention_for(gemma3)[1]
+    assert families.attention_for(qwen2) == (families.DOCUMENT_ATTENTION, "")

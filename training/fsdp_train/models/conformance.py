@@ -2,13 +2,11 @@
 
 The bundled path replaces two things of a Hugging Face model: its attention (``fsdp_train.models.attention``: the
 document attention over packed rows) and, for the families whose logits are ``lm_head(hidden)``, its loss
-(``fsdp_train.models.loss``). ``attention_for`` picks, from the model's config, the attention that honours what the
-family asks for: a family with sliding-window layers gets transformers' own ``sdpa`` (its mask builder applies the
-windows and the packed documents), one with soft-capped attention logits transformers' ``eager`` (the only one that
-soft-caps); the run says which in its first lines. ``check`` then compares, on a few rows of the job's own data and on
-the same model object, the bundled path's loss with transformers' own forward (``eager`` attention and the model's
-own loss): a difference over the export self-check's bound fails the job at once, before any GPU hour is spent on
-another model, naming the architecture and what its config asks for.
+(``fsdp_train.models.loss``). ``fsdp_train.contract.families.attention_for`` picks, from the model's config, the
+attention that honours what the family asks for; the run says which in its first lines. ``check`` then compares,
+on a few rows of the job's own data and on the same model object, the bundled path's loss with transformers' own
+forward (``eager`` attention and the model's own loss): a difference over the bound fails the job at once, before
+any GPU hour is spent on another model, naming the architecture and what its config asks for.
 """
 
 from __future__ import annotations
@@ -21,63 +19,11 @@ import torch
 from torch import nn
 
 from fsdp_train.contract.config import ConfigError
-from fsdp_train.models.attention import register
+from fsdp_train.contract.families import architecture, features
 
 TOLERANCE = {"bf16": 0.01, "fp32": 0.001}
 """The bound on |bundled loss - transformers' loss| / transformers' loss, by ``mixed_precision``: in bf16 the export
 self-check's (the two attentions round differently), in fp32 ten times tighter (they agree to rounding)."""
-
-
-def features(config: Any) -> list[str]:
-    """What the config asks of attention and logits beyond plain causal attention (for messages)."""
-    found = []
-    if sliding_window(config):
-        found.append(f"sliding_window={config.sliding_window}")
-    if getattr(config, "attn_logit_softcapping", None):
-        found.append(f"attn_logit_softcapping={config.attn_logit_softcapping}")
-    if getattr(config, "final_logit_softcapping", None):
-        found.append(f"final_logit_softcapping={config.final_logit_softcapping}")
-    if getattr(config, "query_pre_attn_scalar", None):
-        found.append(f"query_pre_attn_scalar={config.query_pre_attn_scalar}")
-    return found
-
-
-def sliding_window(config: Any) -> bool:
-    """Some layers attend within a window: a ``sliding_attention`` layer type, or a window the family uses."""
-    if not getattr(config, "sliding_window", None):
-        return False
-    types = getattr(config, "layer_types", None) or []
-    if types:
-        return any("sliding" in str(kind) for kind in types)
-    return bool(getattr(config, "use_sliding_window", True))
-
-
-def experts(config: Any) -> int:
-    return int(getattr(config, "num_local_experts", 0) or getattr(config, "num_experts", 0) or 0)
-
-
-def attention_for(config: Any) -> tuple[str, str]:
-    """The attention implementation to build with, and why when it is not the document attention ("" when it is)."""
-    arch = (getattr(config, "architectures", None) or [type(config).__name__])[0]
-    if experts(config):
-        # transformers 5 keeps a mixture-of-experts layer's experts fused, loaded through its weight converters;
-        # the sharded loader reads the files' own names (torch.distributed.checkpoint), which these are not.
-        raise ConfigError(
-            "model",
-            f"{arch} is a mixture-of-experts model ({experts(config)} experts a layer): the bundled function trains "
-            "dense models only; train it with trainFunction (your own Ray Train function).",
-        )
-    if getattr(config, "attn_logit_softcapping", None):
-        return "eager", (
-            f"{arch} soft-caps its attention logits (attn_logit_softcapping={config.attn_logit_softcapping}): "
-            "attention through transformers' eager implementation, the one that soft-caps (slower, more memory)"
-        )
-    if sliding_window(config):
-        return "sdpa", (
-            f"{arch} has sliding-window layers (sliding_window={config.sliding_window}): attention through "
-            "transformers' sdpa with its own masks (the document attention applies no window)"
-        )
-    return register(), ""
 
 
 def check(
@@ -112,7 +58,7 @@ def check(
     seconds = time.perf_counter() - started
     drift = abs(ours - theirs) / max(abs(theirs), 1e-6)
     if not drift <= tolerance:  # NaN fails too
-        arch = (getattr(config, "architectures", None) or [type(model).__name__])[0]
+        arch = architecture(config)
         asks = ", ".join(features(config)) or "nothing beyond causal attention"
         raise ConfigError(
             "model",

@@ -55,9 +55,12 @@ def build_meta_model(config: Any) -> nn.Module:
     """The model on the meta device: no memory, no init; ``parallelize`` shards it, then ``init_weights``."""
     from transformers import AutoModelForCausalLM
 
-    from fsdp_train.models.conformance import attention_for
+    from fsdp_train.contract.families import DOCUMENT_ATTENTION, attention_for
+    from fsdp_train.models.attention import register
 
     implementation, _ = attention_for(config)
+    if implementation == DOCUMENT_ATTENTION:
+        implementation = register()
     with torch.device("meta"):
         # Plain causal SDPA without document bounds; with them, flash attention per document
         # (fsdp_train.models.attention); transformers' own where the family asks for what that does not do.

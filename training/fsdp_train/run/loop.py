@@ -23,6 +23,7 @@ from torch import nn
 from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
 from fsdp_train.contract.events import Checkpoint, Summary, as_dict, emit
 from fsdp_train.contract.failures import failure_of
+from fsdp_train.contract.families import attention_for
 from fsdp_train.datapath.data import Prepared, check_usable, prepare_on_each_node, tokenizer_location
 from fsdp_train.datapath.feed import Collate, TrainFeed
 from fsdp_train.datapath.fingerprint import run_fingerprint
@@ -30,7 +31,6 @@ from fsdp_train.datapath.packing import Packed, samples_digest
 from fsdp_train.models import conformance
 from fsdp_train.models.adapters import adapter_params, add_adapters, init_adapters, trainable
 from fsdp_train.models.attention import to_device
-from fsdp_train.models.conformance import attention_for
 from fsdp_train.models.loss import use_loss
 from fsdp_train.models.model import build_meta_model, decoder_blocks, hf_config, init_weights
 from fsdp_train.models.parallelize import Topology, build_mesh, parallelize, resolve_sharding
