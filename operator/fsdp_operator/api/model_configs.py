@@ -68,26 +68,75 @@ _DECODER_FIELDS: dict[str, ConfigField] = {
     "eos_token_id": _TOKEN_ID,
 }
 
+_BOOL = ConfigField("bool")
+_SOFTCAP = ConfigField("float", minimum=0, exclusive_minimum=True, maximum=1e6)
+_WINDOW = {"sliding_window": _CONTEXT}
+_GEMMA = {
+    **{name: field for name, field in _DECODER_FIELDS.items() if name != "hidden_act"},
+    **_WINDOW,
+    "hidden_activation": ConfigField("str", choices=ACTIVATIONS),
+    "attention_bias": _BOOL,
+    "head_dim": _LAYERS,
+    "query_pre_attn_scalar": ConfigField("int", minimum=1, maximum=65_536),
+    "attn_logit_softcapping": _SOFTCAP,
+    "final_logit_softcapping": _SOFTCAP,
+    "use_bidirectional_attention": _BOOL,
+}
+
+# The families tests/unit/training/test_families.py trains through the bundled path (docs/model-families.md).
 FAMILIES: dict[str, dict[str, ConfigField]] = {
     # transformers.Qwen2Config
     "qwen2": {
         **_DECODER_FIELDS,
-        "use_sliding_window": ConfigField("bool"),
-        "sliding_window": _CONTEXT,
+        **_WINDOW,
+        "use_sliding_window": _BOOL,
         "max_window_layers": ConfigField("int", minimum=0, maximum=1024),
     },
     # transformers.LlamaConfig
     "llama": {
         **_DECODER_FIELDS,
         "pretraining_tp": _LAYERS,
-        "attention_bias": ConfigField("bool"),
-        "mlp_bias": ConfigField("bool"),
+        "attention_bias": _BOOL,
+        "mlp_bias": _BOOL,
         "head_dim": _LAYERS,
     },
+    # transformers.Qwen3Config
+    "qwen3": {
+        **_DECODER_FIELDS,
+        **_WINDOW,
+        "use_sliding_window": _BOOL,
+        "max_window_layers": ConfigField("int", minimum=0, maximum=1024),
+        "attention_bias": _BOOL,
+        "head_dim": _LAYERS,
+    },
+    # transformers.MistralConfig
+    "mistral": {**_DECODER_FIELDS, **_WINDOW, "head_dim": _LAYERS},
+    # transformers.Gemma2Config, transformers.Gemma3TextConfig (the same fields)
+    "gemma2": _GEMMA,
+    "gemma3_text": _GEMMA,
+    # transformers.Phi3Config
+    "phi3": {
+        **_DECODER_FIELDS,
+        **_WINDOW,
+        "resid_pdrop": _PROBABILITY,
+        "embd_pdrop": _PROBABILITY,
+        "original_max_position_embeddings": _CONTEXT,
+    },
+    # transformers.Olmo2Config
+    "olmo2": {**_DECODER_FIELDS, "attention_bias": _BOOL},
 }
 """Config fields per family (the `model_type` of the config); a family's config class is `CONFIG_CLASSES`."""
 
-CONFIG_CLASSES = {"qwen2": "Qwen2Config", "llama": "LlamaConfig"}
+CONFIG_CLASSES = {
+    "qwen2": "Qwen2Config",
+    "llama": "LlamaConfig",
+    "qwen3": "Qwen3Config",
+    "mistral": "MistralConfig",
+    "gemma2": "Gemma2Config",
+    "gemma3_text": "Gemma3TextConfig",
+    "phi3": "Phi3Config",
+    "olmo2": "Olmo2Config",
+}
 
 # Fields of these classes deliberately left out, and why (the test requires every field to be here or above).
 LEFT_OUT = {
@@ -107,6 +156,15 @@ _FAMILY_OF_NAME = (
         "qwen2",
     ),
     (re.compile(r"^(?!.*llama[-_ ]?4)(?!.*vision).*llama", _NAME_FLAGS), "llama"),
+    # Qwen3's dense models (not Qwen3-30B-A3B and the other mixtures, nor the VL and Omni models)
+    (re.compile(r"(?<![a-z0-9])qwen-?3(?![0-9.])(?!.*(?:vl|moe|omni|-a\d+b))", _NAME_FLAGS), "qwen3"),
+    (re.compile(r"(?<![a-z0-9])mistral-(?:7b|nemo)", _NAME_FLAGS), "mistral"),
+    (re.compile(r"(?<![a-z0-9])gemma-?2(?![0-9.])", _NAME_FLAGS), "gemma2"),
+    # Gemma 3's text-only sizes; the larger ones are image-text models (Gemma3Config)
+    (re.compile(r"(?<![a-z0-9])gemma-?3-(?:1b|270m)(?![0-9])", _NAME_FLAGS), "gemma3_text"),
+    # Phi-3 and 3.5 mini and medium (Phi-3-small has its own config class; the MoE and vision models theirs)
+    (re.compile(r"(?<![a-z0-9])phi-?3(?:\.5)?-(?:mini|medium)(?!.*(?:moe|vision))", _NAME_FLAGS), "phi3"),
+    (re.compile(r"(?<![a-z0-9])olmo-?2(?![0-9])", _NAME_FLAGS), "olmo2"),
 )
 
 

@@ -141,3 +141,10 @@ def test_the_run_says_which_attention_a_family_gets() -> None:
     assert families.attention_for(gemma2)[0] == "eager" and "soft-caps" in families.attention_for(gemma2)[1]
     assert families.attention_for(gemma3)[0] == "sdpa" and "sliding-window" in families.attention_for(gemma3)[1]
     assert families.attention_for(qwen2) == (families.DOCUMENT_ATTENTION, "")
+
+
+def test_the_operators_override_table_follows_the_same_families() -> None:
+    """`spec.model.overrides` accepts the config fields of exactly the families trained here."""
+    from fsdp_operator.api import model_configs
+
+    assert set(model_configs.FAMILIES) == set(FAMILIES)
