@@ -76,16 +76,34 @@ def between_checkpoints(s: Status) -> bool:
     return checkpointed >= INTERVAL and checkpointed + 3 <= step and step % INTERVAL not in (0, INTERVAL - 1)
 
 
+async def rank_3_between_checkpoints(run: LocalRun) -> tuple[dict[str, Any], str]:
+    """The job's status once a checkpoint is saved and a few steps passed it, and the pod of rank 3 then."""
+    during = await until(run, between_checkpoints, "a checkpoint and a few steps past it", WAIT)
+    (pod,) = {r["pod"] for r in during["ranks"] if r["rank"] == 3}
+    return during, pod
+
+
+async def finished(run: LocalRun) -> dict[str, Any]:
+    return await until(run, lambda s: s.get("phase") in TERMINAL_PHASES, "the job to finish", WAIT)
+
+
+def the_one_interruption(final: dict[str, Any]) -> dict[str, Any]:
+    """The job succeeded in two attempts, the first interrupted and not counted as failed: that interruption."""
+    assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
+    assert final["attempts"] == 2 and final.get("failedAttempts", 0) == 0
+    (entry,) = final["interruptions"]
+    return dict(entry)
+
+
 # behind `slow` for now: minutes of Ray start-ups, over `make test`'s budget (docs/testing.md)
 @pytest.mark.slow
 def test_a_worker_pod_deleted_mid_training_checkpoints_and_the_next_attempt_resumes_there(tmp_path: Path) -> None:
     name = "tiny-drain"
 
     async def scenario(run: LocalRun) -> None:
-        during = await until(run, between_checkpoints, "a checkpoint and a few steps past it", WAIT)
-        (pod,) = {r["pod"] for r in during["ranks"] if r["rank"] == 3}
+        during, pod = await rank_3_between_checkpoints(run)
         await delete_pod(run, pod)  # the pod's own grace period (checkpoint.gracePeriodSeconds)
-        final = await until(run, lambda s: s.get("phase") in TERMINAL_PHASES, "the job to finish", WAIT)
+        final = await finished(run)
         address = await ray_address(run, name)
         token = await ray_token(run, name)
         first = list(
@@ -106,9 +124,7 @@ def test_a_worker_pod_deleted_mid_training_checkpoints_and_the_next_attempt_resu
               f"\n  saves (step, seconds the loop was held): {saves}"
               f"\n  median step seconds, first attempt: {statistics.median(step_times):.3f}")  # fmt: skip
 
-        assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
-        assert final["attempts"] == 2 and final.get("failedAttempts", 0) == 0
-        (entry,) = final["interruptions"]
+        entry = the_one_interruption(final)
         reports = [e for e in first if isinstance(e, Interruption)]
         assert len(reports) == 1 and reports[0].pod == pod  # one report, from the node that had the notice
         stopped = reports[0].step
@@ -140,8 +156,7 @@ def test_a_termination_taint_on_a_workers_node_drains_it_with_a_save_first(tmp_p
     name, taint = "tiny-taint", "aws-node-termination-handler/spot-itn"
 
     async def scenario(run: LocalRun) -> None:
-        during = await until(run, between_checkpoints, "a checkpoint and a few steps past it", WAIT)
-        (pod,) = {r["pod"] for r in during["ranks"] if r["rank"] == 3}
+        during, pod = await rank_3_between_checkpoints(run)
         code, pod_object = await run._get(f"/api/v1/namespaces/{run.namespace}/pods/{pod}")
         assert code == 200
         node = pod_object["spec"]["nodeName"]
@@ -150,16 +165,14 @@ def test_a_termination_taint_on_a_workers_node_drains_it_with_a_save_first(tmp_p
         headers = {"Content-Type": "application/merge-patch+json"}
         async with run.http.patch(f"{run.api.url}/api/v1/nodes/{node}", json=patch, headers=headers) as response:
             assert response.status == 200, await response.text()
-        final = await until(run, lambda s: s.get("phase") in TERMINAL_PHASES, "the job to finish", WAIT)
+        final = await finished(run)
         seen = await events_of(run, name)
         print(f"\nTAINT: {taint} on {node} ({pod}) at step {during['progress']['step']};"
               f"\n  interruptions: {final.get('interruptions')}\n  final: {final['phase']}/{final['reason']} "
               f"attempts {final['attempts']}: {final.get('message')}"
               f"\n  events: {[e for e in seen if e[1] in ('NodeNotice', 'Interrupted')]}")  # fmt: skip
 
-        assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
-        assert final["attempts"] == 2 and final.get("failedAttempts", 0) == 0
-        (entry,) = final["interruptions"]
+        entry = the_one_interruption(final)
         assert (entry["pod"], entry["node"], entry["reason"], entry["by"]) == (pod, node, taint, "operator")
         assert entry["saved"] is True and entry["stepsLost"] == 0  # at once after the notice: the drain case's check
         assert {"NodeNotice", "Interrupted"} <= {r for _, r, _ in seen}
@@ -178,16 +191,13 @@ def test_a_notice_too_short_for_the_save_abandons_it_and_resumes_from_the_period
     manifest["spec"]["runtimeEnv"]["envVars"]["FSDP_NOTICE_SAVE_SECONDS"] = "300"
 
     async def scenario(run: LocalRun) -> None:
-        during = await until(run, between_checkpoints, "a checkpoint and a few steps past it", WAIT)
-        (pod,) = {r["pod"] for r in during["ranks"] if r["rank"] == 3}
+        during, pod = await rank_3_between_checkpoints(run)
         await delete_pod(run, pod)
-        final = await until(run, lambda s: s.get("phase") in TERMINAL_PHASES, "the job to finish", WAIT)
+        final = await finished(run)
         print(f"\nSHORT: deleted {pod} at step {during['progress']['step']}; interruptions "
               f"{final.get('interruptions')}; final {final['phase']}/{final['reason']}")  # fmt: skip
 
-        assert (final["phase"], final["reason"]) == ("Succeeded", "Completed"), final
-        assert final["attempts"] == 2 and final.get("failedAttempts", 0) == 0
-        (entry,) = final["interruptions"]
+        entry = the_one_interruption(final)
         assert entry["saved"] is False and "a save needs about 300.0 s" in entry["message"]
         assert entry["checkpointStep"] % INTERVAL == 0 and entry["checkpointStep"] >= INTERVAL
         assert entry["stepsLost"] == entry["step"] - entry["checkpointStep"] > 0

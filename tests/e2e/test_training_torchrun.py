@@ -27,19 +27,12 @@ from fsdp_train.contract.events import (
     Transport,
     parse_line,
 )
+from support.tiny_hf import TINY_OVERRIDES as TINY
 
 pytestmark = pytest.mark.e2e
 
 STEPS = 20
 GLOBAL_BATCH = 8
-TINY = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "vocab_size": 512,
-}
 
 
 def config(ranks: int, **extra: Any) -> dict[str, Any]:

@@ -18,10 +18,7 @@ IMAGE = ("--set", "image.repository=registry.example.com/fsdp-operator")
 
 @pytest.fixture(scope="module")
 def helm() -> Path:
-    try:
-        return k8s_tools.helm()
-    except k8s_tools.ToolsUnavailable as e:
-        pytest.skip(str(e))
+    return k8s_tools.needed("helm")
 
 
 def helm_run(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:

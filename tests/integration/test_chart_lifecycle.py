@@ -120,10 +120,8 @@ async def create_children_as_the_operator(api: ThreadedApiServer, job: dict[str,
 
 @pytest.mark.parametrize("watch_all", [True, False], ids=["all-namespaces", "one-namespace"])
 def test_install_upgrade_uninstall_leave_nothing_and_print_nothing(watch_all: bool, tmp_path: Path) -> None:
-    try:
-        k8s_tools.helm(), k8s_tools.kubectl()
-    except k8s_tools.ToolsUnavailable as e:
-        pytest.skip(str(e))
+    k8s_tools.needed("helm")
+    k8s_tools.needed("kubectl")
     api = strict_server(tmp_path)
     try:
         tools = Tools(api, tmp_path)

@@ -80,10 +80,7 @@ HARMLESS: list[tuple[str, tuple[str, ...], list[str], str]] = [
 
 @pytest.fixture(scope="module")
 def helm() -> Path:
-    try:
-        return k8s_tools.helm()
-    except k8s_tools.ToolsUnavailable as e:
-        pytest.skip(str(e))
+    return k8s_tools.needed("helm")
 
 
 def run(helm: Path, command: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,6 @@ Every wait is for a condition of the stored status, never for a length of time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -22,8 +21,10 @@ from fsdp_operator.runtime.controller import JobLoop
 from fsdp_operator.runtime.kube import AioKube, KubeError
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
 from fsdp_operator.runtime.shared import Runtime
-from fsdp_train.contract.events import Placement, Probe, Step, Summary, Transport
+from fsdp_train.contract.events import Probe, Step, Summary, Transport
 from support.chart_rbac import OPERATOR_AUTH
+from support.kopf_runner import Stopped
+from support.running_job import placement
 from test_operator import EFA_LINE, FAST, NAMESPACE, Script, World, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -165,28 +166,13 @@ class FlakyKube(AioKube):
         return await super().get_raycluster(namespace, name)
 
 
-class Stopped:
-    """kopf's daemon stop flag, as `JobLoop.run` uses it: falsy until set, `wait()` for a while."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    def __bool__(self) -> bool:
-        return self.event.is_set()
-
-    async def wait(self, timeout: float | None = None) -> bool:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.event.wait(), timeout)
-        return self.event.is_set()
-
-
 def test_the_loop_retries_after_an_api_error_and_finishes(apiserver: ThreadedApiServer) -> None:
     """Errors out of a pass go to the retry loop (`error_backoff`), which carries on from the stored status."""
     w = World(apiserver)
 
     async def main() -> None:
         kube = FlakyKube(apiserver.url, failures=3)
-        loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", LOG)
+        loop, _ = make_loop(w, kube)
         stopped = Stopped()
         try:
             async with w.kuberay.running(tick=0.01):
@@ -198,7 +184,7 @@ def test_the_loop_retries_after_an_api_error_and_finishes(apiserver: ThreadedApi
                     await asyncio.sleep(0.05)
                 # Finished with nothing left to do, the loop waits for news of the job (an edit) until kopf stops it.
                 assert not running.done()
-                stopped.event.set()
+                stopped.flag.set()
                 await asyncio.wait_for(running, timeout=20)
         finally:
             await kube.close()
@@ -276,17 +262,7 @@ class ProbeScript(Script):
         for r in range(8):
             ray.emit(
                 sid,
-                Placement(
-                    rank=r,
-                    world_size=8,
-                    local_rank=r % 4,
-                    local_world_size=4,
-                    node_rank=r // 4,
-                    node_ip=f"10.0.0.{r // 4 + 1}",
-                    hostname="h",
-                    pod=f"w{r // 4}",
-                    device="NVIDIA L4",
-                ).to_line(),
+                placement(r, 8, hostname="h", pod="w{node}").to_line(),
                 Transport(rank=r, transport="efa", evidence=EFA_LINE).to_line(),
             )
         ray.emit(sid, Probe(rank=0, scope="all", ranks=8, size_bytes=1024, allreduce_busbw_gbps=40.0,

@@ -162,11 +162,9 @@ def address(w: World) -> str:
 
 def test_head_unreachable_fails_the_job_after_the_timeout(apiserver: ThreadedApiServer) -> None:
     async def body(w: World) -> None:
-        w.script.hold = True
         async with w.operator() as runtime:
             runtime.config = dataclasses.replace(FAST, ray_unreachable_timeout=1.0)
-            w.apply(manifest())
-            await w.phase("Running")
+            await w.held_running()
             await eventually(lambda: w.status().get("progress"))
             w.ray.down = True  # every call to the head's API is refused from now on
             await w.phase("Running", "RayUnreachable")
@@ -199,10 +197,8 @@ def test_cluster_deleted_before_submission_is_created_again(apiserver: ThreadedA
 
 def test_cluster_deleted_after_submission_fails_the_attempt_and_backoff_decides(apiserver: ThreadedApiServer) -> None:
     async def body(w: World) -> None:
-        w.script.hold = True
         async with w.operator():
-            w.apply(manifest(runPolicy={"backoffLimit": 1}))
-            await w.phase("Running")
+            await w.held_running(manifest(runPolicy={"backoffLimit": 1}))
             w.delete(f"{CLUSTERS}/qwen-ray")
             await eventually(lambda: w.status().get("attempts") == 2, message="no second attempt")
             w.script.hold = False
@@ -235,10 +231,8 @@ def test_a_job_ray_forgot_before_it_started_is_resubmitted_under_its_id(apiserve
 
 def test_a_job_ray_forgot_after_it_started_fails_the_attempt(apiserver: ThreadedApiServer) -> None:
     async def body(w: World) -> None:
-        w.script.hold = True
         async with w.operator():
-            w.apply(manifest())
-            await w.phase("Running")
+            await w.held_running()
             await eventually(lambda: w.status().get("rayJobStatus") == "RUNNING")
             w.ray.lose_job(w.sid(1))
             status = await w.phase("Failed", "RayJobLost")
@@ -250,10 +244,8 @@ def test_a_job_ray_forgot_after_it_started_fails_the_attempt(apiserver: Threaded
 
 def test_head_restart_loses_the_job_and_the_next_attempt_succeeds(apiserver: ThreadedApiServer) -> None:
     async def body(w: World) -> None:
-        w.script.hold = True
         async with w.operator():
-            w.apply(manifest(runPolicy={"backoffLimit": 1}))
-            await w.phase("Running")
+            await w.held_running(manifest(runPolicy={"backoffLimit": 1}))
             await eventually(lambda: w.status().get("progress"))
             w.ray.down = True
             await w.phase("Running", "RayUnreachable")

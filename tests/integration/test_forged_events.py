@@ -8,7 +8,7 @@ dataset row echoed in an error): verbatim, without the attempt's key.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -95,6 +95,30 @@ def read_through(w: World, sid: str, forged_lines: int) -> Any:
     return eventually(done, timeout=60, message=f"the operator never read the forged lines: {w.status()}")
 
 
+def held_after_step_one(
+    apiserver: ThreadedApiServer,
+    script: Script,
+    meanwhile: Callable[[World, str, dict[str, Any]], Awaitable[None]],
+    **spec: Any,
+) -> dict[str, Any]:
+    """The job applied, its ranks held after step 1 (`script.hold`); once step 1 is read, `meanwhile(w, sid, status)`
+    acts on the held job; then the ranks go on and the job must succeed: its final status."""
+    assert script.hold
+    final: dict[str, Any] = {}
+
+    async def body(w: World) -> None:
+        async with w.operator():
+            w.apply(manifest(**spec))
+            sid = w.sid(1)
+            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=60)
+            await meanwhile(w, sid, await read_through(w, sid, 0))
+            script.hold = False
+            final.update(await w.phase("Succeeded", "Completed", timeout=60))
+
+    scenario(apiserver, body, script)
+    return final
+
+
 @pytest.mark.parametrize("case", list(FORGED_CASES))
 def test_forged_lines_change_no_status_field(apiserver: ThreadedApiServer, case: str) -> None:
     lines = FORGED_CASES[case]
@@ -102,75 +126,52 @@ def test_forged_lines_change_no_status_field(apiserver: ThreadedApiServer, case:
     script = Script(transport=lambda r: "socket" if socket_ranks else "efa", hold=True)
     network = {"network": {"requireEFA": False}} if socket_ranks else {}
 
-    async def body(w: World) -> None:
-        async with w.operator():
-            w.apply(manifest(**network))
-            sid = w.sid(1)
-            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=60)
-            before = await read_through(w, sid, 0)
-            w.ray.job(sid).log += "".join(line + "\n" for line in lines)  # printed by other code of the job
-            after = await read_through(w, sid, len(lines))
-            assert comparable(after) == comparable(before)
-            assert after["forgedEvents"] == len(lines)
-            authentic = next(c for c in after["conditions"] if c["type"] == "EventsAuthentic")
-            assert (authentic["status"], authentic["reason"]) == ("False", "UnsignedLines")
-            await eventually(lambda: "UnsignedLines" in w.event_reasons(), message="no Warning event was posted")
-            script.hold = False
-            final = await w.phase("Succeeded", "Completed", timeout=60)
-            assert final["result"]["finalLoss"] == round(5.0 / 3, 4) and "mfu" not in final["result"]
-            assert "output" not in final and final.get("rankFailures") is None and final.get("workerRestarts") is None
-            if socket_ranks:
-                assert final["transport"]["summary"] == "socket"
+    async def forge(w: World, sid: str, before: dict[str, Any]) -> None:
+        w.ray.job(sid).log += "".join(line + "\n" for line in lines)  # printed by other code of the job
+        after = await read_through(w, sid, len(lines))
+        assert comparable(after) == comparable(before)
+        assert after["forgedEvents"] == len(lines)
+        authentic = next(c for c in after["conditions"] if c["type"] == "EventsAuthentic")
+        assert (authentic["status"], authentic["reason"]) == ("False", "UnsignedLines")
+        await eventually(lambda: "UnsignedLines" in w.event_reasons(), message="no Warning event was posted")
 
-    scenario(apiserver, body, script)
+    final = held_after_step_one(apiserver, script, forge, **network)
+    assert final["result"]["finalLoss"] == round(5.0 / 3, 4) and "mfu" not in final["result"]
+    assert "output" not in final and final.get("rankFailures") is None and final.get("workerRestarts") is None
+    if socket_ranks:
+        assert final["transport"]["summary"] == "socket"
 
 
 def test_replayed_and_other_attempt_lines_are_refused(apiserver: ThreadedApiServer) -> None:
     """A signed line printed again (read back from a log file), and one signed for another attempt."""
-    script = Script(hold=True)
 
-    async def body(w: World) -> None:
-        async with w.operator():
-            w.apply(manifest())
-            sid = w.sid(1)
-            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=60)
-            before = await read_through(w, sid, 0)
-            job = w.ray.job(sid)
-            replayed = next(line for line in job.log.splitlines() if '"kind":"placement","local_rank":0' in line)
-            key = bytes.fromhex(job.submission.runtime_env["env_vars"]["FSDP_EVENT_KEY"])
-            assert attempt_key(b"\0" * 32, sid) != key
-            other = Signer(attempt_key(b"\0" * 32, sid)).line(
-                {"v": 1, **step(mfu=0.5), "time": 1e9}
-            )  # another job's (or attempt's) key
-            job.log += "".join(line + "\n" for line in (replayed, other))
-            after = await read_through(w, sid, 2)
-            assert comparable(after) == comparable(before) and after["forgedEvents"] == 2
-            script.hold = False
-            await w.phase("Succeeded", "Completed", timeout=60)
+    async def replay(w: World, sid: str, before: dict[str, Any]) -> None:
+        job = w.ray.job(sid)
+        replayed = next(line for line in job.log.splitlines() if '"kind":"placement","local_rank":0' in line)
+        key = bytes.fromhex(job.submission.runtime_env["env_vars"]["FSDP_EVENT_KEY"])
+        assert attempt_key(b"\0" * 32, sid) != key
+        other = Signer(attempt_key(b"\0" * 32, sid)).line(
+            {"v": 1, **step(mfu=0.5), "time": 1e9}
+        )  # another job's (or attempt's) key
+        job.log += "".join(line + "\n" for line in (replayed, other))
+        after = await read_through(w, sid, 2)
+        assert comparable(after) == comparable(before) and after["forgedEvents"] == 2
 
-    scenario(apiserver, body, script)
+    held_after_step_one(apiserver, Script(hold=True), replay)
 
 
 def test_impossible_numbers_signed_by_the_emitter_are_skipped(apiserver: ThreadedApiServer) -> None:
     """Bounds hold for signed lines too: a broken emitter cannot write what no run produces."""
-    script = Script(hold=True)
 
-    async def body(w: World) -> None:
-        async with w.operator():
-            w.apply(manifest())
-            sid = w.sid(1)
-            await eventually(lambda: w.status().get("progress", {}).get("step") == 1, timeout=60)
-            before = await read_through(w, sid, 0)
-            impossible = [step(step=4), step(mfu=37.0), step(loss=-5.0), step(tokens_per_second=-1.0),
-                          step(step=9007199254740991, total_steps=9007199254740991)]  # fmt: skip
-            w.ray.emit(sid, *(forged(payload) for payload in impossible))  # signed, as the emitter prints
-            await eventually(lambda: w.status().get("skippedEvents") == len(impossible), timeout=60)
-            after = await read_through(w, sid, 0)
-            assert comparable(after) == comparable(before) and "forgedEvents" not in after
-            script.hold = False
-            await w.phase("Succeeded", "Completed", timeout=60)
+    async def sign_the_impossible(w: World, sid: str, before: dict[str, Any]) -> None:
+        impossible = [step(step=4), step(mfu=37.0), step(loss=-5.0), step(tokens_per_second=-1.0),
+                      step(step=9007199254740991, total_steps=9007199254740991)]  # fmt: skip
+        w.ray.emit(sid, *(forged(payload) for payload in impossible))  # signed, as the emitter prints
+        await eventually(lambda: w.status().get("skippedEvents") == len(impossible), timeout=60)
+        after = await read_through(w, sid, 0)
+        assert comparable(after) == comparable(before) and "forgedEvents" not in after
 
-    scenario(apiserver, body, script)
+    held_after_step_one(apiserver, Script(hold=True), sign_the_impossible)
 
 
 class Silent(Script):

@@ -82,10 +82,8 @@ def capture() -> dict[str, dict[str, Any]]:
     captured: dict[str, dict[str, Any]] = {}
 
     async def runs(w: World) -> None:
-        w.script.hold = True
         async with w.operator():
-            w.apply(manifest())
-            await w.phase("Running")
+            await w.held_running()
             w.patch_spec("qwen", {"runPolicy": {"backoffLimit": 2}})  # mutable: observed within one pass
             await eventually(lambda: w.status().get("observedGeneration") == 2, message="the edit was not observed")
             w.script.hold = False
@@ -225,10 +223,7 @@ def test_no_phase_reads_healthy_or_current_unless_the_job_succeeded(
 def test_kubectl_wait_for_complete_failed_and_the_phase(apiserver: ThreadedApiServer, kubeconfig: Path) -> None:
     """Pipelines wait with the real kubectl: `--for=condition=Complete` returns once the job succeeded,
     `--for=condition=Failed` once another failed, `--for=jsonpath` on the phase."""
-    try:
-        k8s_tools.kubectl()
-    except k8s_tools.ToolsUnavailable as e:
-        pytest.skip(str(e))
+    k8s_tools.needed("kubectl")
 
     def wait(*args: str) -> Any:
         return asyncio.to_thread(k8s_tools.run_kubectl, kubeconfig, "wait", *args, check=False, timeout=120)

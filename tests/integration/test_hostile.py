@@ -29,9 +29,9 @@ from fsdp_operator.runtime.rayjobs import LOG_CHUNK, FakeJob, FakeRay
 from fsdp_operator.runtime.shared import Runtime
 from fsdp_train.contract.events import PREFIX, Placement, Step, Summary, Transport
 from support.broken_fold import fold_raises_on_step
-from support.chart_rbac import OPERATOR_AUTH
 from support.kopf_runner import eventually
-from test_operator import CLUSTERS, FAST, NAMESPACE, WATCHED, Script, World, manifest
+from support.running_job import placement
+from test_operator import CLUSTERS, FAST, NAMESPACE, WATCHED, Script, World, held_fallback_loop, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -42,10 +42,7 @@ FLOOD_STEPS = 10_000
 def _start_lines(world_size: int = 8) -> list[str]:
     lines = []
     for r in range(world_size):
-        placement = Placement(rank=r, world_size=world_size, local_rank=r % 4, local_world_size=4, node_rank=r // 4,
-                              node_ip=f"10.0.0.{r // 4 + 1}", hostname=f"h{r // 4}", pod=f"worker-{r // 4}",
-                              device="NVIDIA L4")  # fmt: skip
-        lines.append(RAY + placement.to_line())
+        lines.append(RAY + placement(r, world_size).to_line())
         lines.append(
             RAY + Transport(rank=r, transport="efa", evidence="NCCL INFO NET/OFI Selected provider is efa").to_line()
         )
@@ -234,8 +231,7 @@ def test_a_pass_that_raises_becomes_a_condition_and_the_log_moves_on(
     moves past the line, later passes go on and the condition turns False."""
     fold_raises_on_step(monkeypatch, 2)
     w = World(apiserver, Script(steps=3))
-    runtime = Runtime(FAST, kube=w.kube(), ray=w.ray.client)
-    loop = JobLoop(runtime, NAMESPACE, "qwen", logging.getLogger(__name__))
+    loop = w.loop()
     seen: list[dict[str, Any]] = []
 
     def until() -> bool:
@@ -267,9 +263,7 @@ class RefusesBigStatus(AioKube):
 
 
 def test_a_refused_status_write_still_stops_the_job_and_lands_the_transition(apiserver: ThreadedApiServer) -> None:
-    w = World(apiserver, Script(transport=lambda rank: "efa" if rank < 4 else "socket", hold=True))
-    kube = RefusesBigStatus(apiserver.url, headers=dict(OPERATOR_AUTH), timeout=FAST.kube_timeout)
-    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    w, kube, loop = held_fallback_loop(apiserver, RefusesBigStatus)
     w.apply(manifest(runPolicy={"cleanup": "Keep"}))
     run_loop(w, loop, lambda: w.status().get("phase") == "Failed")
     status = w.status()
@@ -282,8 +276,7 @@ def test_a_refused_status_write_still_stops_the_job_and_lands_the_transition(api
 
 def test_an_over_long_line_is_skipped_and_the_log_read_in_chunks(apiserver: ThreadedApiServer) -> None:
     w = World(apiserver, Script(steps=2, hold=True))
-    runtime = Runtime(FAST, kube=w.kube(), ray=w.ray.client)
-    loop = JobLoop(runtime, NAMESPACE, "qwen", logging.getLogger(__name__))
+    loop = w.loop()
     w.apply(manifest(steps=2))
     run_loop(w, loop, lambda: w.status().get("progress", {}).get("step") == 1)
     sid = w.sid(1)
@@ -313,10 +306,7 @@ def test_a_raycluster_the_operator_did_not_create_is_never_touched(apiserver: Th
                      {"name": "w", "image": "x", "resources": {"limits": {"cpu": "1"}}}]}}}]},
     }  # fmt: skip
     w.call("POST", CLUSTERS, foreign)
-    loop = JobLoop(
-        Runtime(FAST, kube=w.kube(), ray=w.ray.client),
-        NAMESPACE, "qwen", logging.getLogger(__name__),
-    )  # fmt: skip
+    loop = w.loop()
     w.apply(manifest())
     run_loop(w, loop, lambda: w.status().get("phase") == "Failed")
     status = w.status()
@@ -334,10 +324,7 @@ def test_a_token_secret_someone_else_made_is_never_used(apiserver: ThreadedApiSe
               "metadata": {"name": render.auth_secret_name("qwen"), "namespace": NAMESPACE},
               "data": {"token": base64.b64encode(b"known-to-the-attacker").decode()}}  # fmt: skip
     w.call("POST", f"/api/v1/namespaces/{NAMESPACE}/secrets", secret)
-    loop = JobLoop(
-        Runtime(FAST, kube=w.kube(), ray=w.ray.client),
-        NAMESPACE, "qwen", logging.getLogger(__name__),
-    )  # fmt: skip
+    loop = w.loop()
     w.apply(manifest())
     run_loop(w, loop, lambda: w.status().get("phase") == "Failed")
     status = w.status()
@@ -347,10 +334,7 @@ def test_a_token_secret_someone_else_made_is_never_used(apiserver: ThreadedApiSe
 
 def test_each_job_gets_an_owned_token_secret_and_network_policy(apiserver: ThreadedApiServer) -> None:
     w = World(apiserver, Script(steps=2))
-    loop = JobLoop(
-        Runtime(FAST, kube=w.kube(), ray=w.ray.client),
-        NAMESPACE, "qwen", logging.getLogger(__name__),
-    )  # fmt: skip
+    loop = w.loop()
     uid = w.apply(manifest(steps=2, runPolicy={"cleanup": "Keep"}))["metadata"]["uid"]
     run_loop(w, loop, lambda: w.status().get("phase") == "Succeeded")
     assert w.status()["phase"] == "Succeeded"
@@ -383,8 +367,7 @@ def test_a_job_whose_raycluster_etcd_would_refuse_fails_before_anything_is_creat
     """128 variables of 10 KB: the job (1.3 MB) is stored, but its RayCluster, which sets them in the head and in
     the workers, is 2.6 MB, over etcd's 1.5 MiB. Without the check the operator retried its creation forever."""
     w = World(apiserver, Script())
-    runtime = Runtime(FAST, kube=w.kube(), ray=w.ray.client)
-    loop = JobLoop(runtime, NAMESPACE, "qwen", logging.getLogger(__name__))
+    loop = w.loop()
     w.apply(manifest(env=[{"name": f"V{i}", "value": "x" * 10240} for i in range(128)]))  # type: ignore[arg-type]
     run_loop(w, loop, lambda: w.status().get("phase") == "Failed")
     status = w.status()

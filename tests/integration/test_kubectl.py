@@ -7,26 +7,29 @@ import json
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from fsdp_operator.local.server import ThreadedApiServer
 from support.crds import widget, widget_crd
-from support.k8s_tools import REPO, ToolsUnavailable, helm, kubectl, run_kubectl
+from support.k8s_tools import REPO, helm, needed, run_kubectl
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _tools() -> None:
-    try:
-        kubectl()
-    except ToolsUnavailable as e:
-        pytest.skip(str(e))
+    needed("kubectl")
 
 
 def _header(output: str) -> list[str]:
     return output.splitlines()[0].split()
+
+
+def patch_w1(kubeconfig: Path, kind: str, patch: Any, *flags: str) -> None:
+    """`kubectl patch wd w1 --type=KIND -p PATCH FLAGS...`."""
+    run_kubectl(kubeconfig, "patch", "wd", "w1", f"--type={kind}", "-p", json.dumps(patch), *flags)
 
 
 def _row(output: str, name: str) -> list[str]:
@@ -56,53 +59,20 @@ def test_kubectl_custom_resource_lifecycle(apiserver: ThreadedApiServer, kubecon
     assert _header(listing) == ["NAME", "PHASE", "REPLICAS", "AGE"]
     assert _row(listing, "w1")[1] == "2"  # no phase yet: the PHASE cell is empty
 
-    run_kubectl(
-        kubeconfig,
-        "patch",
-        "wd",
-        "w1",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"phase": "Ready"}}),
-    )
+    patch_w1(kubeconfig, "merge", {"status": {"phase": "Ready"}}, "--subresource=status")
     assert _row(run_kubectl(kubeconfig, "get", "wd").stdout, "w1")[1:3] == ["Ready", "2"]
     assert _row(run_kubectl(kubeconfig, "get", "fsdp").stdout, "w1")[1] == "Ready"  # by category
     # The main endpoint ignores status; spec edits bump the generation.
-    run_kubectl(
-        kubeconfig,
-        "patch",
-        "wd",
-        "w1",
-        "--type=merge",
-        "-p",
-        json.dumps({"spec": {"replicas": 3}, "status": {"phase": "Ignored"}}),
-    )
+    patch_w1(kubeconfig, "merge", {"spec": {"replicas": 3}, "status": {"phase": "Ignored"}})
     obj = json.loads(run_kubectl(kubeconfig, "get", "wd", "w1", "-o", "json").stdout)
     assert (obj["spec"]["replicas"], obj["status"]["phase"], obj["metadata"]["generation"]) == (3, "Ready", 2)
 
     # A finalizer holds the deletion until it is removed.
-    run_kubectl(
-        kubeconfig,
-        "patch",
-        "wd",
-        "w1",
-        "--type=merge",
-        "-p",
-        json.dumps({"metadata": {"finalizers": ["example.fsdp.dev/hold"]}}),
-    )
+    patch_w1(kubeconfig, "merge", {"metadata": {"finalizers": ["example.fsdp.dev/hold"]}})
     run_kubectl(kubeconfig, "delete", "wd", "w1", "--wait=false")
     held = json.loads(run_kubectl(kubeconfig, "get", "wd", "w1", "-o", "json").stdout)
     assert held["metadata"]["deletionTimestamp"]
-    run_kubectl(
-        kubeconfig,
-        "patch",
-        "wd",
-        "w1",
-        "--type=json",
-        "-p",
-        json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]),
-    )
+    patch_w1(kubeconfig, "json", [{"op": "remove", "path": "/metadata/finalizers"}])
     assert "No resources found" in run_kubectl(kubeconfig, "get", "widgets").stderr
     assert apiserver.store.find("widgets", "example.fsdp.dev") == []
 

@@ -108,6 +108,15 @@ def queued(name: str, **sections: Any) -> dict[str, Any]:
     return m
 
 
+async def second_queued_behind_first(w: QueueWorld, hold_first_at: int) -> None:
+    """`first` runs (its ranks held before step `hold_first_at`) and takes the quota; `second` then waits Queued."""
+    w.checkpoints.hold_at["first"] = hold_first_at
+    w.apply(queued("first"))
+    await w.phase("Running", name="first")
+    w.apply(queued("second"))
+    await w.phase("Queued", name="second")
+
+
 def run(world: QueueWorld, body: Any) -> None:
     async def main() -> None:
         async with world.world():
@@ -118,12 +127,9 @@ def run(world: QueueWorld, body: Any) -> None:
 
 def test_a_quota_of_8_gpus_runs_one_of_two_8_gpu_jobs_and_queues_the_other(apiserver: ThreadedApiServer) -> None:
     async def body(w: QueueWorld) -> None:
-        w.checkpoints.hold_at["first"] = 2
         async with w.operator():
-            w.apply(queued("first"))
-            await w.phase("Running", name="first")
-            w.apply(queued("second"))
-            status = await w.phase("Queued", "Queued", name="second")
+            await second_queued_behind_first(w, hold_first_at=2)
+            await w.phase("Queued", "Queued", name="second")
             await eventually(lambda: PENDING_MESSAGE in w.status("second").get("message", ""))
             status = w.status("second")
             # Kueue's own words, where it waits, and since when; its RayCluster exists, suspended, without pods.
@@ -209,12 +215,8 @@ def test_a_user_suspend_of_a_queued_job_deletes_its_cluster_and_resume_queues_it
     apiserver: ThreadedApiServer,
 ) -> None:
     async def body(w: QueueWorld) -> None:
-        w.checkpoints.hold_at["first"] = 1
         async with w.operator():
-            w.apply(queued("first"))
-            await w.phase("Running", name="first")
-            w.apply(queued("second"))
-            await w.phase("Queued", name="second")
+            await second_queued_behind_first(w, hold_first_at=1)
             w.patch_spec("second", {"runPolicy": {"suspend": True}})
             await w.phase("Suspended", name="second")
             await eventually(lambda: all(c["metadata"]["name"] != "second-ray" for c in w.clusters()))

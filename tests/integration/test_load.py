@@ -39,13 +39,14 @@ from fsdp_operator.runtime.kube import AioKube
 from fsdp_operator.runtime.rayjobs import FakeJob, FakeRay
 from fsdp_operator.runtime.settings import OperatorConfig
 from fsdp_operator.runtime.shared import Runtime
-from fsdp_train.contract.events import Placement, Step, Summary, Transport
+from fsdp_train.contract.events import Step, Summary, Transport
 from integration.test_operator import EFA_LINE, manifest
 from support.apiserver_process import ApiServerProcess
 from support.chart_rbac import ACCOUNT, ADMIN_AUTH, OPERATOR_AUTH, OPERATOR_TOKEN, rendered_rbac
 from support.collector import collector_pauses, paused_within
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import kopf_operator
+from support.running_job import placement
 
 pytestmark = [pytest.mark.integration]
 
@@ -70,10 +71,7 @@ class LoadScript:
         yield
         # Every rank of the job's world (2 g6.12xlarge workers, 4 GPUs each) reports: under requireEFA a rank
         # without a verified transport fails the job.
-        ray.emit(sid, *(Placement(rank=r, world_size=WORLD, local_rank=r % 4, local_world_size=4, node_rank=r // 4,
-                                  node_ip=f"10.0.0.{r // 4 + 1}", hostname=f"h{r // 4}", pod=f"w{r // 4}",
-                                  device="L4").to_line()
-                        for r in range(WORLD)))  # fmt: skip
+        ray.emit(sid, *(placement(r, WORLD, pod="w{node}", device="L4").to_line() for r in range(WORLD)))
         ray.emit(sid, *(Transport(rank=r, transport="efa", evidence=EFA_LINE).to_line() for r in range(WORLD)))
         yield
         for step in range(1, STEPS + 1):

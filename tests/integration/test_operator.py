@@ -11,9 +11,10 @@ import base64
 import contextlib
 import dataclasses
 import json
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 import pytest
@@ -22,21 +23,24 @@ from fsdp_operator.api import generate, render, schema
 from fsdp_operator.api.spec import parse_job
 from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.server import ThreadedApiServer
+from fsdp_operator.runtime.controller import JobLoop
 from fsdp_operator.runtime.handlers import build_registry
 from fsdp_operator.runtime.job_secret import with_event_key
 from fsdp_operator.runtime.kube import AioKube
 from fsdp_operator.runtime.rayjobs import RAY_FAILED, FakeJob, FakeRay
 from fsdp_operator.runtime.settings import OperatorConfig
 from fsdp_operator.runtime.shared import Runtime
-from fsdp_train.contract.events import Placement, Step, Summary, Transport
+from fsdp_train.contract.events import Step, Summary, Transport
 from support import chart_rbac
 from support.chart_rbac import ACCOUNT, ADMIN_AUTH, OPERATOR_AUTH, OPERATOR_TOKEN
 from support.fake_kuberay import FakeKubeRay
 from support.kopf_runner import eventually, kopf_operator
+from support.running_job import placement
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 NAMESPACE = "default"
+Kube = TypeVar("Kube", bound=AioKube)
 JOBS = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{NAMESPACE}/{schema.PLURAL}"
 CLUSTERS = f"/apis/ray.io/v1/namespaces/{NAMESPACE}/rayclusters"
 FAST = OperatorConfig(
@@ -78,17 +82,7 @@ class Script:
             sid,
             *(
                 f"(RayTrainWorker pid={100 + r}, ip=10.0.0.{r // 4 + 1}) "
-                + Placement(
-                    rank=r,
-                    world_size=self.world_size,
-                    local_rank=r % 4,
-                    local_world_size=4,
-                    node_rank=r // 4,
-                    node_ip=f"10.0.0.{r // 4 + 1}",
-                    hostname=f"host-{r // 4}",
-                    pod=f"worker-{r // 4}",
-                    device="NVIDIA L4",
-                ).to_line()
+                + placement(r, self.world_size, hostname="host-{node}").to_line()
                 for r in range(self.world_size)
             ),
         )
@@ -136,9 +130,15 @@ class World:
             assert response.status_code == 201, response.text
 
     # --- the operator ---
-    def kube(self, timeout: float = FAST.kube_timeout) -> AioKube:
-        """The operator's client, as the chart's ServiceAccount."""
-        return AioKube(self.api.url, headers=dict(OPERATOR_AUTH), timeout=timeout)
+    def kube(self, timeout: float = FAST.kube_timeout, client: type[Kube] = AioKube) -> Kube:  # type: ignore[assignment]
+        """The operator's client (`client`: the real one, or a test's subclass of it), as the chart's
+        ServiceAccount."""
+        return client(self.api.url, headers=dict(OPERATOR_AUTH), timeout=timeout)
+
+    def loop(self, kube: AioKube | None = None, name: str = "qwen") -> JobLoop:
+        """One job's loop of the operator, outside kopf: through `kube` (by default `kube()`) and the fake Ray."""
+        runtime = Runtime(FAST, kube=kube or self.kube(), ray=self.ray.client)
+        return JobLoop(runtime, NAMESPACE, name, logging.getLogger(__name__))
 
     def kopf(self, registry: kopf.OperatorRegistry, **kwargs: Any) -> contextlib.AbstractAsyncContextManager[None]:
         """kopf, as the chart's ServiceAccount, watching what the chart lets it watch."""
@@ -203,6 +203,13 @@ class World:
         events = [e for e in self.api.store.find("events") if e["involvedObject"]["name"] == name]
         return [e["reason"] for e in sorted(events, key=lambda e: int(e["metadata"]["resourceVersion"]))]
 
+    async def held_running(self, m: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Apply the job (`manifest()` by default), its ranks held after their first step, and wait until it runs:
+        its status then."""
+        self.script.hold = True
+        self.apply(m or manifest())
+        return await self.phase("Running")
+
     async def phase(
         self, phase: str, reason: str | None = None, *, name: str = "qwen", timeout: float = 60
     ) -> dict[str, Any]:
@@ -256,6 +263,19 @@ class World:
     def assert_no_duplicates(self, clusters: int = 1, submissions: int = 1) -> None:
         assert len(self.kuberay.seen_uids) == clusters, self.kuberay.seen_uids
         assert len(self.ray.created) == submissions == len(set(self.ray.created)), self.ray.created
+
+
+def falls_back_to_sockets(rank: int) -> str:
+    """The transport of each rank of a job that fell back: ranks 0-3 (the first node) on EFA, the others on sockets."""
+    return "efa" if rank < 4 else "socket"
+
+
+def held_fallback_loop(api: ThreadedApiServer, client: type[Kube]) -> tuple[World, Kube, JobLoop]:
+    """A world whose job falls back to sockets (its ranks held, so the job stays running), and the operator's loop
+    for it through `client`, a test's subclass of the real client."""
+    w = World(api, Script(transport=falls_back_to_sockets, hold=True))
+    kube = w.kube(client=client)
+    return w, kube, w.loop(kube)
 
 
 def scenario(api: ThreadedApiServer, body: Callable[[World], Any], script: Script | None = None) -> World:
@@ -479,10 +499,8 @@ def test_backoff_retries_with_a_new_submission_on_the_same_cluster(apiserver: Th
 
 def test_cluster_deleted_behind_the_operators_back(apiserver: ThreadedApiServer) -> None:
     async def body(w: World) -> None:
-        w.script.hold = True
         async with w.operator():
-            w.apply(manifest())
-            await w.phase("Running")
+            await w.held_running()
             w.delete(f"{CLUSTERS}/qwen-ray")
             status = await w.phase("Failed", "ClusterLost")
             assert "qwen-ray was deleted" in status["message"] or "is being deleted" in status["message"]
@@ -506,7 +524,7 @@ def test_socket_fallback_fails_the_job_promptly(apiserver: ThreadedApiServer) ->
             assert conditions["TransportVerified"]["status"] == "False"
         assert {"TransportFallback", "SocketFallback"} <= set(w.event_reasons())
 
-    scenario(apiserver, body, Script(transport=lambda rank: "efa" if rank < 4 else "socket"))
+    scenario(apiserver, body, Script(transport=falls_back_to_sockets))
 
 
 def test_socket_fallback_without_require_efa_keeps_running_with_a_warning(apiserver: ThreadedApiServer) -> None:
@@ -524,7 +542,7 @@ def test_socket_fallback_without_require_efa_keeps_running_with_a_warning(apiser
             await w.phase("Succeeded")
         assert w.ray.stopped == []
 
-    scenario(apiserver, body, Script(transport=lambda rank: "efa" if rank < 4 else "socket"))
+    scenario(apiserver, body, Script(transport=falls_back_to_sockets))
 
 
 # --- suspend, delete -------------------------------------------------------------------------------------
@@ -532,10 +550,8 @@ def test_socket_fallback_without_require_efa_keeps_running_with_a_warning(apiser
 
 def test_suspend_and_resume(apiserver: ThreadedApiServer) -> None:
     async def body(w: World) -> None:
-        w.script.hold = True
         async with w.operator():
-            w.apply(manifest())
-            await w.phase("Running")
+            await w.held_running()
             w.patch_spec("qwen", {"runPolicy": {"suspend": True}})
             await w.phase("Suspended", "Suspended")
             await eventually(lambda: w.ray.stopped == [w.sid(1)], message="the Ray job was not stopped")

@@ -19,10 +19,7 @@ NAME = "qwen25-1p5b-efa"
 
 
 def test_apply_get_delete_with_kubectl(apiserver: ThreadedApiServer, kubeconfig: Path) -> None:
-    try:
-        k8s_tools.kubectl()
-    except k8s_tools.ToolsUnavailable as e:
-        pytest.skip(str(e))
+    k8s_tools.needed("kubectl")
 
     async def kubectl(*args: str) -> str:
         result = await asyncio.to_thread(k8s_tools.run_kubectl, kubeconfig, *args)
@@ -61,10 +58,7 @@ def test_apply_get_delete_with_kubectl(apiserver: ThreadedApiServer, kubeconfig:
 
 def test_kubectl_wait_for_complete_and_failed(apiserver: ThreadedApiServer, kubeconfig: Path) -> None:
     """What people script against batch/v1 Jobs works here: `kubectl wait --for=condition=Complete|Failed`."""
-    try:
-        k8s_tools.kubectl()
-    except k8s_tools.ToolsUnavailable as e:
-        pytest.skip(str(e))
+    k8s_tools.needed("kubectl")
     from test_operator import manifest
 
     async def kubectl(*args: str, check: bool = True) -> tuple[int, str]:

@@ -24,7 +24,8 @@ from fsdp_operator.runtime.kube import AioKube, KubeError
 from fsdp_operator.runtime.rayjobs import RayJobsClient, RayUnavailable
 from fsdp_operator.runtime.shared import Runtime
 from support.chart_rbac import OPERATOR_AUTH
-from test_operator import CLUSTERS, FAST, NAMESPACE, Script, World, manifest
+from support.kopf_runner import Stopped
+from test_operator import CLUSTERS, FAST, NAMESPACE, World, held_fallback_loop, manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -46,9 +47,7 @@ class RefusesFirstFailedWrite(AioKube):
 
 def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: ThreadedApiServer) -> None:
     """The pass whose write failed did not act: the next pass must still stop the Ray job and post the event."""
-    w = World(apiserver, Script(transport=lambda rank: "efa" if rank < 4 else "socket", hold=True))
-    kube = RefusesFirstFailedWrite(apiserver.url, headers=dict(OPERATOR_AUTH), timeout=FAST.kube_timeout)
-    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    w, kube, loop = held_fallback_loop(apiserver, RefusesFirstFailedWrite)
 
     async def main() -> None:
         async with w.kuberay.running():
@@ -98,9 +97,7 @@ class RefusesEveryStatus(AioKube):
 
 def test_a_status_refused_in_every_form_still_stops_the_ray_job(apiserver: ThreadedApiServer) -> None:
     """Nothing can be recorded (not even the status without per-rank detail): the Ray job must stop all the same."""
-    w = World(apiserver, Script(transport=lambda rank: "efa" if rank < 4 else "socket", hold=True))
-    kube = RefusesEveryStatus(apiserver.url, headers=dict(OPERATOR_AUTH), timeout=FAST.kube_timeout)
-    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    w, kube, loop = held_fallback_loop(apiserver, RefusesEveryStatus)
 
     async def main() -> None:
         async with w.kuberay.running():
@@ -172,7 +169,7 @@ def test_a_failed_terminal_write_deletes_no_cluster_before_it_is_recorded(
     decide from the stored `Running` and read the missing cluster as lost (`Failed`/`ClusterLost`)."""
     w = World(apiserver)
     kube = FailsSucceededWrite(apiserver.url, lost=lost)
-    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    loop = w.loop(kube)
     w.apply(manifest())
     seen = step_until_final(w, loop, kube)
     status = w.status()
@@ -191,7 +188,7 @@ def test_a_terminal_status_that_landed_unseen_is_not_decided_again(apiserver: Th
         w.delete(f"{CLUSTERS}/qwen-ray")
 
     kube = FailsSucceededWrite(apiserver.url, lost=True, then=delete_cluster)
-    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    loop = w.loop(kube)
     w.apply(manifest(runPolicy={"cleanup": "Keep"}))
     seen = step_until_final(w, loop, kube)
     status = w.status()
@@ -227,7 +224,7 @@ def test_a_raycluster_is_created_only_after_what_it_needs(apiserver: ThreadedApi
     Ray's ports open."""
     w = World(apiserver)
     kube = FailsFirstCreate(apiserver.url, kind)
-    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    loop = w.loop(kube)
 
     async def main() -> None:
         async with w.kuberay.running():
@@ -268,7 +265,7 @@ def test_a_clusters_secret_and_network_policy_are_created_at_once(apiserver: Thr
     many jobs created at once each request waits its turn at the API server: docs/reliability.md, "Load")."""
     w = World(apiserver)
     kube = MeetsAtCreates(apiserver.url)
-    loop = JobLoop(Runtime(FAST, kube=kube, ray=w.ray.client), NAMESPACE, "qwen", logging.getLogger(__name__))
+    loop = w.loop(kube)
 
     async def main() -> None:
         w.apply(manifest())
@@ -322,20 +319,6 @@ def test_a_ray_head_that_never_answers_does_not_keep_a_thread() -> None:
             server.close()  # resets the queued connections, so a stuck thread ends and the loop can close
 
     asyncio.run(main())
-
-
-class Stopped:
-    """kopf's `DaemonStopped` as the loop uses it: false until set, and a bounded wait for it."""
-
-    def __init__(self) -> None:
-        self.flag = asyncio.Event()
-
-    def __bool__(self) -> bool:
-        return self.flag.is_set()
-
-    async def wait(self, timeout: float | None = None) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.flag.wait(), timeout)
 
 
 def test_later_passes_give_way_to_first_passes_for_a_bounded_time() -> None:

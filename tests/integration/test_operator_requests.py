@@ -65,10 +65,8 @@ def test_a_job_waiting_for_unschedulable_workers_reads_nothing_pass_after_pass(a
 
 def test_a_running_job_reads_nothing_from_the_api_server_pass_after_pass(apiserver: ThreadedApiServer) -> None:
     async def body(w: World) -> None:
-        w.script.hold = True
         async with w.operator() as runtime:
-            w.apply(manifest())
-            await w.phase("Running")
+            await w.held_running()
             made = await reads_over_passes(w, runtime)
             assert made == [], made  # before: GET job and GET RayCluster on every pass (50 here)
             w.script.hold = False

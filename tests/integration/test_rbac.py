@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
@@ -55,6 +56,39 @@ def secured_server(docs: list[dict[str, Any]], namespaces: tuple[str, ...] = ())
     api.store.create(crds, generate.crd())
     api.store.create(crds, RAYCLUSTER_CRD)
     return api, access
+
+
+def job_status(api: ThreadedApiServer, namespace: str) -> dict[str, Any]:
+    """The status of the (one) job in `namespace`, read from the store; empty while it has none, or once it is gone."""
+    found = api.store.find(schema.PLURAL, schema.GROUP, namespace)
+    return dict(found[0].get("status") or {}) if found else {}
+
+
+def operator_kube(api: ThreadedApiServer) -> AioKube:
+    """The operator's client, as the chart's ServiceAccount."""
+    return AioKube(api.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=FAST.kube_timeout)
+
+
+async def post_job_once_watched(api: ThreadedApiServer, namespace: str, job: dict[str, Any]) -> None:
+    """Once the operator watches the jobs (kopf's ready flag comes before its watches, as in test_operator's World),
+    an admin creates `job` in `namespace`."""
+    await eventually(
+        lambda: api.count("watch", schema.PLURAL, schema.GROUP) > 0,
+        message="the operator never started watching the jobs",
+    )
+    admin = requests.Session()
+    admin.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{namespace}/{schema.PLURAL}"
+    response = await asyncio.to_thread(admin.post, api.url + jobs, json=job)
+    assert response.status_code == 201, response.text
+
+
+def run_then_stop(api: ThreadedApiServer, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """`main()` to its end, then the API server stopped, whatever happened."""
+    try:
+        asyncio.run(main())
+    finally:
+        api.stop()
 
 
 @pytest.mark.parametrize("node_notices", [False, True], ids=["", "node-notices"])
@@ -235,22 +269,19 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
     kuberay = FakeKubeRay(api.url, ray)
     kuberay.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
     kuberay.ready_delay = 0.3  # Pending pods first: the operator asks why (pods, then scheduling events)
-    admin = requests.Session()
-    admin.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{job_namespace}/{schema.PLURAL}"
 
     def status() -> dict[str, Any]:
-        found = api.store.find(schema.PLURAL, schema.GROUP, job_namespace)
-        return dict(found[0].get("status") or {}) if found else {}
+        return job_status(api, job_namespace)
 
     def completed() -> bool:
         return any(e.get("reason") == "Completed" for e in api.store.find("events", None, job_namespace))
 
     async def main() -> None:
         async with kuberay.running():
-            kube = AioKube(api.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=FAST.kube_timeout)
             peering = "demo-fsdp-operator" if replicas > 1 else None
-            runtime = Runtime(replace(FAST, peering=peering), kube=kube, ray=ray.client, zones=FixedZone("us-east-1b"))
+            runtime = Runtime(
+                replace(FAST, peering=peering), kube=operator_kube(api), ray=ray.client, zones=FixedZone("us-east-1b")
+            )
             namespaces = None if watch_all else list(watched or [RELEASE_NAMESPACE])
             registry = build_registry(runtime, login=False)
             async with kopf_operator(registry, api.url, namespaces=namespaces, token=OPERATOR_TOKEN):
@@ -261,14 +292,8 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
                         lambda: any(p.get("status") for p in api.store.find(plural, "kopf.dev")),
                         message="the operator never wrote its heartbeat into the peering object",
                     )
-                # Ready means watching (as in test_operator's World): kopf's ready flag comes before its watches.
-                await eventually(
-                    lambda: api.count("watch", schema.PLURAL, schema.GROUP) > 0,
-                    message="the operator never started watching the jobs",
-                )
                 job = manifest(runPolicy={"ttlSecondsAfterFinished": 0}, placement={"availabilityZone": "auto"})
-                response = await asyncio.to_thread(admin.post, api.url + jobs, json=job)
-                assert response.status_code == 201, response.text
+                await post_job_once_watched(api, job_namespace, job)
                 try:
                     # With ttlSecondsAfterFinished: 0 the job may be gone before a poll sees it Succeeded: the
                     # Completed event outlives it.
@@ -286,10 +311,7 @@ def test_the_operator_runs_a_job_under_the_charts_rbac(
                     message="the job or its RayCluster was not deleted",
                 )
 
-    try:
-        asyncio.run(main())
-    finally:
-        api.stop()
+    run_then_stop(api, main)
     assert access.denied == [], f"403s: {access.denied}"
     made_calls = access.calls_by(ACCOUNT.name)
     made = {(verb, group, resource) for verb, group, resource, _ in made_calls}
@@ -318,37 +340,24 @@ def test_a_queued_job_runs_under_the_charts_rbac() -> None:
     kueue = FakeKueue(api.url, {"nvidia.com/gpu": "8"})
     for double in (kuberay, kueue):
         double.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-    admin = requests.Session()
-    admin.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{RELEASE_NAMESPACE}/{schema.PLURAL}"
     events: list[str] = []
 
     def status() -> dict[str, Any]:
-        found = api.store.find(schema.PLURAL, schema.GROUP, RELEASE_NAMESPACE)
-        return dict(found[0].get("status") or {}) if found else {}
+        return job_status(api, RELEASE_NAMESPACE)
 
     async def main() -> None:
         async with kuberay.running(), kueue.running():
-            kube = AioKube(api.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=FAST.kube_timeout)
-            runtime = Runtime(FAST, kube=kube, ray=ray.client)
+            runtime = Runtime(FAST, kube=operator_kube(api), ray=ray.client)
             registry = build_registry(runtime, login=False)
             async with kopf_operator(registry, api.url, namespaces=[RELEASE_NAMESPACE], token=OPERATOR_TOKEN):
-                await eventually(
-                    lambda: api.count("watch", schema.PLURAL, schema.GROUP) > 0,
-                    message="the operator never started watching the jobs",
-                )
                 job = manifest(network={"transport": "socket"})
                 job["spec"]["queueName"] = "team-a"
-                response = await asyncio.to_thread(admin.post, api.url + jobs, json=job)
-                assert response.status_code == 201, response.text
+                await post_job_once_watched(api, RELEASE_NAMESPACE, job)
                 await eventually(lambda: status().get("phase") == "Succeeded", timeout=60,
                                  message=f"the queued job did not succeed: {status()}")  # fmt: skip
                 events.extend(e["reason"] for e in api.store.find("events", None, RELEASE_NAMESPACE))
 
-    try:
-        asyncio.run(main())
-    finally:
-        api.stop()
+    run_then_stop(api, main)
     assert access.denied == [], f"403s: {access.denied}"
     made = {(verb, group, resource) for verb, group, resource, _ in access.calls_by(ACCOUNT.name)}
     assert calls.LIST_WORKLOADS.rule in made and "Admitted" in events, (made, events)
@@ -365,36 +374,23 @@ def test_a_create_the_api_server_refuses_is_named_in_the_jobs_status() -> None:
     ray = FakeRay(script=Script())
     kuberay = FakeKubeRay(api.url, ray)
     kuberay.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-    admin = requests.Session()
-    admin.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
-    jobs = f"/apis/{schema.GROUP}/{schema.VERSION}/namespaces/{RELEASE_NAMESPACE}/{schema.PLURAL}"
 
     def status() -> dict[str, Any]:
-        found = api.store.find(schema.PLURAL, schema.GROUP, RELEASE_NAMESPACE)
-        return dict(found[0].get("status") or {}) if found else {}
+        return job_status(api, RELEASE_NAMESPACE)
 
     async def main() -> None:
         async with kuberay.running():
-            kube = AioKube(api.url, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=FAST.kube_timeout)
-            runtime = Runtime(FAST, kube=kube, ray=ray.client, zones=FixedZone("us-east-1b"))
+            runtime = Runtime(FAST, kube=operator_kube(api), ray=ray.client, zones=FixedZone("us-east-1b"))
             registry = build_registry(runtime, login=False)
             async with kopf_operator(registry, api.url, namespaces=[RELEASE_NAMESPACE], token=OPERATOR_TOKEN):
-                await eventually(
-                    lambda: api.count("watch", schema.PLURAL, schema.GROUP) > 0,
-                    message="the operator never started watching the jobs",
-                )
-                response = await asyncio.to_thread(admin.post, api.url + jobs, json=manifest())
-                assert response.status_code == 201, response.text
+                await post_job_once_watched(api, RELEASE_NAMESPACE, manifest())
                 await eventually(
                     lambda: status().get("reason") == "CreateRefused",
                     timeout=60,
                     message="the refused create never reached the job's status",
                 )
 
-    try:
-        asyncio.run(main())
-    finally:
-        api.stop()
+    run_then_stop(api, main)
     found = status()
     assert found["phase"] == "Provisioning", found
     assert "the API server refused the job's Secret" in found["message"], found

@@ -20,7 +20,7 @@ from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD
 from fsdp_operator.local.server import ThreadedApiServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.k8s_tools import REPO, ToolsUnavailable, kubectl, run_kubectl
+from support.k8s_tools import REPO, needed, run_kubectl
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -41,10 +41,7 @@ TRICKY = [
 
 @pytest.fixture(scope="module", autouse=True)
 def _tools() -> None:
-    try:
-        kubectl()
-    except ToolsUnavailable as e:
-        pytest.skip(str(e))
+    needed("kubectl")
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from fsdp_operator.local.server import ApiServer, ThreadedApiServer
 from fsdp_operator.local.server.admission import OwnerReferencesPermissionEnforcement
@@ -34,10 +33,7 @@ RBAC_KINDS = {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
 
 @functools.cache
 def _render(watch_all: bool, replicas: int, watched: tuple[str, ...], node_notices: bool = False) -> str:
-    try:
-        helm = k8s_tools.helm()
-    except k8s_tools.ToolsUnavailable as e:
-        pytest.skip(str(e))
+    helm = k8s_tools.needed("helm")
     proc = subprocess.run(
         [str(helm), "template", "demo", str(CHART), "--namespace", RELEASE_NAMESPACE,
          "--set", "image.repository=registry.example.com/fsdp-operator",

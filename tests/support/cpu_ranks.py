@@ -1,7 +1,8 @@
 """Ranks of the training loop as plain processes on CPU, joined through a file store (no port to pick).
 
 `run_rank` is the target of a rank process (`support.rank_processes`): it joins a gloo group through a `FileStore`, runs
-`fsdp_train.run.loop.train` with the topology it is given and writes the events it printed to a file.
+`fsdp_train.run.loop.train` with the topology it is given and writes the events it printed to a file. `CPU_STEPS` are
+steps small enough for such ranks, and `printed` reads the events a rank in the test process printed.
 """
 
 from __future__ import annotations
@@ -9,7 +10,21 @@ from __future__ import annotations
 import contextlib
 import io
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
+    from fsdp_train.contract.events import Event
+
+CPU_STEPS: dict[str, Any] = {
+    "seq_len": 16,
+    "batch_size_per_rank": 2,
+    "grad_accum": 2,
+    "learning_rate": 1e-3,
+    "lr_schedule": "constant",
+    "mixed_precision": "fp32",
+}
+"""Steps of the loop small enough for CPU ranks in a unit test: 16-token sequences, two micro-batches of two, fp32."""
 
 
 def run_rank(rank: int, world_size: int, ranks_per_node: int, store: str, train: dict[str, Any], out: str) -> None:
@@ -37,3 +52,10 @@ def run_rank(rank: int, world_size: int, ranks_per_node: int, store: str, train:
     finally:
         Path(out).write_text(printed.getvalue())
         dist.destroy_process_group()
+
+
+def printed(capsys: pytest.CaptureFixture[str]) -> list[Event]:
+    """The events this process printed since pytest's capture (`capsys`) was last read: a rank run in the test."""
+    from fsdp_train.contract.events import parse_lines
+
+    return list(parse_lines(capsys.readouterr().out.splitlines()))

@@ -17,53 +17,58 @@ KIND = "Widget"
 API_VERSION = f"{GROUP}/{VERSION}"
 
 
-def widget_crd() -> dict[str, Any]:
+def namespaced_crd(
+    group: str, version: str, names: dict[str, Any], columns: list[dict[str, str]], schema: dict[str, Any]
+) -> dict[str, Any]:
+    """A namespaced CRD of one version, served and stored, with a status subresource and printer columns."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{names['plural']}.{group}"},
         "spec": {
-            "group": GROUP,
+            "group": group,
             "scope": "Namespaced",
-            "names": {
-                "plural": PLURAL,
-                "singular": "widget",
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "shortNames": ["wd"],
-                "categories": ["fsdp"],
-            },
+            "names": names,
             "versions": [
                 {
-                    "name": VERSION,
+                    "name": version,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {
-                                "spec": {
-                                    "type": "object",
-                                    "properties": {
-                                        "replicas": {"type": "integer", "minimum": 0},
-                                        "size": {"type": "string", "enum": ["small", "large"]},
-                                        "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                                    },
-                                },
-                                "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                            },
-                        }
-                    },
+                    "additionalPrinterColumns": columns,
+                    "schema": {"openAPIV3Schema": schema},
                 }
             ],
         },
     }
+
+
+def widget_crd() -> dict[str, Any]:
+    names = {
+        "plural": PLURAL,
+        "singular": "widget",
+        "kind": KIND,
+        "listKind": f"{KIND}List",
+        "shortNames": ["wd"],
+        "categories": ["fsdp"],
+    }
+    columns = [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    spec = {
+        "type": "object",
+        "properties": {
+            "replicas": {"type": "integer", "minimum": 0},
+            "size": {"type": "string", "enum": ["small", "large"]},
+            "extra": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        },
+    }
+    status = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return namespaced_crd(
+        GROUP, VERSION, names, columns, {"type": "object", "properties": {"spec": spec, "status": status}}
+    )
 
 
 def widget(name: str, replicas: int = 1, namespace: str = "default", **spec: Any) -> dict[str, Any]:

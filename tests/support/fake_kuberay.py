@@ -149,21 +149,26 @@ class FakeKubeRay:
         return True
 
     async def _cluster_event(self, c: _Cluster, reason: str, message: str) -> None:
+        involved = {
+            "kind": "RayCluster",
+            "name": c.name,
+            "namespace": c.namespace,
+            "apiVersion": "ray.io/v1",
+            "uid": c.uid,
+        }
+        await self._warn(c, c.name, involved, reason, message, "raycluster-controller")
+
+    async def _warn(self, c: _Cluster, about: str, involved: Obj, reason: str, message: str, component: str) -> None:
+        """A Warning Event about `involved` (named `about`), as `component` of a cluster posts one."""
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{c.name}.", "namespace": c.namespace},
-            "involvedObject": {
-                "kind": "RayCluster",
-                "name": c.name,
-                "namespace": c.namespace,
-                "apiVersion": "ray.io/v1",
-                "uid": c.uid,
-            },
+            "metadata": {"generateName": f"{about}.", "namespace": c.namespace},
+            "involvedObject": involved,
             "reason": reason,
             "message": message,
             "type": "Warning",
-            "source": {"component": "raycluster-controller"},
+            "source": {"component": component},
             "firstTimestamp": _now(),
             "lastTimestamp": _now(),
             "count": 1,
@@ -304,20 +309,8 @@ class FakeKubeRay:
         self.ray.tokens[c.address] = base64.b64decode(encoded).decode() if encoded else "\0missing"
 
     async def _failed_scheduling(self, c: _Cluster, pod: str) -> None:
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{pod}.", "namespace": c.namespace},
-            "involvedObject": {"kind": "Pod", "name": pod, "namespace": c.namespace, "apiVersion": "v1"},
-            "reason": "FailedScheduling",
-            "message": self.unschedulable,
-            "type": "Warning",
-            "source": {"component": "default-scheduler"},
-            "firstTimestamp": _now(),
-            "lastTimestamp": _now(),
-            "count": 1,
-        }
-        await self._request("POST", f"/api/v1/namespaces/{c.namespace}/events", event)
+        involved = {"kind": "Pod", "name": pod, "namespace": c.namespace, "apiVersion": "v1"}
+        await self._warn(c, pod, involved, "FailedScheduling", self.unschedulable, "default-scheduler")
 
     async def _make_ready(self, c: _Cluster, rc: Obj) -> None:
         group = rc["spec"]["workerGroupSpecs"][0]

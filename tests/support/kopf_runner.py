@@ -127,3 +127,19 @@ async def eventually(
         if loop.time() > deadline:
             raise AssertionError(message or f"condition not met within {timeout} s")
         await asyncio.sleep(interval)
+
+
+class Stopped:
+    """kopf's daemon stop flag (`DaemonStopped`) as `JobLoop.run` uses it: false until `flag` is set, and a wait for
+    it bounded by `timeout`."""
+
+    def __init__(self) -> None:
+        self.flag = asyncio.Event()
+
+    def __bool__(self) -> bool:
+        return self.flag.is_set()
+
+    async def wait(self, timeout: float | None = None) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.flag.wait(), timeout)
+        return self.flag.is_set()

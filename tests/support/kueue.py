@@ -37,6 +37,7 @@ import aiohttp
 from fsdp_operator.api.formats import parse_quantity
 
 from support.background import every
+from support.crds import namespaced_crd
 
 Obj = dict[str, Any]
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta1"
@@ -45,42 +46,22 @@ PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 RAYCLUSTERS = "/apis/ray.io/v1/rayclusters"
 
-WORKLOAD_CRD: Obj = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": f"workloads.{GROUP}"},
-    "spec": {
-        "group": GROUP,
-        "scope": "Namespaced",
-        "names": {"kind": "Workload", "listKind": "WorkloadList", "plural": "workloads", "singular": "workload"},
-        "versions": [
-            {
-                "name": VERSION,
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": [
-                    {"name": "Queue", "type": "string", "jsonPath": ".spec.queueName"},
-                    {"name": "Reserved in", "type": "string", "jsonPath": ".status.admission.clusterQueue"},
-                    {
-                        "name": "Admitted",
-                        "type": "string",
-                        "jsonPath": ".status.conditions[?(@.type=='Admitted')].status",
-                    },
-                ],
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                            "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                        },
-                    }
-                },
-            }
-        ],
+WORKLOAD_CRD: Obj = namespaced_crd(
+    GROUP,
+    VERSION,
+    {"kind": "Workload", "listKind": "WorkloadList", "plural": "workloads", "singular": "workload"},
+    [
+        {"name": "Queue", "type": "string", "jsonPath": ".spec.queueName"},
+        {"name": "Reserved in", "type": "string", "jsonPath": ".status.admission.clusterQueue"},
+        {"name": "Admitted", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Admitted')].status"},
+    ],
+    {
+        "type": "object",
+        "properties": {
+            key: {"type": "object", "x-kubernetes-preserve-unknown-fields": True} for key in ("spec", "status")
+        },
     },
-}
+)
 
 
 def _now() -> str:

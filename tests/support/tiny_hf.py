@@ -9,40 +9,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-EOS, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+from fsdp_operator.local.model import CHAT_TEMPLATE, EOS, IM_END, IM_START, PHRASES, sample_documents
 
-# ChatML, as the Qwen2.5 models render conversations.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-
-# Fixed phrases: inside a phrase every next token is certain, between phrases it is one of 16.
-PHRASES = [
-    "the red fox jumps over the lazy dog",
-    "a green frog sits on a wet stone",
-    "seven small birds sing in the old tree",
-    "my blue car needs new tyres today",
-    "the quick brown cat sleeps all day long",
-    "we count one two three four five six",
-    "rain falls softly on the quiet town",
-    "bread and butter make a good breakfast",
-    "she reads a long book by the window",
-    "the river runs fast after the storm",
-    "cold winds blow over the high hills",
-    "he plants tomatoes in the spring garden",
-    "old clocks tick in the empty hall",
-    "bright stars shine above the dark sea",
-    "children play football in the park",
-    "the baker sells warm bread each morning",
-]
-
-
-def documents(count: int, seed: int = 0) -> list[str]:
-    rng = random.Random(seed)
-    return [" . ".join(rng.choice(PHRASES) for _ in range(rng.randint(2, 5))) + " ." for _ in range(count)]
+# The fixed phrases (inside a phrase every next token is certain, between phrases it is one of 16), ChatML and the
+# documents of repeated phrases are those `fsdpctl local make-model` trains on.
+documents = sample_documents
 
 
 def conversations(count: int, seed: int = 0) -> list[list[dict[str, str]]]:
@@ -60,8 +31,9 @@ def conversations(count: int, seed: int = 0) -> list[list[dict[str, str]]]:
     return out
 
 
-def train_tokenizer(directory: Path, vocab_size: int = 500) -> Any:
-    """A byte-level BPE trained on the phrases, saved in Hugging Face format with EOS and ChatML."""
+def byte_level_bpe(texts: list[str], vocab_size: int, special_tokens: tuple[str, ...] = (EOS,)) -> Any:
+    """A GPT-2-style byte-level BPE (digits stay together) trained on `texts`, as transformers' fast tokenizer with EOS
+    as its padding."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -70,12 +42,17 @@ def train_tokenizer(directory: Path, vocab_size: int = 500) -> Any:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[EOS, IM_START, IM_END],
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+
+
+def train_tokenizer(directory: Path, vocab_size: int = 500) -> Any:
+    """A byte-level BPE trained on the phrases, saved in Hugging Face format with EOS and ChatML."""
     corpus = [*PHRASES, "you repeat phrases", "system user assistant", *(" ".join(p.split()[::-1]) for p in PHRASES)]
-    tok.train_from_iterator(corpus * 4, trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    hf = byte_level_bpe(corpus * 4, vocab_size, (EOS, IM_START, IM_END))
     hf.chat_template = CHAT_TEMPLATE
     directory.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(directory)
@@ -91,6 +68,17 @@ TINY_QWEN2 = {
     "max_position_embeddings": 512,
     "tie_word_embeddings": True,
 }
+
+
+TINY_OVERRIDES = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+}
+"""`model_overrides` that make the default model (Qwen2.5's architecture, random weights) tiny, for CPU ranks."""
 
 
 def save_tiny_model(directory: Path, vocab_size: int = 512, seed: int = 0, **overrides: Any) -> Path:

@@ -27,6 +27,17 @@ def cond(status: JobStatus, type_: str) -> dict[str, object]:
     return found
 
 
+# The conditions that say how one attempt went: a new attempt starts without them.
+OF_AN_ATTEMPT = {
+    "TransportVerified",
+    "InterconnectHealthy",
+    "EventsAuthentic",
+    "Progressing",
+    "Straggler",
+    "TrackingHealthy",
+}
+
+
 def test_every_condition_type_has_a_rule() -> None:
     assert set(CONDITIONS) == set(ConditionType)
     assert [t for t, rule in CONDITIONS.items() if rule.set_once] == ["Complete", "Failed"]
@@ -38,14 +49,7 @@ def test_every_condition_type_has_a_rule() -> None:
         "TrackingHealthy",
     }
     assert {t for t, rule in CONDITIONS.items() if rule.warning_when_true} == {"Straggler"}
-    assert {t for t, rule in CONDITIONS.items() if rule.resets_on_new_attempt} == {
-        "TransportVerified",
-        "InterconnectHealthy",
-        "EventsAuthentic",
-        "Progressing",
-        "Straggler",
-        "TrackingHealthy",
-    }
+    assert {t for t, rule in CONDITIONS.items() if rule.resets_on_new_attempt} == OF_AN_ATTEMPT
 
 
 def test_a_succeeded_job_is_complete_and_not_running() -> None:
@@ -95,15 +99,7 @@ def test_new_attempt_drops_exactly_the_conditions_the_table_resets() -> None:
         for t in ConditionType
     ]
     kept = {c["type"] for c in cleared_run_data(JobStatus(conditions=conditions)).conditions}
-    dropped = {
-        "TransportVerified",
-        "InterconnectHealthy",
-        "EventsAuthentic",
-        "Progressing",
-        "Straggler",
-        "TrackingHealthy",
-    }
-    assert kept == {t.value for t in ConditionType} - dropped
+    assert kept == {t.value for t in ConditionType} - OF_AN_ATTEMPT
 
 
 def test_waiting_for_workers_posts_normal_events() -> None:

@@ -19,7 +19,7 @@ import yaml
 from fsdp_operator.api import schema
 from fsdp_operator.decide.observed import RAY_RUNNING, ClusterView, Observed, RayJobInfo
 from fsdp_operator.decide.reconcile import reconcile
-from fsdp_operator.decide.status import JobStatus, Phase, Reason
+from fsdp_operator.decide.status import JobStatus
 from fsdp_train.contract.events import (
     EVENT_TYPES,
     Checkpoint,
@@ -38,6 +38,7 @@ from fsdp_train.contract.events import (
     parse_lines,
 )
 from fsdp_train.contract.health_events import RankHealth, Stall
+from support.running_job import first_attempt_running
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 CRD = Path(__file__).resolve().parents[2] / "crds" / "fsdptrainingjob.yaml"
@@ -471,15 +472,7 @@ def at(path: str, tree: Any) -> Any:
 
 
 def running() -> JobStatus:
-    return JobStatus(
-        phase=Phase.RUNNING,
-        reason=Reason.JOB_RUNNING,
-        ray_cluster_name="qwen-ray",
-        submission_id="qwen-5d41402a-1",
-        attempts=1,
-        observed_generation=1,
-        start_time=NOW,
-    )
+    return first_attempt_running("qwen-ray", "qwen-5d41402a-1", NOW)
 
 
 def one_pass(lines: list[str]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_operator.runtime.rayjobs import RayJobInfo
 from fsdp_train.contract.events import Evaluation, Export, Failure, Step, Summary
+from support.running_job import first_attempt_running
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 NAME, UID = "sft", "u1"
@@ -105,15 +106,7 @@ def test_the_crd_has_the_groups_and_the_eval_loss_column() -> None:
 
 
 def running_status() -> JobStatus:
-    return JobStatus(
-        phase=Phase.RUNNING,
-        reason=Reason.JOB_RUNNING,
-        ray_cluster_name="sft-ray",
-        submission_id=render.submission_id(NAME, UID, 1),
-        attempts=1,
-        observed_generation=1,
-        start_time=NOW - timedelta(seconds=60),
-    )
+    return first_attempt_running("sft-ray", render.submission_id(NAME, UID, 1), NOW - timedelta(seconds=60))
 
 
 def observe(*events: Any, ray: str = "RUNNING", message: str = "") -> Observed:

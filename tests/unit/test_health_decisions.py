@@ -14,10 +14,11 @@ from fsdp_operator.decide import health
 from fsdp_operator.decide.observed import RAY_RUNNING, ClusterView, Decision, Observed, PostEvent, RayJobInfo, StopJob
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason, get_condition
-from fsdp_train.contract.events import Event, Placement, parse_lines
+from fsdp_train.contract.events import Event, parse_lines
 from fsdp_train.contract.health_events import RankHealth, Stall
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.running_job import first_attempt_running, placement
 
 NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 SID1 = "qwen-f92e6afb-1"
@@ -39,32 +40,12 @@ def manifest(**health_spec: Any) -> dict[str, Any]:
 
 
 def running(**fields: Any) -> JobStatus:
-    return JobStatus(
-        phase=Phase.RUNNING,
-        reason=Reason.JOB_RUNNING,
-        ray_cluster_name="qwen-ray",
-        submission_id=SID1,
-        attempts=1,
-        observed_generation=1,
-        start_time=NOW - timedelta(minutes=5),
-        **fields,
-    )
+    return first_attempt_running("qwen-ray", SID1, NOW - timedelta(minutes=5), **fields)
 
 
 def placements() -> list[Event]:
     return [
-        Placement(
-            rank=r,
-            world_size=WORLD,
-            local_rank=r % 2,
-            local_world_size=2,
-            node_rank=r // 2,
-            node_ip=f"10.0.0.{r // 2 + 1}",
-            hostname=f"h{r // 2}",
-            pod=f"qwen-worker-{r // 2}",
-            device="NVIDIA H200",
-            device_uuid=f"GPU-{r}",
-        )
+        placement(r, WORLD, 2, pod="qwen-worker-{node}", device="NVIDIA H200", device_uuid=f"GPU-{r}")
         for r in range(WORLD)
     ]
 

@@ -18,12 +18,13 @@ from fsdp_operator.api.train_function import MAX_CONFIG_BYTES
 from fsdp_operator.api.training_spec import MAX_STEPS
 from fsdp_operator.decide.observed import RAY_FAILED, RAY_RUNNING, ClusterView, Observed, RayJobInfo
 from fsdp_operator.decide.reconcile import reconcile
-from fsdp_operator.decide.status import JobStatus, Phase, Reason
+from fsdp_operator.decide.status import Phase, Reason
 from fsdp_train.contract.events import Event, parse_lines
 from fsdp_train.run.ray_entry import RayJobConfig
 from fsdp_train.run.user_function import events_from_report, failure
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from support.running_job import first_attempt_running
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_WORKERS = {"replicas": 2, "instanceType": "", "gpusPerWorker": 0, "efaPerWorker": 0, "ranksPerWorker": 2}
@@ -220,15 +221,7 @@ FUNCTION_JOB = {
 
 def one_pass(events: list[Event], ray_status: str = RAY_RUNNING, ray_message: str = "") -> dict[str, Any]:
     lines = [f"(TrainController pid=7, ip=10.0.0.1) {e.to_line()}" for e in events]
-    status = JobStatus(
-        phase=Phase.RUNNING,
-        reason=Reason.JOB_RUNNING,
-        ray_cluster_name="byo-ray",
-        submission_id="byo-1",
-        attempts=1,
-        observed_generation=1,
-        start_time=NOW,
-    )
+    status = first_attempt_running("byo-ray", "byo-1", NOW)
     observed = Observed(
         now=NOW,
         cluster=ClusterView(name="byo-ray", state="ready", ready_workers=2, desired_workers=2, owner_uid="u-1"),

@@ -10,47 +10,26 @@ from __future__ import annotations
 
 import json
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.contract.events import Event, Export, Failure, parse_lines
 from fsdp_train.models.parallelize import Topology
 from fsdp_train.models.weights import ExportCheck, verify_export
 from fsdp_train.run.loop import Host, train
-from support.tiny_hf import TINY_QWEN2, documents, save_tiny_model, write_jsonl
+from support.tiny_hf import TINY_QWEN2, byte_level_bpe, documents, save_tiny_model, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 CODE = ["x = 12345 + 67890", "def count(n):\n    return n * 2024", "total = 100 + 250  # sum"]
 
 
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[Topology]:
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield Topology(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, device_index=0)
-    finally:
-        dist.destroy_process_group()
-
-
 def digit_tokenizer(directory: Path) -> Any:
     """A GPT-2-style byte-level BPE (digits stay together) that merged numbers: no Qwen2 tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(CODE * 20, trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    hf = byte_level_bpe(CODE * 20, vocab_size=400)
     hf.save_pretrained(directory)
     return hf
 

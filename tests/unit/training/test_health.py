@@ -93,6 +93,12 @@ class Clock:
         return self.now
 
 
+def quiet_for(seconds: float, clock: Clock, monitor: Monitor) -> None:
+    """`seconds` pass without a step, then the watchdog looks."""
+    clock.now += seconds
+    monitor._tick()
+
+
 def test_timings_are_reported_per_window_and_not_more_often_than_the_interval() -> None:
     clock, sent = Clock(), []
     monitor = Monitor(0, HealthConfig(window_steps=5), clock=clock, send=sent.append)
@@ -113,19 +119,15 @@ def test_timings_are_reported_per_window_and_not_more_often_than_the_interval() 
 def test_the_watchdog_reports_a_stall_once_per_timeout_and_never_before_the_first_step() -> None:
     clock, sent = Clock(), []
     monitor = Monitor(3, HealthConfig(hang_timeout_seconds=30.0), clock=clock, send=sent.append)
-    clock.now += 1000
-    monitor._tick()
+    quiet_for(1000, clock, monitor)
     assert sent == []  # not armed: start-up and compilation are not judged
     monitor.step(1)
-    clock.now += 29.9
-    monitor._tick()
+    quiet_for(29.9, clock, monitor)
     assert sent == []
-    clock.now += 0.2
-    monitor._tick()
+    quiet_for(0.2, clock, monitor)
     monitor._tick()
     assert [type(e) for e in sent] == [Stall] and sent[0].step == 1 and sent[0].rank == 3
-    clock.now += 30.0
-    monitor._tick()
+    quiet_for(30.0, clock, monitor)
     assert len(sent) == 2  # said again after another timeout (a lost line is not the end of it)
     monitor.begin_long()
     assert monitor.timeout() == 600.0
@@ -346,15 +348,12 @@ def test_a_step_after_a_stall_resets_the_rank_s_clock_and_the_next_stall_is_time
     clock, sent = Clock(), []
     monitor = Monitor(1, HealthConfig(hang_timeout_seconds=30.0), clock=clock, send=sent.append)
     monitor.step(1)
-    clock.now += 31.0
-    monitor._tick()
+    quiet_for(31.0, clock, monitor)
     assert [type(e) for e in sent] == [Stall]
     monitor.step(2)  # it progressed
-    clock.now += 29.0
-    monitor._tick()
+    quiet_for(29.0, clock, monitor)
     assert [type(e) for e in sent] == [Stall], "a rank that progressed was reported stalled again"
-    clock.now += 2.0
-    monitor._tick()
+    quiet_for(2.0, clock, monitor)
     assert [type(e) for e in sent] == [Stall, Stall] and sent[-1].step == 2
 
 
@@ -372,11 +371,9 @@ def test_the_specs_hang_timeout_reaches_every_ranks_watchdog() -> None:
     clock, sent = Clock(), []
     monitor = Monitor(0, config, clock=clock, send=sent.append)
     monitor.step(1)
-    clock.now += 122.0
-    monitor._tick()
+    quiet_for(122.0, clock, monitor)
     assert sent == []
-    clock.now += 2.0
-    monitor._tick()
+    quiet_for(2.0, clock, monitor)
     assert [type(e) for e in sent] == [Stall]
 
 

@@ -9,12 +9,10 @@ Ranks meet through a `FileStore` in a temporary folder: no port is picked for th
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 from fsdp_train.contract.config import TrainConfig
 from fsdp_train.contract.events import (
     Checkpoint,
@@ -30,7 +28,7 @@ from fsdp_train.contract.events import (
 from fsdp_train.models.parallelize import Topology
 from fsdp_train.run.loop import FAIL_AT_STEP_ENV, Host, random_tokens, train
 from fsdp_train.state.checkpoint import DirectoryCheckpoints
-from support.cpu_ranks import run_rank
+from support.cpu_ranks import CPU_STEPS, printed, run_rank
 from support.rank_processes import rank_context
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -46,30 +44,11 @@ TINY = {
 TRAIN: dict[str, Any] = {
     "model_overrides": TINY,
     "steps": 3,
-    "seq_len": 16,
-    "batch_size_per_rank": 2,
-    "grad_accum": 2,
-    "learning_rate": 1e-3,
-    "lr_schedule": "constant",
-    "mixed_precision": "fp32",
+    **CPU_STEPS,
     "loss_chunk_tokens": 8,
     "probe_size_bytes": 4096,
 }
 LN_VOCAB = math.log(256)  # a fresh model's loss on uniform random tokens: 5.545
-
-
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[Topology]:
-    """A gloo group of one, in this process (the loop leaves a group it did not create alone)."""
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield Topology(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, device_index=0)
-    finally:
-        dist.destroy_process_group()
-
-
-def printed(capsys: pytest.CaptureFixture[str]) -> list[Event]:
-    return list(parse_lines(capsys.readouterr().out.splitlines()))
 
 
 def of(kind: type[Event], events: list[Event]) -> list[Any]:

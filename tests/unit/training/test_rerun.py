@@ -6,17 +6,16 @@ One rank in this process (gloo), a tiny Qwen2 from a random init, real checkpoin
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 from fsdp_train.contract.config import TrainConfig
-from fsdp_train.contract.events import Checkpoint, Evaluation, Event, Export, Failure, Step, parse_lines
+from fsdp_train.contract.events import Checkpoint, Evaluation, Export, Failure, Step, parse_lines
 from fsdp_train.models.parallelize import Topology
 from fsdp_train.run.loop import FAIL_AT_STEP_ENV, Host, train
 from fsdp_train.state.checkpoint import CheckpointMismatch, DirectoryCheckpoints
+from support.cpu_ranks import CPU_STEPS, printed
 from support.tiny_hf import documents, train_tokenizer, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -25,28 +24,10 @@ TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num
 TRAIN: dict[str, Any] = {
     "model_overrides": {**TINY, "num_key_value_heads": 2, "vocab_size": 512},
     "steps": 4,
-    "seq_len": 16,
-    "batch_size_per_rank": 2,
-    "grad_accum": 2,
-    "learning_rate": 1e-3,
-    "lr_schedule": "constant",
-    "mixed_precision": "fp32",
+    **CPU_STEPS,
     "probe_size_bytes": 0,
     "checkpoint_interval": 2,
 }
-
-
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[Topology]:
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield Topology(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, device_index=0)
-    finally:
-        dist.destroy_process_group()
-
-
-def printed(capsys: pytest.CaptureFixture[str]) -> list[Event]:
-    return list(parse_lines(capsys.readouterr().out.splitlines()))
 
 
 def run(cfg: TrainConfig, topo: Topology, env: dict[str, str] | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import pytest
 from fsdp_train.datapath.data import load_tokenizer_choice
 from fsdp_train.datapath.tokenizer_choice import PROBE_TEXTS, choose_tokenizer
 from fsdp_train.models.weights import _write_hf_dir
-from support.tiny_hf import TINY_QWEN2
+from support.tiny_hf import TINY_QWEN2, byte_level_bpe
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -26,17 +26,7 @@ CORPUS = [
 
 def user_tokenizer(directory: Path) -> Any:
     """A GPT-2-style byte-level BPE that merged whole numbers, saved as a bare tokenizer.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(CORPUS * 20, trainer)
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    hf = byte_level_bpe(CORPUS * 20, vocab_size=400)
     hf.save_pretrained(directory)
     return hf
 

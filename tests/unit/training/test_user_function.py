@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch.distributed as dist
 from fsdp_train.contract import events
 from fsdp_train.contract.events import (
     FORGED,
@@ -45,15 +44,6 @@ from fsdp_train.watch import report
 
 CODE = str(Path(__file__).resolve().parents[2] / "data" / "byo")
 KEY = bytes(range(32))
-
-
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[Topology]:
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield Topology(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, device_index=0)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.fixture
