@@ -2,8 +2,8 @@
 
 Under pytest-xdist (`make test` runs `-n`, `--dist loadgroup`; docs/testing.md), tests are spread one by one
 over the workers, except those that must stay together, which are kept on one worker by an `xdist_group`:
-- the tests that start real Ray clusters, in the lanes `support.ray_cluster` marks (`RAY_TESTS`, `SECOND_RAY_LANE`,
-  `LOCAL_RAY_TESTS`): one cluster at a time per lane;
+- the tests that start real Ray clusters, in the lanes `support.ray_cluster` marks (`RAY_TESTS`, `SECOND_RAY_LANE`):
+  one cluster at a time per lane;
 - the tests of a module that share a module- or class-scoped fixture (a Ray cluster, a reference run, an
   installed chart): grouped here by module, so that the fixture is built once, not once per worker.
 """

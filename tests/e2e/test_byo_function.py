@@ -1,13 +1,15 @@
-"""spec.trainFunction end to end: `fsdpctl run-local` runs a user's Ray Train function on real Ray processes.
+"""spec.trainFunction end to end: a user's Ray Train function on real Ray processes.
 
-The default case is the whole contract in one run (docs/byo-function.md): the ranks' placement, transport and
-probe, the step and loss the function reported with `ray.train.report`, and its checkpoint surviving a worker
-SIGKILLed mid-run (the restarted group resumes from `ray.train.get_checkpoint()`), while every rank prints
-forged event lines that change nothing; then, with `spec.health` (docs/health.md), a rank of the restarted group
-blocked in the user's code is named with its `file:line` while the others wait in the all-reduce, `onHang:
-Restart` starts an attempt that resumes from the latest checkpoint, and a rank slower than the others by a
-fixed time per step is named a straggler. The raising function and the example package run with `make test-all`;
-their ground is covered fast by tests/unit/training/test_user_function.py and tests/unit/test_train_function.py.
+The default run's case is test_one_node_ray.py's: the function submitted as the operator does (`render.submission`,
+its Ray client) to a one-node Ray, the ranks' placement, transport and probe, the step and loss the function reported
+with `ray.train.report`, its checkpoint surviving a worker SIGKILLed mid-run (the restarted group resumes from
+`ray.train.get_checkpoint()`), forged event lines that change nothing, and the status the operator folds from the
+whole log. The cases here (`slow`, `make test-all`) run it through `fsdpctl run-local`: the whole contract in one
+run, with `spec.health`
+(docs/health.md: a rank blocked in the user's code named with its `file:line` while the others wait in the
+all-reduce, `onHang: Restart`, a straggler), the raising function and the example package; their ground is covered
+fast by that case, tests/unit/training/test_health.py, tests/unit/test_health_decisions.py,
+tests/unit/training/test_user_function.py and tests/unit/test_train_function.py.
 """
 
 from __future__ import annotations
@@ -52,6 +54,12 @@ def function_job(tmp_path: Path, name: str, function: dict[str, Any]) -> Path:
     return path
 
 
+# Covered fast: a user function's placement, transport, probe and reports, a killed rank's restart and resume,
+# forged lines and the status they fold to (test_one_node_ray.py, through the operator's Ray client); a stall named
+# where it is, Restart, a straggler (tests/unit/training/test_health.py, tests/unit/test_health_decisions.py);
+# run-local's own start and end (test_run_local.py's default cases). 260-370 s in the default run: `slow` since
+# issue 54.
+@pytest.mark.slow
 @pytest.mark.timeout(1200)  # three groups of Ray Train workers and a stall to wait out, on a loaded machine
 def test_a_user_function_is_verified_reports_progress_resumes_and_a_stalled_or_slow_rank_is_named(
     tmp_path: Path,

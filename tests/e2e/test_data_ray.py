@@ -1,8 +1,9 @@
 """The data pipeline under Ray: Ray Data reads and tokenizes in the driver's cluster, workers resume exactly.
 
-A worker process is killed (SIGKILL) in the middle of an epoch; Ray restarts the worker group, which
-resumes from the last checkpoint. The samples of every step after the restart must be those of an
-uninterrupted run of the same job, which runs under torchrun on the same data: the two front ends
+The default run's case is test_one_node_ray.py's: Ray Data feeds the bundled loop on a one-node Ray (evaluation,
+checkpoints, export). In the `slow` ones here, a worker process is killed (SIGKILL) in the middle of an epoch; Ray
+restarts the worker group, which resumes from the last checkpoint. The samples of every step after the restart must
+be those of an uninterrupted run of the same job, which runs under torchrun on the same data: the two front ends
 share tokenizing, packing and the sampler, so their sample sequences agree step by step.
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 from fsdp_train.contract.events import Event, Failure, Placement, Step, Summary, parse_line
-from support.ray_cluster import RAY_TESTS, free_port, local_cluster, ray_available, ray_env
+from support.ray_cluster import RAY_TESTS, free_port, local_cluster, ray_available, run_ray_entry
 from support.tiny_hf import documents, save_tiny_model, write_jsonl
 
 pytestmark = [pytest.mark.e2e, RAY_TESTS]
@@ -37,7 +38,11 @@ def cluster() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("assets")
+    return make_assets(tmp_path_factory.mktemp("assets"))
+
+
+def make_assets(root: Path) -> Path:
+    """A tiny model with its tokenizer, and a corpus of two files of 30 documents each."""
     save_tiny_model(root / "model")
     write_jsonl(root / "corpus" / "part-0.jsonl", [{"text": d} for d in documents(30, seed=1)])
     write_jsonl(root / "corpus" / "part-1.jsonl", [{"text": d} for d in documents(30, seed=2)])
@@ -66,7 +71,7 @@ def events_of(output: str) -> list[Event]:
 
 
 # Covered fast: a SIGKILLed Ray Train worker resuming from its checkpoint (test_byo_function's default case),
-# the samples after a mid-epoch resume (test_data_torchrun), Ray Data's pipeline (test_run_local's data job).
+# the samples after a mid-epoch resume (test_data_torchrun), Ray Data's pipeline (test_one_node_ray.py).
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # the Ray cluster's start (2 min on a loaded machine), an uninterrupted run and a killed one
 def test_a_killed_worker_resumes_mid_epoch_with_the_uninterrupted_sample_sequence(
@@ -79,13 +84,7 @@ def test_a_killed_worker_resumes_mid_epoch_with_the_uninterrupted_sample_sequenc
         "storage_path": str(tmp_path / "storage"),
         "name": "killed",
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_train.run.ray_entry", "--config-json", json.dumps(job)],
-        env=ray_env(RAY_ADDRESS=cluster, FSDP_TRAIN_DATA_CACHE=str(tmp_path / "cache"), **POLL),
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
+    proc = run_ray_entry(cluster, job, timeout=400, FSDP_TRAIN_DATA_CACHE=str(tmp_path / "cache"), **POLL)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     events = events_of(proc.stdout)
     assert len([e for e in events if isinstance(e, Placement)]) == 8  # two attempts of four ranks
@@ -126,13 +125,7 @@ def test_an_unreadable_source_fails_in_the_driver_with_data_unavailable(
         "scaling": {"num_workers": 2, "use_gpu": False, "resources_per_worker": {"CPU": 1}},
         "name": "no-data",
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_train.run.ray_entry", "--config-json", json.dumps(job)],
-        env=ray_env(RAY_ADDRESS=cluster),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_ray_entry(cluster, job, timeout=120)
     assert proc.returncode == 1
     failures = [e for e in events_of(proc.stdout) if isinstance(e, Failure)]
     assert [f.reason for f in failures] == ["DataUnavailable"]
@@ -164,13 +157,7 @@ def test_data_that_cannot_be_trained_on_fails_in_the_driver_naming_file_and_fiel
         "scaling": {"num_workers": 2, "use_gpu": False, "resources_per_worker": {"CPU": 1}},
         "name": "bad-rows",
     }
-    proc = subprocess.run(
-        [sys.executable, "-m", "fsdp_train.run.ray_entry", "--config-json", json.dumps(job)],
-        env=ray_env(RAY_ADDRESS=cluster),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    proc = run_ray_entry(cluster, job, timeout=180)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     failures = [e for e in events_of(proc.stdout) if isinstance(e, Failure)]
     assert [f.reason for f in failures] == ["DataUnavailable"], proc.stderr[-2000:]

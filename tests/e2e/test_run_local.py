@@ -146,9 +146,9 @@ def assert_what_happened_on_the_ranks(status: dict[str, Any], name: str) -> None
     assert conditions["WorkersReady"] == "True" and conditions["TransportVerified"] == "True"
 
 
-# Covered fast: run-local's own start and end (the default cases below), the operator's submission through its Ray
-# client and the status it folds (test_byo_function's default case), the bundled loop under Ray Train (test_data_ray's
-# default case). The data job below runs the same cluster and checks the same status fields, with real data on top.
+# Covered fast: run-local's own start and end (the default cases below); the operator's submission through its Ray
+# client, the status it folds, the bundled loop under Ray Train (test_one_node_ray.py). The data job below runs the
+# same cluster and checks the same status fields, with real data on top.
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # a Ray cluster's start and a run: past 300 s beside another Ray lane (2026-12-05)
 def test_tiny_cpu_job_succeeds_and_the_status_tells_what_happened(tmp_path: Path) -> None:
@@ -313,11 +313,11 @@ def drain_a_worker_between_checkpoints(api_url: str, name: str) -> dict[str, Any
     return {**during, "drainedPod": pod}
 
 
-# Covered fast: run-local's own start and end (the cases above), the operator's submission through its Ray client and
-# the status it folds (test_byo_function's default case), Ray Data feeding the bundled loop, evaluation and export
-# under Ray (test_data_ray's default case), the data path and the export through S3 (test_data_torchrun), the drain
-# (tests/unit/training/test_notice.py, tests/integration/test_pod_termination.py), one MLflow run across two attempts
-# (tests/integration/test_tracking_server.py). 280-580 s in the default run: `slow` since issue 54.
+# Covered fast: run-local's own start and end (the cases above); the operator's submission through its Ray client and
+# the status it folds, Ray Data feeding the bundled loop, evaluation and export under Ray (test_one_node_ray.py); the
+# data path and the export through S3 (test_data_torchrun.py); the drain (tests/unit/training/test_notice.py,
+# tests/integration/test_pod_termination.py); one MLflow run across two attempts (tests/integration/
+# test_tracking_server.py). 280-580 s in the default run: `slow` since issue 54.
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_a_tracked_data_job_drained_mid_epoch_resumes_learns_evaluates_and_exports(tmp_path: Path) -> None:

@@ -1,8 +1,10 @@
 """spec.tracking end to end: `fsdpctl run-local` jobs logging to a real MLflow tracking server on loopback.
 
 What the run holds is read back through MLflow's own client and compared with the status the operator wrote. The
-representative case, a tracked data job (settings, every step's loss, the evaluations, the export registered, one
-run across a drained attempt and its resumption), is `test_run_local.py`'s data job; the cases here are `slow`.
+fullest case, a tracked data job (settings, every step's loss, the evaluations, the export registered, one run across
+a drained attempt and its resumption), is `test_run_local.py`'s data job; it and the cases here are `slow`. The
+default run's case is tests/integration/test_tracking_server.py: the trainer's tracker against a real MLflow server,
+one run across two attempts.
 """
 
 from __future__ import annotations

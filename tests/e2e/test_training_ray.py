@@ -13,23 +13,15 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fsdp_train.contract.events import Checkpoint, Event, Failure, Placement, Step, Summary, Transport, parse_line
-from support.ray_cluster import RAY_TESTS, local_cluster, ray_available, ray_env
+from support.ray_cluster import RAY_TESTS, local_cluster, ray_available, run_ray_entry
+from support.tiny_hf import TINY_OVERRIDES as TINY
 
 pytestmark = [pytest.mark.e2e, RAY_TESTS]
 
 BIN = Path(sys.executable).parent
-TINY = {
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 128,
-    "vocab_size": 512,
-}
 TRAIN = {
     "model_overrides": TINY,
     "steps": 14,
@@ -50,16 +42,6 @@ def cluster() -> Iterator[str]:
         yield address
 
 
-def submit(address: str, job: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "fsdp_train.run.ray_entry", "--config-json", json.dumps(job)],
-        env=ray_env(RAY_ADDRESS=address),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
 def is_actor_line(line: str) -> bool:
     """A line Ray forwarded from an actor: ``(Name pid=...)``, possibly behind a colour code."""
     return line.lstrip("\x1b[0123456789m").startswith("(")
@@ -69,7 +51,9 @@ def events_of(output: str) -> list[Event]:
     return [e for e in map(parse_line, output.splitlines()) if e is not None]
 
 
-@pytest.mark.slow  # restart and resume under Ray: test_data_ray's killed worker; placement: run-local's tiny job
+# Covered fast: restart and resume under Ray, the bundled loop under Ray Train (test_one_node_ray.py); placement and
+# hybrid sharding on two nodes (tests/unit/training/test_loop_cpu.py).
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # its cluster's start (2 min on a loaded machine), two groups of four ranks
 def test_ray_entry_restarts_and_resumes_from_checkpoint(cluster: str, tmp_path: Path) -> None:
     job = {
@@ -79,7 +63,7 @@ def test_ray_entry_restarts_and_resumes_from_checkpoint(cluster: str, tmp_path: 
         "storage_path": str(tmp_path / "storage"),
         "name": "resume-test",
     }
-    proc = submit(cluster, job)
+    proc = run_ray_entry(cluster, job)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "fsdp_train: training finished" in proc.stdout
     lines = [line for line in proc.stdout.splitlines() if "FSDP_EVENT" in line]
@@ -128,7 +112,7 @@ def test_ray_entry_fails_with_one_line(cluster: str, tmp_path: Path) -> None:
         "storage_path": str(tmp_path / "storage"),
         "name": "failing",
     }
-    proc = submit(cluster, job)
+    proc = run_ray_entry(cluster, job)
     assert proc.returncode == 1
     # Ray's actors may still print (prefixed "(ActorName pid=...)"); the entrypoint's own last line names the cause.
     own = [line for line in proc.stderr.splitlines() if line.strip() and not is_actor_line(line)]

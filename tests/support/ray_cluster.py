@@ -1,8 +1,9 @@
-"""A local Ray cluster of a head and two "nodes" on loopback addresses, started and stopped by process group."""
+"""Local Ray clusters (a head and worker "nodes" on loopback addresses), started and stopped by process group."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -13,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,19 +25,14 @@ RAY_TESTS = pytest.mark.xdist_group("ray")
 xdist worker, one after the other (about 3.8 GiB each)."""
 
 SECOND_RAY_LANE = pytest.mark.xdist_group("ray-2")
-"""Mark of the user-function suite, whose default case is the second longest of the run: its clusters run in a lane
-of their own, beside `RAY_TESTS`' (two clusters at once at most). Their nodes may share 127.0.0.N addresses: every
-port of a node is chosen free (`free_port`, `--dashboard-agent-listen-port`), and each cluster has its own GCS."""
-
-
-LOCAL_RAY_TESTS = pytest.mark.xdist_group("ray-local")
-"""Mark of the tests that start a one-node Ray of their own with `ray.init` (its own temp dir and ports, no
-127.0.0.N address, about 1 GiB): a second lane beside `RAY_TESTS`, one of them at a time (their agents' default
-port is fixed)."""
+"""Mark of the user-function suite's run-local cases (all `slow`, the longest of `make test-all`): their clusters run
+in a lane of their own, beside `RAY_TESTS`' (two clusters at once at most). Their nodes may share 127.0.0.N
+addresses: every port of a node is chosen free (`free_port`, `--dashboard-agent-listen-port`), and each cluster has
+its own GCS."""
 
 LONGEST_LANES = tuple(str(mark.args[0]) for mark in (RAY_TESTS, SECOND_RAY_LANE))
 """The groups of the run-local clusters: the run's longest lanes, handed out first (tests/conftest.py)."""
-RAY_LANES = (*LONGEST_LANES, str(LOCAL_RAY_TESTS.args[0]))
+RAY_LANES = LONGEST_LANES
 """Every group whose tests start Ray: run at full priority beside the rest of the run (tests/conftest.py)."""
 
 NODE_START_TIMED_OUT = "The current node timed out during startup"
@@ -45,7 +42,7 @@ NODE_START_TIMED_OUT = "The current node timed out during startup"
 HEAD_START_SECONDS = 120.0
 """How long `local_cluster` waits for its head's GCS to listen, starts that exited first included."""
 NODES_SECONDS = 300.0
-"""How long `local_cluster` waits for all three nodes, restarts of exited nodes (the head's: the whole cluster)
+"""How long `local_cluster` waits for all its nodes, restarts of exited nodes (the head's: the whole cluster)
 included."""
 
 
@@ -82,6 +79,19 @@ def ray_env(**extra: str) -> dict[str, str]:
     # The Python that runs Ray's workers is the one on PATH when `ray start` ran.
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1", **extra)
     return env
+
+
+def run_ray_entry(
+    address: str, job: dict[str, Any], timeout: float = 300, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`python -m fsdp_train.run.ray_entry --config-json JOB`, a driver of the cluster at `address`, to its end."""
+    return subprocess.run(
+        [sys.executable, "-m", "fsdp_train.run.ray_entry", "--config-json", json.dumps(job)],
+        env=ray_env(RAY_ADDRESS=address, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def stop_groups(pgids: list[int], grace: float = 10.0) -> None:
@@ -137,8 +147,9 @@ def wait_for_nodes(address: str, count: int, timeout: float, tend: Callable[[], 
 
 
 @contextlib.contextmanager
-def local_cluster(**worker_env: str) -> Iterator[str]:
-    """A head (no CPUs) and two 2-CPU worker nodes on 127.0.0.2 and 127.0.0.3; yields the address.
+def local_cluster(*, workers: int = 2, head_cpus: int = 0, dashboard_port: int = 0, **worker_env: str) -> Iterator[str]:
+    """A head (`head_cpus` CPUs) and `workers` 2-CPU worker nodes on 127.0.0.2, 127.0.0.3, ...; yields the address.
+    With `dashboard_port`, the head serves its dashboard (Ray's job API) there, on 127.0.0.1.
 
     ``worker_env`` goes into the environment of every Ray process, so the training workers see it.
     """
@@ -149,11 +160,15 @@ def local_cluster(**worker_env: str) -> Iterator[str]:
     common = ["--block", "--disable-usage-stats", "--object-store-memory=80000000"]
     # Ray's fixed default ports (the client server's 10001, each dashboard agent's 52365, which every agent also
     # binds on 127.0.0.1) would collide with another Ray on this machine, or between this cluster's own nodes.
-    head = ["--head", f"--port={port}", "--num-cpus=0", "--node-ip-address=127.0.0.1", "--include-dashboard=false"]
+    head = ["--head", f"--port={port}", f"--num-cpus={head_cpus}", "--node-ip-address=127.0.0.1"]
+    dashboard = ["--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard_port}"]
     commands = [
-        [*head, f"--ray-client-server-port={free_port()}"],
-        [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.2"],
-        [f"--address={address}", "--num-cpus=2", "--node-ip-address=127.0.0.3"],
+        [
+            *head,
+            *(dashboard if dashboard_port else ["--include-dashboard=false"]),
+            f"--ray-client-server-port={free_port()}",
+        ],
+        *([f"--address={address}", "--num-cpus=2", f"--node-ip-address=127.0.0.{2 + n}"] for n in range(workers)),
     ]
     procs: list[subprocess.Popen[bytes]] = []
     started: list[int] = []  # every `ray start` session, restarted ones too: all are stopped at the end
@@ -211,7 +226,7 @@ def local_cluster(**worker_env: str) -> Iterator[str]:
     try:
         procs.append(start_head())
         procs.extend(start(index) for index in range(1, len(commands)))
-        wait_for_nodes(address, 3, timeout=NODES_SECONDS, tend=restart_exited_nodes)
+        wait_for_nodes(address, len(commands), timeout=NODES_SECONDS, tend=restart_exited_nodes)
         yield address
     finally:
         # Each `ray start` leads its own session: stopping that process group stops exactly the Ray
