@@ -30,6 +30,7 @@ from fsdp_operator.runtime.rayjobs import RayJobInfo, RayJobsClient
 from fsdp_operator.runtime.settings import default_training_package
 from fsdp_train.contract import events as ev
 from support.ray_cluster import RAY_TESTS, free_port, local_cluster, ray_available, run_ray_entry
+from support.running_job import UID
 from test_byo_function import CHECKS, function_job
 from test_data_ray import POLL, events_of, make_assets, train_config
 
@@ -71,7 +72,7 @@ def test_a_user_function_submitted_as_the_operator_submits_it_is_verified_and_re
               "forge": True}  # fmt: skip
     function = {"callable": "byo_checks.functions:train", "code": str(CHECKS), "config": config}
     manifest = yaml.safe_load(function_job(tmp_path, "byo-fast", function).read_text())
-    manifest["metadata"].update(namespace="default", uid="0b8a2b5e-1111-2222-3333-444455556666", generation=1)
+    manifest["metadata"].update(namespace="default", uid=UID, generation=1)
     manifest["spec"]["workers"]["replicas"] = 1  # two ranks on the one node
     job = parse_job(manifest)
     sid = render.submission_id(job.name, job.uid, 1)

@@ -7,7 +7,6 @@ KubeRay and a fake Ray, so they can make the API server refuse exactly one write
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import logging
 import socket
@@ -33,6 +32,49 @@ PASSES_DEADLINE = 60.0
 """How long a test steps a loop pass by pass before it gives up (a failure; a passing test stops at its event)."""
 
 
+async def passes_until(
+    loop: JobLoop,
+    done: Callable[[], bool],
+    each: Callable[[], None] = lambda: None,
+    *,
+    may_fail: Callable[[], bool] = lambda: True,
+) -> None:
+    """Step `loop` a pass at a time (a failed pass is the point of these tests) until `done()`, for at most
+    `PASSES_DEADLINE` seconds (the fake KubeRay moves in the background: a count of passes is a length of time). A
+    pass may fail (`KubeError`) only while `may_fail()` holds."""
+    deadline = time.monotonic() + PASSES_DEADLINE
+    while time.monotonic() < deadline:
+        if done():
+            return
+        each()
+        try:
+            await loop.pass_once()
+        except KubeError:
+            assert may_fail(), "a pass failed before the API server refused anything"
+        await asyncio.sleep(0.02)
+
+
+def passes_of_a_kept_job(
+    w: World,
+    kube: AioKube,
+    loop: JobLoop,
+    done: Callable[[], bool],
+    each: Callable[[], None] = lambda: None,
+    *,
+    may_fail: Callable[[], bool] = lambda: True,
+) -> None:
+    """The job applied with `cleanup: Keep` (only an explicit stop ends its Ray job; deleting the cluster would too),
+    the fake KubeRay running, `loop` stepped until `done()` (`passes_until`), then the client closed."""
+
+    async def main() -> None:
+        async with w.kuberay.running():
+            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+            await passes_until(loop, done, each, may_fail=may_fail)
+            await kube.close()
+
+    asyncio.run(main())
+
+
 class RefusesFirstFailedWrite(AioKube):
     """The real client; the API server answers 500 to the first status write that sets phase Failed."""
 
@@ -49,39 +91,11 @@ def test_a_refused_status_write_is_decided_again_with_its_actions(apiserver: Thr
     """The pass whose write failed did not act: the next pass must still stop the Ray job and post the event."""
     w, kube, loop = held_fallback_loop(apiserver, RefusesFirstFailedWrite)
 
-    async def main() -> None:
-        async with w.kuberay.running():
-            # cleanup: Keep, so only the explicit stop ends the Ray job (deleting the cluster would too).
-            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
-            deadline = time.monotonic() + PASSES_DEADLINE
-            while time.monotonic() < deadline:
-                if w.status().get("phase") == "Failed":
-                    break
-                try:
-                    await loop.pass_once()
-                except KubeError:
-                    assert kube.refused
-                await asyncio.sleep(0.02)
-            await kube.close()
-
-    asyncio.run(main())
+    passes_of_a_kept_job(w, kube, loop, lambda: w.status().get("phase") == "Failed", may_fail=lambda: kube.refused)
     status = w.status()
     assert kube.refused and (status["phase"], status["reason"]) == ("Failed", "TransportFallback")
     assert w.ray.stopped == [w.sid(1)], "the Ray job kept running after the job was marked Failed"
     assert "TransportFallback" in w.event_reasons()
-
-
-async def passes_until(loop: JobLoop, done: Callable[[], bool], each: Callable[[], None] = lambda: None) -> None:
-    """Step `loop` a pass at a time (a failed pass is the point of these tests) until `done()`, for at most
-    `PASSES_DEADLINE` seconds (the fake KubeRay moves in the background: a count of passes is a length of time)."""
-    deadline = time.monotonic() + PASSES_DEADLINE
-    while time.monotonic() < deadline:
-        if done():
-            return
-        each()
-        with contextlib.suppress(KubeError):
-            await loop.pass_once()
-        await asyncio.sleep(0.02)
 
 
 class RefusesEveryStatus(AioKube):
@@ -99,18 +113,11 @@ def test_a_status_refused_in_every_form_still_stops_the_ray_job(apiserver: Threa
     """Nothing can be recorded (not even the status without per-rank detail): the Ray job must stop all the same."""
     w, kube, loop = held_fallback_loop(apiserver, RefusesEveryStatus)
 
-    async def main() -> None:
-        async with w.kuberay.running():
-            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
+    def refuse_once_running() -> None:
+        if w.status().get("phase") == "Running":
+            kube.refusing = True  # from here on, the TransportFallback the ranks report cannot be written
 
-            def refuse_once_running() -> None:
-                if w.status().get("phase") == "Running":
-                    kube.refusing = True  # from here on, the TransportFallback the ranks report cannot be written
-
-            await passes_until(loop, lambda: bool(w.ray.stopped), refuse_once_running)
-            await kube.close()
-
-    asyncio.run(main())
+    passes_of_a_kept_job(w, kube, loop, lambda: bool(w.ray.stopped), refuse_once_running)
     assert kube.refusing and w.status()["phase"] == "Running"
     assert w.ray.stopped == [w.sid(1)], "the Ray job kept running while no status could be written"
 
@@ -226,13 +233,7 @@ def test_a_raycluster_is_created_only_after_what_it_needs(apiserver: ThreadedApi
     kube = FailsFirstCreate(apiserver.url, kind)
     loop = w.loop(kube)
 
-    async def main() -> None:
-        async with w.kuberay.running():
-            w.apply(manifest(runPolicy={"cleanup": "Keep"}))
-            await passes_until(loop, lambda: w.status().get("phase") == "Succeeded")
-            await kube.close()
-
-    asyncio.run(main())
+    passes_of_a_kept_job(w, kube, loop, lambda: w.status().get("phase") == "Succeeded")
     assert kube.failed and w.status().get("phase") == "Succeeded", w.status()
     assert w.api.store.find("secrets") and w.api.store.find("networkpolicies")
     w.assert_no_duplicates()

@@ -21,11 +21,11 @@ from fsdp_train.contract import events
 from fsdp_train.contract.events import Checkpoint, Evaluation, Export, Step, Summary, Tracking, Transport, parse_lines
 from fsdp_train.watch import tracking
 from support.mlflow_server import Server, mlflow_server
+from support.running_job import UID
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]  # a server's start: 25 s on a loaded machine
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "tiny-cpu.yaml"
-UID = "0b8a2b5e-1111-2222-3333-444455556666"
 STEPS, SAVED_AT = 6, 3
 """The first attempt stops after step 3, saved there (a drain); the second trains steps 4 to 6."""
 

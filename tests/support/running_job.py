@@ -1,13 +1,19 @@
-"""A running job as the tests describe it: the status the operator wrote once its first attempt's Ray job ran, and the
-Placement event each rank reports (ranks grouped into nodes of equal size)."""
+"""A running job as the tests describe it: the fixed time and uid they write down, the status the operator wrote once
+its first attempt's Ray job ran, and the Placement event each rank reports (ranks grouped into nodes of equal size)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_train.contract.events import Placement
+
+NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+"""The tests' fixed now."""
+UID = "0b8a2b5e-1111-2222-3333-444455556666"
+"""The job uid the tests write down; the names made of it are written down too (`qwen-f92e6afb-1`, from
+sha256("qwen/<UID>")), so that a change in how they are made shows as a failing line."""
 
 
 def first_attempt_running(cluster: str, submission_id: str, started: datetime, **fields: Any) -> JobStatus:

@@ -132,22 +132,9 @@ def test_three_regions_ranked_best_zone_first(aws: None) -> None:
     assert (plan["instanceType"], plan["count"], plan["vcpusNeeded"]) == (G6, 2, 96)
     order = [(r["region"], r["zone"], r["usable"]) for r in plan["ranking"]]
     assert order == [
-        # Room in the quota, by Spot placement score, ties by zone name.
-        ("us-east-1", "us-east-1b", True),
-        ("us-east-1", "us-east-1d", True),
-        ("us-east-1", "us-east-1c", True),
-        ("us-east-1", "us-east-1a", True),
-        ("us-east-1", "us-east-1f", True),
-        # The best scores, but 32 vCPUs free of 96 needed.
-        ("us-west-2", "us-west-2b", False),
-        ("us-west-2", "us-west-2a", False),
-        ("us-west-2", "us-west-2c", False),
-        ("us-west-2", "us-west-2d", False),
-        # Not offered.
-        ("us-east-1", "us-east-1e", False),
-        ("eu-west-1", "eu-west-1a", False),
-        ("eu-west-1", "eu-west-1b", False),
-        ("eu-west-1", "eu-west-1c", False),
+        *(("us-east-1", f"us-east-1{z}", True) for z in "bdcaf"),  # room in the quota, by Spot score, ties by name
+        *(("us-west-2", f"us-west-2{z}", False) for z in "bacd"),  # the best scores, but 32 vCPUs free of 96 needed
+        *(("us-east-1", "us-east-1e", False), *(("eu-west-1", f"eu-west-1{z}", False) for z in "abc")),  # not offered
     ]
     best = plan["ranking"][0]
     assert (best["zoneId"], best["spotScore"]) == ("use1-az1", 9)
@@ -354,9 +341,9 @@ def test_a_cancel_that_fails_is_reported_with_the_command(aws: None) -> None:
     )
 
 
-def test_probe_in_the_plan_and_ctrl_c_while_regions_run(aws: None) -> None:
-    """With --probe, the confirmed zone ranks first; a Ctrl-C lets the probe in flight cancel its reservation."""
-    regions = Regions(["eu-north-1", "us-west-2"])
+def _north_probed(regions: Regions) -> None:
+    """eu-north-1 with room in its quota: its first probe finds no capacity (eu-north-1a), its second reserves
+    eu-north-1b, and that reservation is cancelled."""
     north = regions.ec2["eu-north-1"]
     _quota(regions, "eu-north-1", 192)
     _spot(north, "eu-north-1", {"eun1-az1": 9, "eun1-az2": 2})
@@ -365,6 +352,12 @@ def test_probe_in_the_plan_and_ctrl_c_while_regions_run(aws: None) -> None:
         "create_capacity_reservation", _created("cr-b", "eu-north-1b"), _create_params("eu-north-1b")
     )
     _expect_cancel(north, "cr-b")
+
+
+def test_probe_in_the_plan_and_ctrl_c_while_regions_run(aws: None) -> None:
+    """With --probe, the confirmed zone ranks first; a Ctrl-C lets the probe in flight cancel its reservation."""
+    regions = Regions(["eu-north-1", "us-west-2"])
+    _north_probed(regions)
     # us-west-2's first probe is slow: Ctrl-C arrives while it is in flight.
     west = regions.ec2["us-west-2"]
     _quota(regions, "us-west-2", 192)
@@ -392,14 +385,7 @@ def test_probe_in_the_plan_and_ctrl_c_while_regions_run(aws: None) -> None:
 
     # Without the interruption: the zone a probe confirmed comes first, the refused one last.
     regions = Regions(["eu-north-1"])
-    north = regions.ec2["eu-north-1"]
-    _quota(regions, "eu-north-1", 192)
-    _spot(north, "eu-north-1", {"eun1-az1": 9, "eun1-az2": 2})
-    north.stub.add_client_error("create_capacity_reservation", "InsufficientInstanceCapacity", "none left")
-    north.stub.add_response(
-        "create_capacity_reservation", _created("cr-b", "eu-north-1b"), _create_params("eu-north-1b")
-    )
-    _expect_cancel(north, "cr-b")
+    _north_probed(regions)
     code, out, _ = _run(regions, "--regions=eu-north-1", "--probe", "-o=json")
     regions.assert_all_answered()
     ranking = json.loads(out)["ranking"]

@@ -9,7 +9,6 @@ field on either side fails `test_every_event_field_is_accounted_for` until it is
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +37,8 @@ from fsdp_train.contract.events import (
     parse_lines,
 )
 from fsdp_train.contract.health_events import RankHealth, Stall
-from support.running_job import first_attempt_running
+from support.running_job import NOW, first_attempt_running
 
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 CRD = Path(__file__).resolve().parents[2] / "crds" / "fsdptrainingjob.yaml"
 EFA_LINE = "NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct (found 1 nics)"
 

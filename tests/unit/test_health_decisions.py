@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -18,9 +18,8 @@ from fsdp_train.contract.events import Event, parse_lines
 from fsdp_train.contract.health_events import RankHealth, Stall
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support.running_job import first_attempt_running, placement
+from support.running_job import NOW, first_attempt_running, placement
 
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 SID1 = "qwen-f92e6afb-1"
 WORLD = 4
 

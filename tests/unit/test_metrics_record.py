@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_operator.runtime.metrics import Metrics
+from support.running_job import NOW
 
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 KEY = ("ml", "qwen")
 OBJ = {"metadata": {"creationTimestamp": "2026-11-29T11:59:00Z"}}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +20,8 @@ from fsdp_operator.decide.status import JobStatus, Phase, Reason, get_condition
 from fsdp_operator.decide.workload import WorkloadView, workload_of
 from fsdp_operator.runtime.kube import KubeError
 from fsdp_operator.runtime.kueue import read_workload
+from support.running_job import NOW, UID
 
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
-UID = "0b8a2b5e-1111-2222-3333-444455556666"
 SID1, SID2 = "qwen-f92e6afb-1", "qwen-f92e6afb-2"
 PENDING = (
     "couldn't assign flavors to pod set gpu-workers: insufficient unused quota for nvidia.com/gpu in flavor "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -32,9 +32,8 @@ from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import ConditionType, JobStatus, Phase, Reason, get_condition
 from fsdp_operator.runtime.rayjobs import summarize_nodes
 from fsdp_train.contract.events import Failure, Placement, Step, Summary, Transport
+from support.running_job import NOW, UID
 
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
-UID = "0b8a2b5e-1111-2222-3333-444455556666"
 NAME, NAMESPACE = "qwen", "ml"
 PACKAGE = "/opt/fsdp_train"
 CLUSTER = "qwen-ray"  # written down: a change in how names are made must show here

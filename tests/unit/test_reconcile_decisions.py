@@ -8,7 +8,7 @@ shows up as a failing line, not as a test that follows the code.
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -32,9 +32,8 @@ from fsdp_operator.decide.observed import (
 from fsdp_operator.decide.reconcile import reconcile
 from fsdp_operator.decide.status import JobStatus, Phase, Reason, get_condition
 from support.broken_fold import fold_raises_on_step
+from support.running_job import NOW, UID
 
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
-UID = "0b8a2b5e-1111-2222-3333-444455556666"
 CLUSTER = "qwen-ray"
 SID1 = "qwen-f92e6afb-1"  # sha256("qwen/<UID>")[:8], written down once
 SID2 = "qwen-f92e6afb-2"

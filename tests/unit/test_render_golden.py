@@ -16,10 +16,10 @@ import pytest
 import yaml
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import parse_job
+from support.running_job import UID
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "data" / "golden"
-UID = "0b8a2b5e-1111-2222-3333-444455556666"
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml"))
 
 

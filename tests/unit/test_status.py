@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from fsdp_operator.api import schema
@@ -32,8 +32,7 @@ from fsdp_train.contract.events import (
     Transport,
     parse_lines,
 )
-
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+from support.running_job import NOW
 
 
 def job(**network: Any) -> Job:

@@ -11,8 +11,8 @@ from fsdp_operator.decide.budget import status_budget, within_budget
 from fsdp_operator.decide.folding import LOSS_HISTORY_POINTS, _with_loss_point
 from fsdp_operator.decide.lifecycle import with_lifecycle_conditions
 from fsdp_operator.decide.status import Condition, JobStatus, Phase, Reason, get_condition
+from support.running_job import NOW
 
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 AT = "2026-11-29T12:00:00Z"
 
 

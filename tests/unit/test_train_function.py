@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from fsdp_train.run.ray_entry import RayJobConfig
 from fsdp_train.run.user_function import events_from_report, failure
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from support.running_job import first_attempt_running
+from support.running_job import NOW, first_attempt_running
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU_WORKERS = {"replicas": 2, "instanceType": "", "gpusPerWorker": 0, "efaPerWorker": 0, "ranksPerWorker": 2}
@@ -212,7 +211,6 @@ def test_without_a_function_the_submission_is_unchanged() -> None:
 
 # --- the status a function's reports make (one reconcile pass over its log) ---------------------------------
 
-NOW = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
 FUNCTION_JOB = {
     **manifest(base()),
     "metadata": {"name": "byo", "namespace": "ml", "uid": "u-1", "generation": 1},

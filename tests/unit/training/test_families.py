@@ -9,13 +9,11 @@ message before anything trains.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from fsdp_train.contract import families
 from fsdp_train.contract.config import ConfigError, TrainConfig
 from fsdp_train.contract.events import Export, parse_lines
@@ -54,15 +52,6 @@ MIXTURES = {
     "qwen3_moe": {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
 }
-
-
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[Topology]:
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield Topology(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, device_index=0)
-    finally:
-        dist.destroy_process_group()
 
 
 def save_family(directory: Path, model_type: str, extra: dict[str, Any]) -> Path:

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from fsdp_train.contract.config import MERGED_DIR, ConfigError, TrainConfig
-from fsdp_train.contract.events import Event, Export, Step, parse_lines
+from fsdp_train.contract.events import Export, Step
 from fsdp_train.models.parallelize import Topology
 from fsdp_train.run.loop import FAIL_AT_STEP_ENV, Host, build, train, train_step
 from fsdp_train.state.checkpoint import DirectoryCheckpoints
+from support.cpu_ranks import printed
 from support.tiny_hf import documents, save_tiny_model, write_jsonl
 from torch.distributed.checkpoint import FileSystemReader
 
@@ -39,25 +38,12 @@ LORA: dict[str, Any] = {
 }
 
 
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Iterator[Topology]:
-    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
-    try:
-        yield Topology(rank=0, world_size=1, local_rank=0, local_world_size=1, node_rank=0, device_index=0)
-    finally:
-        dist.destroy_process_group()
-
-
 def config(tmp_path: Path, **more: Any) -> TrainConfig:
     model = tmp_path / "model"
     if not model.exists():
         save_tiny_model(model)
         write_jsonl(tmp_path / "corpus.jsonl", [{"text": d} for d in documents(80)])
     return TrainConfig.from_dict({**LORA, "model": str(model), "data": str(tmp_path / "corpus.jsonl"), **more})
-
-
-def printed(capsys: pytest.CaptureFixture[str]) -> list[Event]:
-    return list(parse_lines(capsys.readouterr().out.splitlines()))
 
 
 def run(cfg: TrainConfig, topo: Topology, env: dict[str, str] | None = None) -> None:
