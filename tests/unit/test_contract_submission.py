@@ -136,6 +136,63 @@ EXPECTED: dict[str, RayJobConfig] = {
             "probe_size_bytes": 1048576,
         },
     ),
+    "tiny-lora.yaml": expected(
+        "tiny-lora",
+        CPU_SCALING,
+        "/tmp/fsdp-tiny-lora-checkpoints",
+        {
+            **SHARED_DATA,
+            "model": "/tmp/fsdp-tiny-model",
+            "model_init": "pretrained",
+            "steps": 40,
+            "seq_len": 64,
+            "batch_size_per_rank": 2,
+            "learning_rate": 0.02,
+            "sharding": "hybrid",
+            "mixed_precision": "fp32",
+            "compile": False,
+            "data": "/tmp/fsdp-tiny-model/sample.jsonl",
+            "validation_split": 0.1,
+            "eval_every_steps": 10,
+            "output_path": "/tmp/fsdp-tiny-lora",
+            "export_merged": True,
+            "checkpoint_path": "/tmp/fsdp-tiny-lora-checkpoints",
+            "probe_size_bytes": 1048576,
+            "lora_rank": 8,
+            "lora_alpha": 16,
+        },
+    ),
+    "qwen2.5-7b-lora.yaml": expected(
+        "qwen25-7b-lora",
+        GPU_SCALING,
+        "s3://my-bucket/checkpoints/qwen25-7b-lora",
+        {
+            **GPU_TRAIN,
+            **SHARED_DATA,
+            "model": "Qwen/Qwen2.5-7B-Instruct",
+            "steps": 2000,
+            "batch_size_per_rank": 2,
+            "grad_accum": 4,
+            "learning_rate": 2e-4,
+            "lr_schedule": "cosine",
+            "warmup_steps": 50,
+            "activation_checkpointing": True,
+            "loss_chunk_tokens": 1024,
+            "data": "s3://my-bucket/sft/conversations/",
+            "data_format": "jsonl",
+            "data_field": "messages",
+            "data_kind": "chat",
+            "validation_split": 0.02,
+            "eval_every_steps": 100,
+            "epochs": 2,
+            "output_path": "s3://my-bucket/adapters/qwen25-7b-lora",
+            "export_merged": True,
+            "checkpoint_path": "s3://my-bucket/checkpoints/qwen25-7b-lora",
+            "checkpoint_interval": 200,
+            "lora_rank": 16,
+            "lora_alpha": 32,
+        },
+    ),
     "qwen2.5-1.5b-efa.yaml": expected(
         "qwen25-1p5b-efa",
         GPU_SCALING,
@@ -290,6 +347,12 @@ TRAINING_FIELDS: dict[str, tuple[str, st.SearchStrategy[Any]]] = {
     "compileCacheDir": ("compile_cache_dir", st.sampled_from(["", "/shared/compile-cache"])),
 }
 CHECKPOINT_FIELDS = {"storage": "checkpoint_path", "intervalSteps": "checkpoint_interval"}
+LORA_FIELDS: dict[str, tuple[str, st.SearchStrategy[Any]]] = {
+    "rank": ("lora_rank", st.integers(1, 4096)),
+    "alpha": ("lora_alpha", st.integers(1, 65_536)),
+    "dropout": ("lora_dropout", st.floats(0.0, 0.9)),
+    "targetModules": ("lora_target_modules", st.lists(st.sampled_from(["q_proj", "v_proj", "down_proj"]), max_size=3)),
+}
 
 
 @st.composite
@@ -301,6 +364,9 @@ def training_specs(draw: st.DrawFn) -> dict[str, Any]:
             "storage": draw(st.sampled_from(["s3://bucket/run", "/shared/ckpt", "file:///data/c"])),
             "intervalSteps": draw(st.integers(0, 1000)),
         }
+    if draw(st.booleans()):
+        lora = draw(st.sets(st.sampled_from(sorted(LORA_FIELDS))))
+        training["lora"] = {key: draw(LORA_FIELDS[key][1]) for key in sorted(lora)}
     return training
 
 
@@ -322,6 +388,11 @@ def test_accepted_training_specs_reach_the_loop_unchanged(
             for sub, name in CHECKPOINT_FIELDS.items():
                 assert getattr(config.train, name) == value[sub], f"training.checkpoint.{sub}"
             assert config.storage_path == value["storage"]
+        elif key == "lora":
+            for sub, (name, _) in LORA_FIELDS.items():
+                if sub in value:
+                    assert getattr(config.train, name) == value[sub], f"training.lora.{sub}"
+            assert config.train.lora_rank == value.get("rank", 16)  # a lora section turns LoRA on
         else:
             assert getattr(config.train, TRAINING_FIELDS[key][0]) == value, f"training.{key}"
     assert config.num_workers == 2 * replicas  # ranksPerWorker 2 in tiny-cpu.yaml
@@ -332,7 +403,8 @@ def test_the_table_names_every_training_field_of_the_crd() -> None:
     crd = yaml.safe_load((EXAMPLES.parent / "crds" / "fsdptrainingjob.yaml").read_text())
     spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     training = spec["properties"]["training"]["properties"]
-    assert set(training) == {*TRAINING_FIELDS, "checkpoint"}
+    assert set(training) == {*TRAINING_FIELDS, "checkpoint", "lora"}
+    assert set(training["lora"]["properties"]) == set(LORA_FIELDS)
     # gracePeriodSeconds is the worker pods' terminationGracePeriodSeconds (render.py), not the function's config.
     assert set(training["checkpoint"]["properties"]) == {*CHECKPOINT_FIELDS, "gracePeriodSeconds"}
 

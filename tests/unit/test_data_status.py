@@ -97,7 +97,7 @@ def test_the_crd_has_the_groups_and_the_eval_loss_column() -> None:
     version = generate.crd()["spec"]["versions"][0]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
     assert spec["data"]["properties"]["source"]["default"] == "random"
-    assert set(spec["output"]["properties"]) == {"storage", "everyCheckpoint"}
+    assert set(spec["output"]["properties"]) == {"storage", "everyCheckpoint", "merge"}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert columns["Eval Loss"] == {"name": "Eval Loss", "type": "number", "jsonPath": ".status.progress.evalLoss"}
 
