@@ -84,6 +84,9 @@ def capture() -> dict[str, dict[str, Any]]:
     async def runs(w: World) -> None:
         async with w.operator():
             await w.held_running()
+            # The capture needs a Running status with its progress: the ranks hold after their first step, and that
+            # step's progress is written at most 5 s after it (progress-only writes are rate-limited).
+            await eventually(lambda: w.status().get("progress"), message="no progress while running")
             w.patch_spec("qwen", {"runPolicy": {"backoffLimit": 2}})  # mutable: observed within one pass
             await eventually(lambda: w.status().get("observedGeneration") == 2, message="the edit was not observed")
             w.script.hold = False
