@@ -479,6 +479,33 @@ def _global_mean(value: torch.Tensor) -> float:
     return float(value.item()) / dist.get_world_size()
 
 
+def _plain_steps(
+    args: argparse.Namespace,
+    recipe: Recipe,
+    topo: Topology,
+    device: torch.device,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    vocab: int,
+) -> tuple[list[float], list[float]]:
+    """The reference recipes' loop (seed, peft-plain): ``model(input_ids=x, labels=x).loss``, each step synced."""
+    times, losses = [], []
+    for step in range(1, args.warmup + args.steps + 1):
+        x = _tokens(args, recipe.batch, topo.rank, step, vocab, device)
+        _sync(device)
+        t0 = time.perf_counter()
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        _sync(device)
+        if step > args.warmup:
+            times.append(time.perf_counter() - t0)
+        losses.append(_global_mean(loss))
+    del model, optimizer
+    return times, losses
+
+
 def run_seed(
     args: argparse.Namespace, recipe: Recipe, topo: Topology, device: torch.device
 ) -> tuple[list[float], list[float]]:
@@ -499,21 +526,7 @@ def run_seed(
         **({"device_id": device} if device.type == "cpu" else {}),
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    times, losses = [], []
-    for step in range(1, args.warmup + args.steps + 1):
-        x = _tokens(args, recipe.batch, topo.rank, step, config.vocab_size, device)
-        _sync(device)
-        t0 = time.perf_counter()
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        _sync(device)
-        if step > args.warmup:
-            times.append(time.perf_counter() - t0)
-        losses.append(_global_mean(loss))
-    del model, optimizer
-    return times, losses
+    return _plain_steps(args, recipe, topo, device, model, optimizer, config.vocab_size)
 
 
 def run_peft_plain(
@@ -535,21 +548,7 @@ def run_peft_plain(
         model.enable_input_require_grads()
     ADAPTER_PARAMS[recipe.label] = sum(p.numel() for p in model.parameters() if p.requires_grad)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=args.lr, fused=True)
-    times, losses = [], []
-    for step in range(1, args.warmup + args.steps + 1):
-        x = _tokens(args, recipe.batch, topo.rank, step, config.vocab_size, device)
-        _sync(device)
-        t0 = time.perf_counter()
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        _sync(device)
-        if step > args.warmup:
-            times.append(time.perf_counter() - t0)
-        losses.append(_global_mean(loss))
-    del model, optimizer
-    return times, losses
+    return _plain_steps(args, recipe, topo, device, model, optimizer, config.vocab_size)
 
 
 def run_ours(
