@@ -183,7 +183,7 @@ class Output:
 @dataclass(frozen=True, slots=True)
 class Lora:
     """LoRA: train low-rank adapters (peft's layers, saved in peft's format) on a frozen bf16 base instead of every
-    weight. Only the adapters are trained, checkpointed and exported."""
+    weight; QLoRA with quantizeBase nf4. Only the adapters are trained, checkpointed and exported."""
 
     rank: int = declare("The adapters' rank.", default=16, minimum=1, maximum=4096, train="lora_rank")
     alpha: int = declare(
@@ -204,6 +204,13 @@ class Lora:
         grammar=formats.MODULE_NAME,
         max_items=64,
         train="lora_target_modules",
+    )
+    quantize_base: Literal["none", "nf4"] = declare(
+        "QLoRA: nf4 keeps the frozen base's target layers in 4-bit NormalFloat (torchao's NF4, dequantized to bf16 "
+        "for each matmul), about a quarter of their bf16 memory; the adapters, embeddings and norms stay as with "
+        "LoRA. Needs mixedPrecision bf16 and sharding over one dimension (full; auto picks it).",
+        default="none",
+        train="lora_quantize_base",
     )
 
 

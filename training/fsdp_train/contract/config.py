@@ -21,6 +21,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "data_format": ("", "jsonl", "parquet", "text"),
     "data_kind": ("text", "chat"),
     "precision": ("bf16", "fp8", "auto"),
+    "lora_quantize_base": ("none", "nf4"),
 }
 
 RANDOM_DATA = "random"
@@ -156,6 +157,8 @@ class TrainConfig:
     lora_target_modules: list[str] = field(default_factory=list)
     """Names of the linear layers inside the decoder blocks that get adapters (``q_proj``, ``down_proj``); empty:
     every linear layer of the blocks (the attention and MLP projections of any family)."""
+    lora_quantize_base: str = "none"
+    """``nf4``: QLoRA, the frozen base's target layers held as torchao NF4 tensors (``fsdp_train.models.quantize``)."""
     export_merged: bool = False
     """With LoRA: also export the base with the adapters merged in, as a plain Hugging Face model, into
     ``<output_path>/merged`` (``MERGED_DIR``; the adapter directory is ``output_path`` itself)."""
@@ -212,7 +215,7 @@ class TrainConfig:
                 "lora_target_modules", f"must be module names (letters, digits, _); got {self.lora_target_modules!r}."
             )
         if not self.lora_rank:
-            for name, unset in (("lora_target_modules", []), ("export_merged", False)):
+            for name, unset in (("lora_target_modules", []), ("export_merged", False), ("lora_quantize_base", "none")):
                 if getattr(self, name) != unset:
                     raise ConfigError(name, f"needs LoRA ({p}.lora_rank of 1 or more).")
             return
@@ -223,6 +226,18 @@ class TrainConfig:
                 "precision",
                 f"fp8 is for full fine-tuning; with LoRA ({p}.lora_rank) use bf16 or auto (which picks bf16).",
             )
+        if self.lora_quantize_base == "nf4":
+            if self.mixed_precision != "bf16":
+                raise ConfigError(
+                    "lora_quantize_base",
+                    f"nf4 needs {p}.mixed_precision bf16: an NF4 weight is dequantized to bf16 for each matmul.",
+                )
+            if self.sharding == "hybrid":
+                # An NF4 weight is quantized whole and cut into row blocks over one mesh dimension (torchtune's way
+                # too); a replicated second dimension is not built or tested.
+                raise ConfigError(
+                    "lora_quantize_base", f"nf4 needs {p}.sharding full or auto (auto picks full with nf4)."
+                )
         if self.output_path and self.model_init != "pretrained":
             raise ConfigError(
                 "output_path",

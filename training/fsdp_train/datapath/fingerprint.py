@@ -35,6 +35,7 @@ TRAJECTORY_FIELDS = (
     "lora_alpha",
     "lora_dropout",
     "lora_target_modules",
+    "lora_quantize_base",
 )
 """The settings that decide a run's trajectory: a checkpoint resumes only a run with the same values
 (``steps`` and ``epochs`` too: the learning-rate schedule depends on the length)."""

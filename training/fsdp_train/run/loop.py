@@ -132,7 +132,9 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
     cross_node_gbps = report.verify_link(
         topo, node_ip=host.node_ip, device=device, env=env, probe_size_bytes=cfg.probe_size_bytes
     )
-    sharding = resolve_sharding(cfg.sharding, topo.num_nodes, cross_node_gbps, cfg.min_cross_node_gbps)
+    # An NF4 base is cut over one mesh dimension only (the config refuses hybrid with it): auto picks full.
+    requested = "full" if cfg.lora_quantize_base == "nf4" else cfg.sharding
+    sharding = resolve_sharding(requested, topo.num_nodes, cross_node_gbps, cfg.min_cross_node_gbps)
     clock.mark("probe")
 
     # Data before weights: a source that cannot be read fails the job in seconds, not after a model load.
