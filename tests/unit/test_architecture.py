@@ -26,6 +26,22 @@ MAX_LINES = 600
 RANK = {"cli": 5, "local": 4, "runtime": 3, "decide": 2, "api": 1, "capacity": 1}
 TOP = 6  # the package's own __init__ / __main__
 
+# The modules over MAX_LINES, each one thing that has not been split, and why; none may grow past CEILING, and an
+# entry goes when its module comes under the limit. All are the emulated cluster of run-local (local/).
+CEILING = 1000
+LONG_MODULES = {
+    "operator/fsdp_operator/local/server/apiserver.py": "the HTTP surface of the emulated API server: one dispatch "
+    "from a request to the store, watch streams, discovery and OpenAPI (the semantics are in store.py)",
+    "operator/fsdp_operator/local/server/store.py": "one Store whose methods share its lock, index and event "
+    "history: writes, deletion with finalizers, and the garbage collector that deletion starts",
+    "operator/fsdp_operator/local/server/structural.py": "the structural-schema rules of a CRD, each a few lines, "
+    "read as one list against the Kubernetes documentation",
+    "operator/fsdp_operator/local/cluster/kuberay.py": "one KubeRay controller: a RayCluster's pods, its Ray "
+    "nodes' processes with their restarts, and the status written from both",
+    "operator/fsdp_operator/local/run.py": "run-local's driver: the progress shown as a job runs, and starting and "
+    "stopping the server, the cluster and the operator around it",
+}
+
 # The training package's rooms, top to bottom (docs/architecture.md; each room's __init__ says what it holds).
 TRAINING_RANK = {"run": 6, "watch": 5, "models": 4, "datapath": 3, "state": 2, "contract": 1}
 TRAINING_TOP = 7
@@ -227,14 +243,19 @@ def test_training_never_imports_the_operator() -> None:
 
 
 def test_no_module_over_the_limit() -> None:
-    long = []
+    """No module of either package is over MAX_LINES, but those LONG_MODULES names, and they stay under CEILING."""
+    long, listed = [], set()
     for root in (OPERATOR, TRAINING):
-        for path in root.rglob("*.py"):
-            if "local" in path.relative_to(root).parts[:1]:
-                continue
+        for path in sorted(root.rglob("*.py")):
+            name = path.relative_to(ROOT).as_posix()
             count = len(path.read_text().splitlines())
-            if count > MAX_LINES:
-                long.append(f"{path.relative_to(ROOT)}: {count} lines")
+            if name in LONG_MODULES:
+                listed.add(name)
+                if not MAX_LINES < count <= CEILING:
+                    long.append(f"{name}: {count} lines, listed as long (over {MAX_LINES}, at most {CEILING})")
+            elif count > MAX_LINES:
+                long.append(f"{name}: {count} lines")
+    long += [f"{name}: listed as long, but no such module" for name in sorted(LONG_MODULES.keys() - listed)]
     assert long == [], f"modules over {MAX_LINES} lines (split where a module holds two things):\n" + "\n".join(long)
 
 
