@@ -360,7 +360,8 @@ def test_an_edit_of_a_finished_job_is_observed_and_takes_effect(apiserver: Threa
 
 def test_a_rule_on_a_nested_field_refuses_its_edit_alone_and_leaves_the_objects_as_they_were() -> None:
     """The null-safe rule of `spec.runPolicy.maxWorkerRestarts` (it names `spec.runPolicy` and the field under it,
-    each picked and merged by `local/cel_rules.py`): only that field's edit is refused, and neither object changes."""
+    each picked and merged by `local/server/cel_rules.py`): only that field's edit is refused, and neither object
+    changes."""
     import copy
 
     from fsdp_operator.api import generate

@@ -4,8 +4,8 @@ Sections cited: Pod Lifecycle, "Termination of Pods"
 (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination) and Container Lifecycle Hooks
 (https://kubernetes.io/docs/concepts/containers/container-lifecycle-hooks/). The API server's side
 (`store.Store._terminating`): the grace period, `deletionTimestamp`, a second deletion shortening it, a forced
-deletion. The kubelet's side (`local/kubelet.py`): the preStop hook run with the container's environment, bounded by
-the grace period, then TERM, KILL after the grace period, then the pod removed. The worker's own hook
+deletion. The kubelet's side (`local/cluster/kubelet.py`): the preStop hook run with the container's environment,
+bounded by the grace period, then TERM, KILL after the grace period, then the pod removed. The worker's own hook
 (`render.worker_notice_hook`) is what runs: it writes the notice and waits for `done` while a rank lives.
 """
 

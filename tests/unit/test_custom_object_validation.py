@@ -1,6 +1,6 @@
-"""Custom objects against their schema in the emulated API server (`local/validation.py`): the compiled validity check
-never passes what jsonschema refuses, and validation ratcheting (`validate` with the stored object) leaves an update
-exactly the errors of validating it whole, less those in root fields it leaves unchanged."""
+"""Custom objects against their schema in the emulated API server (`local/server/validation.py`): the compiled validity
+check never passes what jsonschema refuses, and validation ratcheting (`validate` with the stored object) leaves an
+update exactly the errors of validating it whole, less those in root fields it leaves unchanged."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pod validation of the emulated API server (local/podvalidation.py): quantities as the real server
+"""Pod validation of the emulated API server (local/server/podvalidation.py): quantities as the real server
 canonicalizes them (what the divisor rule compares), and the env rules on their own."""
 
 from __future__ import annotations

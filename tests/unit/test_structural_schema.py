@@ -1,4 +1,4 @@
-"""The CRD schema rules of the emulated API server (local/structural.py), each refused schema paired with
+"""The CRD schema rules of the emulated API server (local/server/structural.py), each refused schema paired with
 the real kube-apiserver's message for it, and the CRDs real servers accept (ours, the chart's, KubeRay's)."""
 
 from __future__ import annotations

@@ -427,7 +427,7 @@ class FakeRay:
         for sid in cluster.jobs if cluster else ():
             self._players.pop(sid, None)
 
-    # --- faults the tests inject (Ray's side; the API server's are in `local/faults.py`) ---
+    # --- faults the tests inject (Ray's side; the API server's are in `local/server/faults.py`) ---
     def lose_job(self, submission_id: str) -> None:
         """Ray forgets one job (`ray job delete`, or a head without persistent GCS): its id is unknown again."""
         for cluster in self.clusters.values():

@@ -187,7 +187,7 @@ class RayNode:
     log_path: Path
     temp_dir: Path
     env: dict[str, str] = field(default_factory=dict)
-    """The container's environment as the node's processes got it (a hook runs with it too: `local/kubelet.py`)."""
+    """The container's environment as the node's processes got it (a hook runs with it too: `cluster/kubelet.py`)."""
 
     @property
     def marker(self) -> str:

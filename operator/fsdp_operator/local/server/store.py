@@ -185,7 +185,7 @@ class Store:
     _foreground: dict[str, tuple[tuple[str, str], tuple[str, str]]] = field(default_factory=dict)
     """Uid -> (type key, object key) of the owners in a foreground deletion, waiting for their dependents."""
     graceful_pods: bool = False
-    """Graceful deletion of pods (`local/kubelet.py`, which plays the kubelet that finishes it). Off: a pod is
+    """Graceful deletion of pods (`local/cluster/kubelet.py`, which plays the kubelet that finishes it). Off: a pod is
     removed at once, as when no kubelet would ever finish its termination."""
 
     def __post_init__(self) -> None:
