@@ -29,6 +29,7 @@ from fsdp_train.contract.events import (
     Interruption,
     Placement,
     Probe,
+    Resolved,
     Step,
     Summary,
     Timings,
@@ -147,6 +148,7 @@ EVENTS: list[Event] = [
         eval_seconds=12.345,
         export_seconds=45.678,
     ),
+    Resolved(rank=0, time=5.5, sharding="full", precision="bf16"),
     Timings(
         rank=0,
         time=6.0,
@@ -311,6 +313,12 @@ RECORDED: dict[str, dict[str, str | tuple[None, str]]] = {
         "eval_seconds": "result.evalSeconds",
         "export_seconds": "result.exportSeconds",
         "rank": (None, "rank 0's summary is the job's result; the others are skipped"),
+        "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
+    },
+    "resolved": {
+        "sharding": (None, "MLflow's parameter before the first step; status's result.sharding is the summary's"),
+        "precision": (None, "MLflow's parameter before the first step; status's result.precision is the summary's"),
+        "rank": (None, "only rank 0 reports what it resolved"),
         "time": (None, "the status keeps the operator's times, not the ranks' clocks"),
     },
     "timings": {

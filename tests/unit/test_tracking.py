@@ -291,7 +291,7 @@ def test_any_tracking_uri_is_accepted_clean_or_refused_naming_the_field(uri: str
 def test_the_runs_parameters_are_named_as_in_the_spec_and_the_resolved_ones_are_what_ran() -> None:
     """`train.min_cross_node_gbps = 25.0` read as the spec's network floor, and `train.precision = bf16` was logged for
     a CPU job that ran in fp32: every parameter a spec field sets is named by that field, the function's own settings
-    stay `train.*`, and precision and sharding come from the summary, as the ranks resolved them."""
+    stay `train.*`, and precision and sharding come from rank 0's `Resolved` event, as the ranks resolved them."""
     job = parse_job(job_with({"trackingUri": "http://10.0.4.7:5000"}))
     submission = render.submission(job, render.submission_id(job.name, job.uid, 1), "/pkg")
     settings = tracking.Settings.from_dict(submission.config["tracking"])
@@ -304,10 +304,12 @@ def test_the_runs_parameters_are_named_as_in_the_spec_and_the_resolved_ones_are_
     meta = {"model", "world_size", "instance_type", "operator_version", "job"}
     assert {name.split(".overrides.")[0] for name in params} - meta == named
     assert not {"training.precision", "training.sharding", "train.precision", "train.sharding"} & set(params)
-    summary = events.Summary(rank=0, steps=3, final_loss=1.0, first_loss=2.0, tokens_per_second=1.0, sharding="hybrid",
-                      precision="fp32")  # fmt: skip
-    resolved = [r for r in tracking.records_of(summary) if isinstance(r, tracking._Param)]
+    before = events.Resolved(rank=0, sharding="hybrid", precision="fp32")  # rank 0's, before its first step
+    resolved = [r for r in tracking.records_of(before) if isinstance(r, tracking._Param)]
     assert [(r.name, r.value) for r in resolved] == [("precision", "fp32"), ("sharding", "hybrid")]
+    summary = events.Summary(rank=0, steps=3, final_loss=1.0, first_loss=2.0, tokens_per_second=1.0, sharding="hybrid",
+                             precision="fp32")  # fmt: skip
+    assert not [r for r in tracking.records_of(summary) if isinstance(r, tracking._Param)]  # logged once, earlier
     assert settings.param_names["precision"] == "training.precision"
     with pytest.raises(ValueError, match="param_names"):
         tracking.Settings.from_dict({**submission.config["tracking"], "param_names": {"x": 1}})

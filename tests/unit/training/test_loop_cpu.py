@@ -20,6 +20,7 @@ from fsdp_train.contract.events import (
     Failure,
     Placement,
     Probe,
+    Resolved,
     Step,
     Summary,
     Transport,
@@ -58,7 +59,8 @@ def of(kind: type[Event], events: list[Event]) -> list[Any]:
 def test_one_rank_reports_and_trains(one_rank: Topology, capsys: pytest.CaptureFixture[str]) -> None:
     summary = train(TrainConfig.from_dict(TRAIN), one_rank, Host(node_ip="10.1.2.3", env={}))
     events = printed(capsys)
-    assert [e.kind for e in events] == ["placement", "transport", "step", "timings", "step", "step", "summary"]
+    kinds = ["placement", "transport", "resolved", "step", "timings", "step", "step", "summary"]
+    assert [e.kind for e in events] == kinds
     (placement,) = of(Placement, events)
     assert (placement.rank, placement.world_size, placement.node_ip, placement.device, placement.backend) == (
         0, 1, "10.1.2.3", "cpu", "gloo",
@@ -103,6 +105,33 @@ def test_a_failure_is_reported_then_the_rerun_resumes_from_the_checkpoint(
     uninterrupted = {e.step: e.loss for e in of(Step, printed(capsys))}
     for resumed in of(Step, again):
         assert resumed.loss == pytest.approx(uninterrupted[resumed.step], abs=1e-6), resumed.step
+
+
+def test_a_run_that_fails_before_its_summary_has_told_mlflow_what_it_resolved(
+    one_rank: Topology, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """training.precision and training.sharding reach the run as the rank resolved them (fp32 on a CPU, `auto`'s
+    pick) before its first step: a run that fails after step 1 has them though it never wrote its summary."""
+    from fsdp_train.watch import tracking
+    from mlflow.tracking import MlflowClient
+
+    uri = (tmp_path / "mlruns").as_uri()
+    names = {"precision": "training.precision", "sharding": "training.sharding"}  # as the operator renders them
+    settings = {"uri": uri, "experiment": "e", "run_name": "r", "uid": "u-1", "generation": 1, "param_names": names}
+    train_config = {**TRAIN, "sharding": "auto"}
+    tracker = tracking.start(settings, train_config, world_size=1, rank=0)
+    assert tracker is not None
+    host = Host(node_ip="10.1.2.3", env={FAIL_AT_STEP_ENV: "1"})
+    with pytest.raises(RuntimeError, match="injected failure after step 1"):
+        train(TrainConfig.from_dict(train_config), one_rank, host)
+    tracker.close("FAILED")
+    events = printed(capsys)
+    assert not of(Summary, events) and of(Failure, events)
+    (resolved,) = of(Resolved, events)
+    assert (resolved.sharding, resolved.precision) == ("full", "fp32")
+    run = MlflowClient(tracking_uri=uri).get_run(tracker.run_id)
+    assert run.info.status == "FAILED"
+    assert (run.data.params["training.precision"], run.data.params["training.sharding"]) == ("fp32", "full")
 
 
 def test_pretrained_weights_are_loaded(one_rank: Topology, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -208,6 +208,18 @@ class Summary(Event):
 
 
 @dataclass(kw_only=True, slots=True)
+class Resolved(Event):
+    """What rank 0 resolved from the job's settings before its first step (``auto``, fp32 on a CPU): sent now, so
+    that a run that fails before its summary still says what it ran."""
+
+    kind: ClassVar[str] = "resolved"
+    sharding: str
+    """``full`` or ``hybrid``, after ``auto`` was resolved (as ``Summary.sharding``)."""
+    precision: str
+    """``bf16``, ``fp8``, or ``fp32`` without mixed precision (as ``Summary.precision``)."""
+
+
+@dataclass(kw_only=True, slots=True)
 class Timings(Event):
     """Where the time to the first optimizer step went (rank 0 reports, once, after that step)."""
 
@@ -262,7 +274,9 @@ class Tracking(Event):
     problem: str = ""
 
 
-_DECLARED_HERE = (Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Timings, Failure)
+_DECLARED_HERE = (
+    Placement, Transport, Probe, Step, Evaluation, Export, Checkpoint, Summary, Resolved, Timings, Failure,
+)  # fmt: skip
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls for cls in (*_DECLARED_HERE, Interruption, Tracking, RankHealth, Stall)
 }

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdp_train.contract.config import RANDOM_DATA, TrainConfig
-from fsdp_train.contract.events import Checkpoint, Summary, as_dict, emit
+from fsdp_train.contract.events import Checkpoint, Resolved, Summary, as_dict, emit
 from fsdp_train.contract.failures import failure_of
 from fsdp_train.contract.families import attention_for
 from fsdp_train.datapath.data import Prepared, check_usable, prepare_on_each_node, tokenizer_location
@@ -146,6 +146,9 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         cfg = dataclasses.replace(cfg, steps=feed.total_steps(cfg.steps, cfg.epochs))
 
     model, optimizer, config = build(cfg, topo, sharding, device, source=source)
+    precision = matmul_precision(cfg, device, config)
+    if topo.rank == 0:  # before anything can fail the run: MLflow's parameters say what ran, summary or not
+        emit(Resolved(rank=0, sharding=sharding, precision=precision))
     extra = {"data": feed.position} if feed is not None else {}
     resumed_from = host.checkpointer.restore(model, optimizer, extra, fingerprint)
     if resumed_from and topo.rank == 0:
@@ -292,7 +295,7 @@ def _run(cfg: TrainConfig, topo: Topology, host: Host, device: torch.device) -> 
         resumed_from_step=resumed_from,
         eval_loss=eval_loss,
         epochs=feed.position.epoch + (1 if feed.position.step_in_epoch else 0) if feed is not None else 0,
-        precision=matmul_precision(cfg, device, config),
+        precision=precision,
         step_seconds=metrics.timed_seconds,
         eval_seconds=eval_seconds,
         export_seconds=export_seconds,

@@ -157,7 +157,8 @@ EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_dev
 "Evaluation runs"; `custom_model_development` is its model-training view (the UI's own name for the kind)."""
 
 RESOLVED_ON_RANKS = ("precision", "sharding")
-"""Training fields whose value the ranks resolve (`auto`, fp32 on a CPU): logged from the summary, as what ran."""
+"""Training fields whose value the ranks resolve (`auto`, fp32 on a CPU): logged as what ran, from rank 0's `Resolved`
+event before the first step (a run that fails before its summary has them too)."""
 
 
 def metric_name(name: str) -> str:
@@ -203,9 +204,10 @@ def records_of(event: Event, learning_rate: Callable[[int], float] | None = None
         metric("checkpoint_step", event.step, event.step)
     elif isinstance(event, events.Export):
         out.append(_Export(event.path, event.step))
+    elif isinstance(event, events.Resolved) and event.rank == 0:
+        out += [_Param(name, str(getattr(event, name))) for name in RESOLVED_ON_RANKS if getattr(event, name)]
     elif isinstance(event, events.Summary) and event.rank == 0:
         out.append(_Document("summary.json", {k: v for k, v in events.as_dict(event).items() if k != "time"}))
-        out += [_Param(name, str(getattr(event, name))) for name in RESOLVED_ON_RANKS if getattr(event, name)]
         metric("final_loss", event.final_loss)
         metric("mean_tokens_per_second", event.tokens_per_second)
         metric("mean_mfu", event.mfu)
@@ -500,7 +502,7 @@ def job_params(
     """The run's parameters: the resolved training config, model, data source and fingerprint, world size,
     instance type and the operator's version."""
     # Named as in the spec where a spec field sets them (`training.seqLen`), else as the function's (`train.*`); the
-    # values the ranks resolve (`auto`, fp32 on a CPU) come from the summary, as what ran (`RESOLVED_ON_RANKS`).
+    # values the ranks resolve (`auto`, fp32 on a CPU) come from their `Resolved` event (`RESOLVED_ON_RANKS`).
     params: dict[str, str] = {}
     for key, value in train.items():
         if key not in RESOLVED_ON_RANKS:
