@@ -75,7 +75,8 @@ def overrides(value: Any) -> list[str]:
         ({"attention_dropout": 2}, ["spec.model.overrides.attention_dropout: must be at most 1, got 2.0"]),
         ({"tie_word_embeddings": 0}, ["spec.model.overrides.tie_word_embeddings: expected boolean, got integer 0"]),
         ({"hidden_act": "evil"}, ["spec.model.overrides.hidden_act: 'evil' is not one of silu, swish, gelu"]),
-        ({"num_hidden_layers": 1024, "hidden_act": "silu", "tie_word_embeddings": False}, []),
+        # the largest layer count is a well-formed override; 1,024 layers of Qwen2.5-1.5B's width fit no L4
+        ({"num_hidden_layers": 1024, "hidden_act": "silu", "tie_word_embeddings": False}, ["spec.training: a rank"]),
         ({"num_hidden_layers": 2.0, "rms_norm_eps": 1, "initializer_range": 0.5}, []),
         ({f"k{i}": i for i in range(65)}, ["spec.model.overrides: more than 64 entries (65)"]),
     ],

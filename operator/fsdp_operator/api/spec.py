@@ -35,7 +35,7 @@ from typing import Any, Literal
 from fsdp_train.contract import catalog
 from fsdp_train.contract.config import ConfigError, TrainConfig
 
-from fsdp_operator.api import cluster_rules, command_line, fields, formats, memo, queueing, schema
+from fsdp_operator.api import cluster_rules, command_line, fields, formats, memo, memory_rules, queueing, schema
 from fsdp_operator.api.env_rules import _env_rules, _refuse_control_plane
 from fsdp_operator.api.fields import Problems, Quantity, show, show_key
 from fsdp_operator.api.fields import field as declare
@@ -590,3 +590,4 @@ def _check_train_config(spec: Spec, problems: Problems) -> None:
         return _train_paths().get(name, "spec.training")
 
     command_line.check(config.to_dict(), spec.runtime_env.env_vars, spec_path, problems)
+    memory_rules.check(spec, config, problems)

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fsdp_operator.api import generate, manifest_yaml, render, schema
-from fsdp_operator.api.spec import Job, SpecError
+from fsdp_operator.api import generate, manifest_yaml, memory_rules, render, schema
+from fsdp_operator.api.spec import Job, SpecError, train_config
 from fsdp_operator.cli import data_check as data_check_cli
 from fsdp_operator.cli.inputs import (
     EXIT_BAD_INPUT,
@@ -57,6 +57,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     job = load_job(args.file)
     print(f"{args.file}: valid FSDPTrainingJob {job.namespace}/{job.name} ({job.spec.workers.world_size} ranks)")
+    print(memory_rules.describe(memory_rules.judge(job.spec, train_config(job.spec))))
     return EXIT_OK
 
 

@@ -1,7 +1,8 @@
 """The configs of the models the training function builds without any network access (``model_init: random``).
 
 Plain data, no torch: the operator reads them too, to check `model.overrides` against the architecture they
-change (fsdp_operator.api.model_configs).
+change (fsdp_operator.api.model_configs), and, with the shapes of a few released models (`KNOWN_SHAPES`), to estimate
+a run's memory (fsdp_train.contract.memory).
 """
 
 from __future__ import annotations
@@ -33,3 +34,37 @@ QWEN25_1_5B: dict[str, Any] = {
 }
 
 KNOWN_CONFIGS: dict[str, dict[str, Any]] = {"Qwen/Qwen2.5-1.5B": QWEN25_1_5B}
+
+
+def _qwen25(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, tied: bool) -> dict[str, Any]:
+    vocab = 151936 if tied else 152064  # the tied small models have 128 fewer (unused) vocabulary rows
+    return {
+        "model_type": "qwen2",
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "vocab_size": vocab,
+        "tie_word_embeddings": tied,
+    }
+
+
+# The architecture numbers of released models (their config.json), for the memory estimate only
+# (fsdp_train.contract.memory): the training function still reads their config from the hub.
+_RELEASED_SHAPES: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen2.5-0.5B": _qwen25(896, 4864, 24, 14, 2, tied=True),
+    "Qwen/Qwen2.5-3B": _qwen25(2048, 11008, 36, 16, 2, tied=True),
+    "Qwen/Qwen2.5-7B": _qwen25(3584, 18944, 28, 28, 4, tied=False),
+    "Qwen/Qwen2.5-14B": _qwen25(5120, 13824, 48, 40, 8, tied=False),
+    "Qwen/Qwen2.5-32B": _qwen25(5120, 27648, 64, 40, 8, tied=False),
+}
+
+KNOWN_SHAPES: dict[str, dict[str, Any]] = {
+    **KNOWN_CONFIGS,
+    **_RELEASED_SHAPES,
+    # the instruction-tuned models have their base's architecture
+    **{f"{name}-Instruct": config for name, config in _RELEASED_SHAPES.items()},
+    "Qwen/Qwen2.5-1.5B-Instruct": QWEN25_1_5B,
+}
+"""Model ids whose config the operator knows well enough to estimate a run's memory."""
