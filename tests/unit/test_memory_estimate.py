@@ -3,6 +3,7 @@ the peaks measured on one H100, and the operator's refusal of a job that cannot 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,9 @@ import pytest
 from fsdp_operator.api import memory_rules, schema
 from fsdp_operator.api.spec import SpecError, parse_job, train_config
 from fsdp_operator.cli.main import main
+from fsdp_operator.decide.observed import Observed
+from fsdp_operator.decide.reconcile import reconcile
+from fsdp_operator.decide.status import JobStatus, Phase, Reason
 from fsdp_train.contract.known_models import KNOWN_SHAPES, QWEN25_1_5B
 from fsdp_train.contract.memory import GIB, ModelShape, Settings, estimate, gib
 
@@ -158,9 +162,38 @@ def test_a_7b_lora_without_checkpointing_is_refused_on_an_l4_with_the_levers() -
     assert "spec.training.seqLen: " in problem
 
 
-def test_full_fine_tuning_of_a_7b_model_on_one_l4_names_the_levers_it_needs_together() -> None:
+def test_the_job_status_says_it_too() -> None:
+    """The operator's own reading of the job: failed validation, the same sentence, nothing created."""
+    manifest = job({"lora": {}, "lossChunkTokens": 1024})
+    manifest["metadata"] |= {"namespace": "ml", "uid": "u-1", "generation": 1}
+    d = reconcile(manifest, JobStatus(), Observed(now=datetime.now(UTC)), training_package="/opt/fsdp_train")
+    assert (d.status.phase, d.status.reason) == (Phase.FAILED, Reason.VALIDATION_FAILED)
+    assert d.status.message.startswith("invalid spec: spec.training: a rank needs about ")
+    assert "spec.training.activationCheckpointing: true" in d.status.message
+
+
+def test_full_fine_tuning_of_a_7b_model_on_one_l4_fits_only_as_qlora() -> None:
     problem = refusal(job({}))
-    assert "it would fit with spec.training.lora with quantizeBase: nf4" in problem or "all of" in problem
+    assert problem.endswith("its GPU has; it would fit with spec.training.lora with quantizeBase: nf4 (~20.9 GiB)")
+
+
+def test_levers_that_fit_only_together_are_named_together() -> None:
+    problem = refusal(job({"lora": {}, "batchSizePerRank": 4, "lossChunkTokens": 0}))
+    assert problem.endswith(
+        "it would fit with all of spec.training.activationCheckpointing: true, spec.training.lora.quantizeBase: nf4 "
+        "(~16.1 GiB) or spec.training.seqLen: 512 with "
+        "spec.training.batchSizePerRank: 1 (~22.0 GiB)"
+    )
+
+
+def test_a_lever_says_what_else_its_setting_needs() -> None:
+    """LoRA is refused with fp8, NF4 with hybrid sharding (TrainConfig): the lever names the setting to change too."""
+    assert "spec.training.lora with quantizeBase: nf4 with spec.training.precision: bf16 (~" in refusal(
+        job({"precision": "fp8"})
+    )
+    two_nodes = {"replicas": 2, "gpusPerWorker": 1, "efaPerWorker": 0}
+    hybrid = refusal(job({"lora": {}, "sharding": "hybrid", "lossChunkTokens": 1024}, workers=two_nodes))
+    assert "spec.training.lora.quantizeBase: nf4 with spec.training.sharding: full (~" in hybrid
 
 
 def test_nothing_fits_a_32b_model_on_one_l4() -> None:

@@ -35,6 +35,8 @@ class Judged:
     shape: ModelShape
     gpu_bytes: int
     instance_type: catalog.InstanceType
+    also: dict[str, str]
+    """What a lever to LoRA (`lora`) or to QLoRA (`nf4`) must also set for TrainConfig to accept it."""
 
     @property
     def fits(self) -> bool:
@@ -71,7 +73,11 @@ def judge(spec: Any, config: Any) -> Judged | str:
     hybrid = config.sharding == "hybrid"
     shard_ranks = workers.ranks_per_worker if hybrid else workers.world_size
     settings = Settings.of(config, shard_ranks=max(1, shard_ranks))
-    return Judged(estimate(shape, settings), settings, shape, known.gpu_memory_mib * 2**20, known)
+    # LoRA refuses fp8 and NF4 refuses hybrid sharding (TrainConfig._check_lora): a lever says what else to set
+    lora = " with spec.training.precision: bf16" if config.precision == "fp8" else ""
+    nf4 = lora + (" with spec.training.sharding: full" if hybrid else "")
+    also = {"lora": lora, "nf4": nf4}
+    return Judged(estimate(shape, settings), settings, shape, known.gpu_memory_mib * 2**20, known, also)
 
 
 def describe(judged: Judged | str) -> str:
@@ -98,19 +104,15 @@ def _levers(judged: Judged) -> str:
     """The settings that would make the job fit, each with its estimate: each that fits alone, else those that fit
     together, and the most tokens per rank that fit."""
     s, shape, room = judged.settings, judged.shape, judged.gpu_bytes
-    single = _single_levers(s)
+    single = _single_levers(s, judged.also)
     offers = [
         f"{name} (~{gib(t):.1f} GiB)" for name, changed in single if (t := estimate(shape, changed).total) <= room
     ]
     if not offers:
-        together: list[str] = []
-        combined = s
-        for name, changed in single:
-            combined = _apply(combined, s, changed)
-            together.append(name)
-            if (total := estimate(shape, combined).total) <= room:
-                offers.append(f"all of {', '.join(together)} (~{gib(total):.1f} GiB)")
-                break
+        together = _together(s, single, shape, room)
+        if together:
+            total = estimate(shape, _combine(s, together)).total
+            offers.append(f"all of {', '.join(name for name, _ in together)} (~{gib(total):.1f} GiB)")
     fewer = _fewer_tokens(s, shape, room)
     if fewer is not None:
         offers.append(f"{fewer[0]} (~{gib(estimate(shape, fewer[1]).total):.1f} GiB)")
@@ -122,17 +124,35 @@ def _levers(judged: Judged) -> str:
     )
 
 
-def _apply(combined: Settings, base: Settings, changed: Settings) -> Settings:
-    """`combined` with the fields a lever changed from `base`."""
-    updates = {
-        name: getattr(changed, name)
-        for name in Settings.__dataclass_fields__
-        if getattr(changed, name) != getattr(base, name)
-    }
-    return replace(combined, **updates)
+def _together(
+    s: Settings, levers: list[tuple[str, Settings]], shape: ModelShape, room: int
+) -> list[tuple[str, Settings]]:
+    """The levers, in order, until together they fit, less each that the others do without; [] when all do not."""
+
+    def fits(chosen: list[tuple[str, Settings]]) -> bool:
+        return estimate(shape, _combine(s, chosen)).total <= room
+
+    chosen = next((levers[:n] for n in range(1, len(levers) + 1) if fits(levers[:n])), [])
+    for lever in list(chosen[:-1]):
+        if fits([other for other in chosen if other is not lever]):
+            chosen.remove(lever)
+    return chosen
 
 
-def _single_levers(s: Settings) -> list[tuple[str, Settings]]:
+def _combine(base: Settings, levers: list[tuple[str, Settings]]) -> Settings:
+    """`base` with the fields each lever changed from it."""
+    combined = base
+    for _, changed in levers:
+        updates = {
+            name: getattr(changed, name)
+            for name in Settings.__dataclass_fields__
+            if getattr(changed, name) != getattr(base, name)
+        }
+        combined = replace(combined, **updates)
+    return combined
+
+
+def _single_levers(s: Settings, also: dict[str, str]) -> list[tuple[str, Settings]]:
     """Each setting that lowers the estimate, alone (fewer tokens aside): (what to set, the settings with it)."""
     levers: list[tuple[str, Settings]] = []
     if not s.activation_checkpointing:
@@ -140,10 +160,11 @@ def _single_levers(s: Settings) -> list[tuple[str, Settings]]:
     if s.loss_chunk_tokens == 0 or min(s.loss_chunk_tokens, s.tokens) > LOSS_CHUNK:
         levers.append((f"spec.training.lossChunkTokens: {LOSS_CHUNK}", replace(s, loss_chunk_tokens=LOSS_CHUNK)))
     if s.lora_rank == 0:
-        levers.append((f"spec.training.lora (rank {LORA_RANK} adapters)", replace(s, lora_rank=LORA_RANK)))
+        name = f"spec.training.lora (rank {LORA_RANK} adapters){also['lora']}"
+        levers.append((name, replace(s, lora_rank=LORA_RANK)))
     if s.lora_quantize_base != "nf4" and s.mixed_precision == "bf16":
         name = "spec.training.lora.quantizeBase: nf4" if s.lora_rank else "spec.training.lora with quantizeBase: nf4"
-        levers.append((name, replace(s, lora_rank=s.lora_rank or LORA_RANK, lora_quantize_base="nf4")))
+        levers.append((name + also["nf4"], replace(s, lora_rank=s.lora_rank or LORA_RANK, lora_quantize_base="nf4")))
     return levers
 
 
