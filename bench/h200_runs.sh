@@ -42,6 +42,8 @@
 #                                           # steps): seconds from notice to saved, the save's blocked and total time
 #   bench/h200_runs.sh lora OUTDIR   # 1 GPU (~8 min): LoRA beside full fine-tuning (1.5B) and beside peft on a plain
 #                                    # Hugging Face model (7B shape): tokens/s, MFU, peak allocated and reserved memory
+#   WHEELS=DIR bench/h200_runs.sh qlora OUTDIR  # 1 GPU (~9 min): QLoRA beside LoRA and full fine-tuning (1.5B), 7B and
+#                                    # 14B QLoRA (torchao's wheel in DIR): tokens/s, MFU, peak memory; the function itself
 #   bench/h200_runs.sh conformance OUTDIR  # 1 GPU (~4 min): the start-up conformance check's losses and seconds, 1.5B
 #                                          # full fine-tuning and the 7B shape with LoRA
 #   bench/h200_runs.sh step-times OUTDIR   # 1 GPU (~3 min): every step's reported time and rate against the wall
@@ -66,6 +68,10 @@ mkdir -p "$out/logs"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/training${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
+
+# Qwen2.5-7B's and Qwen2.5-14B's shapes (their published configs) over the 1.5B model's name, for OVERRIDES
+QWEN7B='{"hidden_size":3584,"intermediate_size":18944,"num_hidden_layers":28,"num_attention_heads":28,"num_key_value_heads":4,"vocab_size":152064,"tie_word_embeddings":false}'
+QWEN14B='{"hidden_size":5120,"intermediate_size":13824,"num_hidden_layers":48,"num_attention_heads":40,"num_key_value_heads":8,"vocab_size":152064,"tie_word_embeddings":false}'
 
 with_overrides() {  # with_overrides CONFIG_JSON: the config with OVERRIDES (Hugging Face config fields) as model_overrides
     "$py" -c 'import json,sys; c=json.loads(sys.argv[1]); o=json.loads(sys.argv[2]); print(json.dumps({**c, "model_overrides": o} if o else c))' \
@@ -397,6 +403,17 @@ lora)  # one GPU (~8 min): LoRA (training.lora, rank 16 on every linear layer of
     OVERRIDES='{"hidden_size":3584,"intermediate_size":18944,"num_hidden_layers":28,"num_attention_heads":28,"num_key_value_heads":4,"vocab_size":152064,"tie_word_embeddings":false}' \
         bench lora-7b 1 340 --seq-len 2048 --batch 1 --steps 20 --warmup 3 \
         --recipes peft-plain-ac,ours-lora-ac,ours-lora,ours-lora-ac@b2
+    ;;
+qlora)  # one GPU (~9 min): QLoRA (training.lora.quantizeBase nf4; torchao's wheel in WHEELS) beside LoRA and full
+       # fine-tuning on Qwen2.5-1.5B's shape, then LoRA and QLoRA on Qwen2.5-7B's shape and QLoRA on Qwen2.5-14B's
+       # (their real configs, random weights), seq 2048, batch 1; then the function itself with QLoRA on the 7B shape
+    wheel_site /tmp/torchao-site torchao "${WHEELS:?WHEELS: torchao}"/torchao-*.whl || exit 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/torchao-site"
+    bench qlora-1.5b 1 150 --seq-len 2048 --batch 1 --steps 20 --warmup 3 --recipes ours-final,ours-lora-ac,ours-qlora-ac
+    OVERRIDES=$QWEN7B bench qlora-7b 1 150 --seq-len 2048 --batch 1 --steps 20 --warmup 3 --recipes ours-lora-ac,ours-qlora-ac
+    OVERRIDES=$QWEN14B bench qlora-14b 1 110 --seq-len 2048 --batch 1 --steps 20 --warmup 3 --recipes ours-qlora-ac
+    OVERRIDES=$QWEN7B fn1 qlora-7b-function 120 '{"seq_len":2048,"batch_size_per_rank":1,"probe_size_bytes":0,"compile":true,"learning_rate":2e-5,"steps":10,"model":"Qwen/Qwen2.5-1.5B","model_init":"random","lora_rank":16,"lora_quantize_base":"nf4","activation_checkpointing":true,"loss_chunk_tokens":1024}'
+    grep -h '^fsdp_train: conformance' "$out/logs/qlora-7b-function.log"
     ;;
 conformance)  # one GPU (~4 min): the training function's start-up check (its two losses and its seconds) on the
              # Qwen2.5-1.5B shape, full fine-tuning, and on the Qwen2.5-7B shape with LoRA and checkpointing

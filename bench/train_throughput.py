@@ -113,6 +113,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "lora_alpha": 32,
         "activation_checkpointing": True,
     },
+    # QLoRA (training.lora.quantizeBase nf4): the same adapters on a base whose block linears are torchao NF4
+    "ours-qlora": {
+        "compile": True,
+        "loss_chunk_tokens": 4096,
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "lora_quantize_base": "nf4",
+    },
+    "ours-qlora-ac": {
+        "compile": True,
+        "loss_chunk_tokens": 1024,
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "lora_quantize_base": "nf4",
+        "activation_checkpointing": True,
+    },
     "ours-r5": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True},
     "ours-r5-nofsdp": {**FINAL, "loss_chunk_tokens": 16384, "x_lazy": True, "x_gc": True, "x_no_fsdp": True},
     # round eight: the round-five recipe with Inductor's coordinate-descent tuning (round three's one winning

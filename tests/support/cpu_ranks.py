@@ -59,3 +59,32 @@ def printed(capsys: pytest.CaptureFixture[str]) -> list[Event]:
     from fsdp_train.contract.events import parse_lines
 
     return list(parse_lines(capsys.readouterr().out.splitlines()))
+
+
+def fixed_batch_steps(rank: int, world_size: int, store: str, train: dict[str, Any], out: str) -> None:
+    """Build the model of ``train`` on one of ``world_size`` ranks and run its steps on one fixed batch, the same
+    on every rank; write the losses (JSON) to ``out``. The rank's losses then equal one rank's alone, bit for bit,
+    where the sharding changes nothing of the arithmetic."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+    from fsdp_train.contract.config import TrainConfig
+    from fsdp_train.models.parallelize import Topology
+    from fsdp_train.run.loop import build, train_step
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.FileStore(store, world_size), rank=rank, world_size=world_size)
+    try:
+        cfg = TrainConfig.from_dict(train)
+        topo = Topology(rank, world_size, rank, world_size, 0, 0)
+        model, optimizer, _ = build(cfg, topo, "full", torch.device("cpu"))
+        tokens = torch.randint(
+            0, 512, (cfg.batch_size_per_rank, cfg.seq_len), generator=torch.Generator().manual_seed(0)
+        )
+        batch = [{"input_ids": tokens, "labels": tokens}]
+        cpu = torch.device("cpu")
+        losses = [train_step(cfg, topo, model, optimizer, s, "full", cpu, 512, batch) for s in range(1, cfg.steps + 1)]
+        Path(out).write_text(json.dumps(losses))
+    finally:
+        dist.destroy_process_group()

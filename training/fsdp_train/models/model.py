@@ -11,6 +11,7 @@ from torch import nn
 
 from fsdp_train.contract.config import ConfigError, TrainConfig
 from fsdp_train.contract.known_models import KNOWN_CONFIGS
+from fsdp_train.models.quantize import fill_nf4, is_nf4
 
 
 def _refuse_non_fields(config_class: type | None, overrides: dict[str, Any], model_type: str) -> None:
@@ -123,10 +124,15 @@ def fill_parameter(param: torch.Tensor, full: torch.Tensor) -> None:
     """Give a (possibly sharded) parameter its full value: each rank keeps its own shard of ``full``."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
-    if isinstance(param, DTensor):
+    if isinstance(param, DTensor) and is_nf4(param._local_tensor):
+        # The shard itself (``to_local()`` gives a view: new inner tensors set on it would not reach FSDP2's shard).
+        fill_nf4(param._local_tensor, full, param.device_mesh.get_local_rank(), param.device_mesh.size())
+    elif isinstance(param, DTensor):
         # src_data_rank=None: every rank holds the same full tensor; slice locally, no broadcast.
         shard = distribute_tensor(full.to(param.dtype), param.device_mesh, param.placements, src_data_rank=None)
         param.to_local().copy_(shard.to_local())
+    elif is_nf4(param):
+        fill_nf4(param, full, rank=0, shards=1)
     else:
         param.copy_(full)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fsdp_train.models.precision import Float8Choice, convert_to_float8
+from fsdp_train.models.quantize import is_nf4
 
 if TYPE_CHECKING:  # torch is imported where it is used: the topology helpers stay import-light
     from torch import nn
@@ -165,9 +166,22 @@ def parallelize(
             wrapped.compile()
         # The last block's parameters are needed again at once by backward: keep them gathered.
         reshard = reshard_after_forward and index < len(blocks) - 1
-        fully_shard(wrapped, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+        fully_shard(
+            wrapped, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard, ignored_params=unsharded(wrapped, mesh)
+        )
         blocks[index] = wrapped
     # The root unit holds what is left: the tied embedding / lm_head and the final norm, used at both
     # ends of forward, so it stays gathered between forward and backward.
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     return model
+
+
+def unsharded(module: nn.Module, mesh: Any) -> set[nn.Parameter] | None:
+    """Parameters FSDP2 leaves alone: a QLoRA base's NF4 weights when there is one rank to shard over.
+
+    One rank has nothing to cut or gather, and FSDP2's one-rank path copies only the first of the tensors an NF4
+    weight gathers as (its data, scalers and factor; pytorch/pytorch#197999): the weight stays a plain NF4 tensor.
+    """
+    if mesh.size() > 1:
+        return None
+    return {p for p in module.parameters() if is_nf4(p)} or None

@@ -23,7 +23,14 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdp_train.contract.config import MERGED_DIR, TrainConfig
-from fsdp_train.models.model import rebuild_buffers, to_empty_keeping_ties
+from fsdp_train.models.model import (
+    canonical_name,
+    fill_parameter,
+    rebuild_buffers,
+    to_empty_keeping_ties,
+    unwrapped_name,
+)
+from fsdp_train.models.quantize import dequantized, is_nf4
 from fsdp_train.state.storage import is_remote
 
 GENERIC_TOKENIZER_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -62,26 +69,78 @@ def load_sharded(model: nn.Module, directory: str) -> float:
     )
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    from fsdp_train.models.model import canonical_name
-
     started = time.perf_counter()
+    quantized = nf4_parameters(model)
     state = get_model_state_dict(model)
-    tied = {canonical_name(n) for n in tied_names(model)}
+    tied = {canonical_name(n) for n in tied_names(model)} | set(quantized)
     # The files' names: a layer wrapped with a LoRA adapter keeps its weight under base_layer; the adapters
     # (fsdp_train.models.adapters) are not in the files. Same tensors, so DCP loads into the model's own shards.
     wanted = {canonical_name(k): v for k, v in state.items() if "lora_" not in k and canonical_name(k) not in tied}
     # DCP raises for a requested name the files lack, so strict=False only lets the tied names through.
     dcp_load(wanted, storage_reader=HuggingFaceStorageReader(directory))
     set_model_state_dict(model, state, options=StateDictOptions(strict=False))
+    fill_from_safetensors(quantized, directory)
     return time.perf_counter() - started
+
+
+def nf4_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The NF4 weights by their name in the plain model's files (a DTensor's shard or, on one rank, the tensor)."""
+    return {
+        canonical_name(name): param
+        for name, param in model.named_parameters()
+        if is_nf4(getattr(param, "_local_tensor", param))
+    }
+
+
+def fill_from_safetensors(params: dict[str, nn.Parameter], directory: str) -> None:
+    """Each NF4 weight from the files, read whole (memory-mapped) on every rank and quantized there (``fill_nf4``).
+
+    DCP's reader fills shards of plain tensors only; an NF4 shard must come from its whole tensor.
+    """
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    index = Path(directory) / "model.safetensors.index.json"
+    files = json.loads(index.read_text())["weight_map"] if index.exists() else {}
+    for name, param in params.items():
+        with safe_open(str(Path(directory) / files.get(name, "model.safetensors")), framework="pt") as f:
+            fill_parameter(param, f.get_tensor(name))
+
+
+def dequantized_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter's full value under its state-dict name, on rank 0's CPU (empty elsewhere), the NF4 weights
+    dequantized: the base the adapters were trained on. Collective: every rank gathers each parameter in turn.
+
+    Written here because DCP's ``get_model_state_dict`` gathers a sharded NF4 weight as NF4, which nothing downstream
+    (peft's merge, safetensors) takes.
+    """
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    full: dict[str, torch.Tensor] = {}
+    gathered: dict[int, torch.Tensor] = {}  # a tied lm_head is its embedding: gathered once, named twice
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in gathered:
+            if dist.get_rank() == 0:
+                full[unwrapped_name(name)] = gathered[id(param)]
+            continue
+        local = getattr(param, "_local_tensor", param)
+        value = dequantized(local).detach()
+        if isinstance(param, DTensor):
+            value = DTensor.from_local(
+                value, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
+            ).full_tensor()
+        if dist.get_rank() == 0:
+            full[unwrapped_name(name)] = gathered[id(param)] = value.cpu()
+    return full
 
 
 def load_broadcast(model: nn.Module, directory: str, overrides: dict[str, Any]) -> None:
     """Full load on rank 0 and a broadcast into the shards: for weights that are not safetensors."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoModelForCausalLM
-
-    from fsdp_train.models.model import canonical_name, unwrapped_name
 
     full: dict[str, Any] = {}
     if dist.get_rank() == 0:
@@ -158,8 +217,11 @@ def export_adapters(
 
     lora = cast(Any, model).peft_config["default"]
     lora.base_model_name_or_path = base
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=not merged)
-    full = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
+    if merged and nf4_parameters(model):  # QLoRA: merged into the base as it trained, dequantized
+        full = dequantized_state(model)
+    else:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=not merged)
+        full = cast(dict[str, torch.Tensor], get_model_state_dict(model, options=options))
     verdict: list[ExportCheck | None] = [None]
     if dist.get_rank() == 0:
         staging = Path(tempfile.mkdtemp(prefix="fsdp-export-"))

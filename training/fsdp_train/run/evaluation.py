@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from fsdp_train.datapath.packing import Packed
 from fsdp_train.models.attention import to_device
 from fsdp_train.models.loss import IGNORE_INDEX
 from fsdp_train.models.parallelize import Topology
+from fsdp_train.models.quantize import quantize_loaded
 from fsdp_train.models.weights import ExportCheck, export, export_adapters, verify_export
 from fsdp_train.state.storage import TOKENIZER_FILE_PATTERNS, fetch
 
@@ -122,7 +124,9 @@ def export_checked(
             merged=cfg.export_merged,
             tokenizer_dir=tokenizer_dir,
             generation_source=model_dir,
-            check=lambda directory: _check_adapters(directory, check, model_dir or cfg.model, cfg.export_merged),
+            check=lambda directory: _check_adapters(
+                directory, check, model_dir or cfg.model, cfg.export_merged, cfg.lora_quantize_base == "nf4"
+            ),
         )
     else:
         verdict = export(model, config, target, tokenizer_dir=tokenizer_dir, generation_source=model_dir, check=check)
@@ -148,16 +152,24 @@ Loader = Callable[[Path, torch.dtype], Any]
 
 
 def _check_adapters(
-    directory: Path, check: Callable[[Path, Loader | None], ExportCheck], base_dir: str, merged: bool
+    directory: Path,
+    check: Callable[[Path, Loader | None], ExportCheck],
+    base_dir: str,
+    merged: bool,
+    quantized: bool,
 ) -> ExportCheck:
     """A LoRA export's self-check, as a user loads each part: the adapter with peft onto its base, then the
-    merged model alone."""
+    merged model alone. A QLoRA adapter goes onto the base quantized as training's was (torchao's NF4), so the check
+    holds the function that trained; onto the bf16 base it differs by NF4's rounding of the base."""
 
     def with_peft(where: Path, dtype: torch.dtype) -> Any:
         from peft import PeftModel
         from transformers import AutoModelForCausalLM
 
         base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
+        if quantized:
+            targets = json.loads((where / "adapter_config.json").read_text())["target_modules"]
+            quantize_loaded(base, list(targets))
         return PeftModel.from_pretrained(base, str(where))
 
     adapter = check(directory, with_peft)

@@ -35,6 +35,7 @@ from fsdp_train.models.loss import use_loss
 from fsdp_train.models.model import build_meta_model, decoder_blocks, hf_config, init_weights
 from fsdp_train.models.parallelize import Topology, build_mesh, parallelize, resolve_sharding
 from fsdp_train.models.precision import DEFAULT_FLOAT8, float8_step_hook, resolve_precision
+from fsdp_train.models.quantize import quantize_base
 from fsdp_train.models.weights import load_pretrained_weights
 from fsdp_train.run import preflight
 from fsdp_train.run.evaluation import evaluate, export_checked
@@ -393,6 +394,8 @@ def build(
         print(f"fsdp_train: {why}", flush=True)
     if cfg.lora_rank:  # peft's adapters on the meta model, the rest frozen: FSDP2 shards both
         add_adapters(model, cfg, base=source or cfg.model)
+    if cfg.lora_quantize_base == "nf4":  # before sharding: FSDP2 cuts and gathers the NF4 weights as they are
+        quantize_base(model, shards=topo.world_size)
     mesh = build_mesh(topo, sharding, device.type)
     on_gpu = device.type == "cuda"
     precision = matmul_precision(cfg, device, config)
