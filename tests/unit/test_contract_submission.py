@@ -189,6 +189,23 @@ EXPECTED: dict[str, RayJobConfig] = {
             "lora_alpha": 32,
         },
     ),
+    "qwen2.5-14b-qlora.yaml": expected(
+        "qwen25-14b-qlora",
+        GPU_SCALING,
+        "s3://my-bucket/checkpoints/qwen25-14b-qlora",
+        {
+            **GPU_CHAT,
+            "model": "Qwen/Qwen2.5-14B-Instruct",
+            "learning_rate": 2e-4,
+            "activation_checkpointing": True,
+            "loss_chunk_tokens": 1024,
+            "output_path": "s3://my-bucket/adapters/qwen25-14b-qlora",
+            "checkpoint_path": "s3://my-bucket/checkpoints/qwen25-14b-qlora",
+            "lora_rank": 16,
+            "lora_alpha": 32,
+            "lora_quantize_base": "nf4",
+        },
+    ),
     "qwen2.5-1.5b-efa.yaml": expected(
         "qwen25-1p5b-efa",
         GPU_SCALING,
@@ -334,6 +351,7 @@ LORA_FIELDS: dict[str, tuple[str, st.SearchStrategy[Any]]] = {
     "alpha": ("lora_alpha", st.integers(1, 65_536)),
     "dropout": ("lora_dropout", st.floats(0.0, 0.9)),
     "targetModules": ("lora_target_modules", st.lists(st.sampled_from(["q_proj", "v_proj", "down_proj"]), max_size=3)),
+    "quantizeBase": ("lora_quantize_base", st.sampled_from(["none", "nf4"])),
 }
 
 
