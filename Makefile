@@ -83,14 +83,18 @@ unit: setup
 
 # Mutation testing of the pure core (docs/testing.md): slow, CPU-heavy, never part of `make test`.
 # mutmut names mutants after file paths, so the packages are copied flat into build/mutation first.
-# MUTANTS narrows the run (`make mutation MUTANTS='fsdp_operator.decide.status*'`); MUTATION_JOBS sets the parallelism.
+# MUTANTS narrows the run (`make mutation MUTANTS='fsdp_operator.decide.status*'`) and the modules mutated;
+# MUTATION_TESTS replaces the test selection (`MUTATION_TESTS=tests/unit/test_status_rules.py`: a module's own tests,
+# docs/testing.md lists each module's); MUTATION_JOBS sets the parallelism.
 MUTATION_DIR := build/mutation
 MUTATION_JOBS ?= 2
 MUTANTS ?=
+MUTATION_TESTS ?=
 
 mutation: setup
 	rm -rf $(MUTATION_DIR) && mkdir -p $(MUTATION_DIR)
 	cp -r operator/fsdp_operator training/fsdp_train tests examples crds charts docs pyproject.toml $(MUTATION_DIR)/
+	$(BIN)/python tests/support/mutation_scores.py --narrow $(MUTATION_DIR)/pyproject.toml "$(MUTANTS)" $(MUTATION_TESTS)
 	cd $(MUTATION_DIR) && PATH=$(CURDIR)/$(BIN):$$PATH nice -n 15 mutmut run --max-children $(MUTATION_JOBS) $(MUTANTS) > mutmut.log
 	$(BIN)/python tests/support/mutation_scores.py $(MUTATION_DIR)/mutants
 

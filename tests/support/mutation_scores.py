@@ -1,8 +1,13 @@
 """Per-module mutation scores from a finished `mutmut run` (its `mutants/**/*.py.meta` files).
 
     python tests/support/mutation_scores.py build/mutation/mutants [--survivors]
+    python tests/support/mutation_scores.py --narrow build/mutation/pyproject.toml MUTANTS [TESTS...]
 
 Prints a Markdown table (the one docs/testing.md keeps) and, with --survivors, every surviving mutant's name.
+`--narrow` (`make mutation`'s step before mutmut) rewrites the flat copy's `[tool.mutmut]`: only the modules the
+`MUTANTS` patterns can name are mutated (mutmut generates every listed file's mutants on each run), and where test
+paths are given, they replace the test selection (mutmut runs the whole selection once to learn which tests reach
+which function: the full unit suite costs tens of minutes on a loaded 2-core machine).
 Killed counts mutants a test failed on, timed out on, or mypy rejected; "no tests" are mutants of code no
 selected test reaches, and count against the score like survivors.
 """
@@ -10,6 +15,7 @@ selected test reaches, and count against the score like survivors.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -41,7 +47,35 @@ def scores(mutants: Path) -> list[tuple[str, Counter[str], list[str]]]:
     return rows
 
 
+def _module(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def narrow(pyproject: Path, patterns: list[str], tests: list[str]) -> None:
+    text = pyproject.read_text()
+    if patterns:
+        prefixes = [p.split("*", 1)[0] for p in patterns]
+
+        def named(path: str) -> bool:
+            module = _module(path) + "."
+            return any(prefix.startswith(module) or module.startswith(prefix) for prefix in prefixes)
+
+        block = re.search(r"^only_mutate = \[\n(.*?)^\]", text, re.MULTILINE | re.DOTALL)
+        assert block is not None, "[tool.mutmut] has no only_mutate list"
+        kept = [m for m in re.findall(r'^\s*"([^"]+)",', block[1], re.MULTILINE) if named(m)]
+        assert kept, f"no module of only_mutate matches {patterns}"
+        text = text.replace(block[0], "only_mutate = " + json.dumps(kept))
+    if tests:
+        block = re.search(r"^pytest_add_cli_args_test_selection = \[\n.*?^\]", text, re.MULTILINE | re.DOTALL)
+        assert block is not None, "[tool.mutmut] has no pytest_add_cli_args_test_selection list"
+        text = text.replace(block[0], "pytest_add_cli_args_test_selection = " + json.dumps(tests))
+    pyproject.write_text(text)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--narrow"]:
+        narrow(Path(argv[1]), argv[2].split(), argv[3:])
+        return 0
     mutants = Path(argv[0]) if argv else Path("build/mutation/mutants")
     rows = scores(mutants)
     print("| module | mutants | killed | survived | no tests | score |")
