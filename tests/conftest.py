@@ -91,3 +91,14 @@ def apiserver() -> Iterator[ThreadedApiServer]:
 def kubeconfig(apiserver: ThreadedApiServer, tmp_path: Path) -> Path:
     """A kubeconfig file pointing at the `apiserver` fixture."""
     return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+if os.environ.get("MUTANT_UNDER_TEST"):  # a mutmut worker (`make mutation`, docs/testing.md)
+
+    @pytest.fixture(autouse=True)
+    def _parse_anew() -> None:
+        """Each mutant's worker is forked from the process that ran every test once: its memo of parsed specs
+        would answer from the unmutated parser, and no mutant of the spec's rules could be seen."""
+        from fsdp_operator.api import spec
+
+        spec._parsed_spec.clear()

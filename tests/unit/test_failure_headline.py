@@ -9,7 +9,7 @@ from __future__ import annotations
 import unicodedata
 from datetime import UTC, datetime
 
-from fsdp_operator.decide.failure import HEADLINE_LIMIT, LOG_TAIL_LIMIT, headline, log_tail
+from fsdp_operator.decide.failure import HEADLINE_LIMIT, LOG_TAIL_LIMIT, clip, headline, log_tail
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +93,25 @@ def test_huge_text_is_read_quickly(piece: str) -> None:
     assert len(headline(text)) <= HEADLINE_LIMIT
     assert len(log_tail(text)) <= LOG_TAIL_LIMIT
     assert (datetime.now(UTC) - started).total_seconds() < 30
+
+
+def test_a_line_is_clipped_at_its_limit_never_before_and_without_trailing_space() -> None:
+    assert clip("a" * 300) == "a" * 300
+    assert clip("a" * 301) == "a" * 299 + "…"
+    assert clip("a" * 298 + " " + "b" * 5) == "a" * 298 + "…"  # the cut falls after a space: no " …"
+
+
+def test_the_log_tail_keeps_whole_lines_up_to_its_limit_and_their_indentation() -> None:
+    assert log_tail("aaaa\nbbbb", limit=10) == "aaaa\nbbbb"  # 9 characters with the line break
+    assert log_tail("aaaaa\nbbbb", limit=10) == "bbbb"  # 10 would not leave room for the break
+    assert log_tail("\n  File x\n    raise E\n") == "  File x\n    raise E"
+
+
+def test_the_frame_and_cause_of_a_traceback_are_read_whatever_it_lacks() -> None:
+    bare = 'Traceback (most recent call last):\n  File "train.py", line 3, in main\nValueError: boom'
+    assert headline(bare) == "ValueError: boom (at train.py:3 in main)"  # a file without a directory
+    assert headline("Traceback (most recent call last):\nValueError: boom") == "ValueError: boom"  # no frame
+    cut = 'Traceback (most recent call last):\n  File "/u/train.py", line 3, in main'  # the exception line cut off
+    assert headline(cut) == 'File "/u/train.py", line 3, in main (at train.py:3 in main)'
+    ray = "(RayTrainWorker pid=1, ip=10.0.0.1) ValueError: boom\n(RayTrainWorker pid=1, ip=10.0.0.1) done"
+    assert headline(ray) == "ValueError: boom"

@@ -177,3 +177,24 @@ def test_the_interruptions_kept_are_capped_newest_last(before: int) -> None:
     noticed = run(job, status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), node_notices=(notice,))
     assert len(noticed.status.interruptions) == min(before + 1, KEPT)
     assert noticed.status.interruptions[-1]["pod"] == "w"
+
+
+def test_a_pods_report_becomes_one_bounded_entry_and_the_operators_word_on_its_notice_stands() -> None:
+    saved = Interruption(rank=0, step=40, saved=True, checkpoint_step=40, seconds=12.345, notice_time=1_796_000_000.0,
+                         pod="p" * 300, node="n" * 300, reason="r" * 100, message="m" * 600)  # fmt: skip
+    (entry,) = folded([], saved, attempt=2, total_steps=100)
+    assert entry == {
+        "attempt": 2, "pod": "p" * 252 + "…", "node": "n" * 252 + "…", "reason": "r" * 63 + "…",
+        "noticeTime": "2026-11-30T00:53:20Z", "step": 40, "saved": True, "checkpointStep": 40, "stepsLost": 0,
+        "secondsToSaved": 12.35, "message": "m" * 511 + "…",
+    }  # fmt: skip
+    # Not saved, no time of notice known, no reason given: the ranks' own preStop hook, the seconds to the decision.
+    late = Interruption(rank=0, step=41, saved=False, checkpoint_step=30, seconds=3.0, pod="w-1")
+    (entry,) = folded([], late, attempt=2, total_steps=100)
+    assert entry == {"attempt": 2, "pod": "w-1", "reason": "preStop", "step": 41, "saved": False,
+                     "checkpointStep": 30, "stepsLost": 11, "secondsToDecision": 3.0}  # fmt: skip
+    # The operator saw the node's taint first: its reason, time and word stand over the ranks'.
+    seen = {"attempt": 2, "pod": "w-1", "node": "ip-1", "by": "operator", "reason": "aws-node-termination-handler/spot",
+            "noticeTime": "2026-12-01T00:00:00Z"}  # fmt: skip
+    (entry,) = folded([seen], late, attempt=2, total_steps=100)
+    assert {k: entry[k] for k in ("by", "reason", "noticeTime")} == {k: seen[k] for k in ("by", "reason", "noticeTime")}

@@ -340,3 +340,19 @@ def test_a_new_runs_url_never_keeps_the_previous_runs() -> None:
     assert again == {"runId": "run2"}
     same = tracking_status.fold(first, Tracking(rank=0, run_id="run1", url=""))
     assert same["url"] == first["url"]  # the same run's URL stays when a later word of it carries none
+
+
+def test_the_tracking_condition_says_what_the_tracker_said_within_its_bounds() -> None:
+    """TrackingHealthy word for word: a Warning with the tracker's problem (hidden characters escaped, at most 900 of
+    it), or True once records flow; status.tracking.problem keeps at most 1,000 characters of it."""
+    assert tracking_status.condition("") == {
+        "type": "TrackingHealthy", "status": "True", "reason": "Logging", "message": "records reach the tracker"
+    }  # fmt: skip
+    assert tracking_status.condition("refused\u202e") == {
+        "type": "TrackingHealthy", "status": "False", "reason": "TrackerUnreachable",
+        "message": "the tracker did not take the run's records (training goes on): refused\\u202e",
+    }  # fmt: skip
+    long = tracking_status.condition("p" * 2000)["message"]
+    assert long == "the tracker did not take the run's records (training goes on): " + "p" * 900
+    folded = tracking_status.fold({}, Tracking(rank=0, run_id="r1", problem="q" * 2000))
+    assert folded["problem"] == "q" * 1000
