@@ -198,3 +198,19 @@ def test_a_pods_report_becomes_one_bounded_entry_and_the_operators_word_on_its_n
             "noticeTime": "2026-12-01T00:00:00Z"}  # fmt: skip
     (entry,) = folded([seen], late, attempt=2, total_steps=100)
     assert {k: entry[k] for k in ("by", "reason", "noticeTime")} == {k: seen[k] for k in ("by", "reason", "noticeTime")}
+
+
+def test_the_interrupted_attempts_message_names_each_pod_and_the_checkpoint_word_for_word() -> None:
+    m = manifest()
+    reports = (report(saved=False, checkpoint_step=30, message=""), report(pod="", node="", saved=False, step=36,
+               checkpoint_step=30))  # fmt: skip
+    seen = run(m, running(), cluster=cluster(), ray_job=RayJobInfo("x", RAY_RUNNING), events=reports, log_offset=10)
+    ended = run(m, seen.status, cluster=cluster(), ray_job=RayJobInfo("x", RAY_FAILED), log_offset=10)
+    message = (
+        "attempt 1 interrupted: qwen-ray-gpu-workers-worker-abcde on ip-10-0-0-7, a worker on its node going away; "
+        "no checkpoint in time (not saved); resuming from step 30; attempt 2 resumes (not counted against backoffLimit)"
+    )
+    assert ended.status.message == message and ended.status.provisioning_since == NOW
+    submitted = next(c for c in ended.status.conditions if c["type"] == "JobSubmitted")
+    assert (submitted["status"], submitted["reason"], submitted["message"]) == ("False", Reason.INTERRUPTED, message)
+    assert submitted["observedGeneration"] == m["metadata"]["generation"]
