@@ -557,6 +557,49 @@ def test_a_head_that_dies_while_the_workers_join_is_reported_at_once(tmp_path: P
     assert_nothing_left(output)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # a whole run-local on a loaded shared machine
+def test_a_head_that_cannot_start_is_reported_in_its_own_words_in_seconds(tmp_path: Path) -> None:
+    """A head container whose environment breaks its Python (spec.env PYTHONHOME, a real `ray start` that dies at
+    once): run-local ends with the head's own line (`Fatal Python error`) seconds after the head's start, not after
+    the head's 300 s wait or four restarts' back-offs."""
+    from fsdp_operator.local.cluster.kuberay import HEAD_START_SECONDS
+
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"]["name"] = "broken-head"
+    manifest["spec"]["env"] = [{"name": "PYTHONHOME", "value": "/nonexistent"}]
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    fsdpctl = Path(sys.executable).with_name("fsdpctl")
+    started = time.monotonic()
+    proc = subprocess.run(
+        [str(fsdpctl), "run-local", "-f", str(path), "--timeout", "500"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        timeout=550,
+    )
+    took = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    reported = re.search(r"error: (the Ray head of RayCluster \S+ did not start: ([^;\n]*);[^\n]*)", output)
+    assert proc.returncode == 1 and reported, output[-3000:]
+    assert "Fatal Python error" in reported[2], reported[1]  # the head's own words
+    # From the head's last line (its log's last write: the error) to the stand-in's report, on one clock (both in the
+    # kept work dir).
+    workdir = Path(re.search(r"work dir (\S+)", output).group(1))  # type: ignore[union-attr]
+    (head_log,) = (workdir / "r" / "c1").glob("*-head-*.log")
+    said = re.search(
+        r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ERROR .*did not start", (workdir / "kuberay.log").read_text(), re.M
+    )
+    assert said, (workdir / "kuberay.log").read_text()[-2000:]
+    reported_at = time.mktime(time.strptime(said[1][:19], "%Y-%m-%d %H:%M:%S")) + int(said[1][20:]) / 1000
+    after_error = reported_at - head_log.stat().st_mtime
+    print(f"run-local {took:.0f} s in all; the head's error to its report {after_error:.2f} s: {reported[1]}")
+    assert after_error < 30  # a look or a few (0.5 s each); the wait it replaces is HEAD_START_SECONDS
+    assert took < HEAD_START_SECONDS / 2, output[-3000:]
+    assert_nothing_left(output)
+
+
 @pytest.mark.slow  # LoRA's training, checkpoints and export are covered fast in tests/unit/training/test_lora.py
 @pytest.mark.timeout(900)  # a Ray cluster's start and a run
 def test_the_tiny_lora_example_runs_and_its_adapter_loads_with_peft(tmp_path: Path) -> None:

@@ -354,10 +354,14 @@ def test_a_head_started_again_gets_new_ports_and_the_cluster_its_endpoints(
         async def start_node(cluster: LocalCluster, pod: str, args: list[str], *_: Any, **__: Any) -> RayNode:
             ip = f"127.0.0.{len(started) + 2}"
             first_head = "--head" in args and not any("--head" in a for _, a in started)
+            log_path = tmp_path / f"n{len(started)}.log"
+            # Ray's words for a port another process took between its choice and the bind: a new start mends it.
+            taken = "ValueError: Failed to bind to 127.0.0.1:PORT because it's already occupied. You can use ...\n"
+            log_path.write_text(taken if first_head else "")
             script = "raise SystemExit(1)" if first_head else "import time; time.sleep(60)"
             process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, start_new_session=True)
             started.append((pod, args))
-            node = RayNode(pod, ip, process, tmp_path / "n.log", tmp_path / f"n{len(started)}")
+            node = RayNode(pod, ip, process, log_path, tmp_path / f"n{len(started)}")
             cluster.nodes.append(node)
             if not first_head:
                 joined.add(ip)
@@ -393,6 +397,78 @@ def test_a_head_started_again_gets_new_ports_and_the_cluster_its_endpoints(
         "dashboard": port(head_args, "dashboard-port"),
         "gcs-server": port(head_args, "port"),
     }
+
+
+# Two real ways a head's start fails, as its logs say them: its GCS dies at once and logs a check that failed while
+# `ray start` waits up to a minute for it (still running), or `ray start` itself prints an exception and exits.
+GCS_CHECK = (
+    "[2026-12-06 11:42:41,134 C 14525 14525] (gcs_server) gcs_server.cc:88:  An unexpected system state has "
+    "occurred. You have likely discovered a bug in Ray. Check failed: _s.ok() IOError: No space left on device"
+)
+RAY_START_ERROR = (
+    "Traceback (most recent call last):\n  File \"ray\", line 10\nPermissionError: [Errno 13] Permission denied: '/x'"
+)
+
+
+@pytest.mark.parametrize(
+    ("session_log", "output", "exits", "said"),
+    [
+        (GCS_CHECK, "", False, "gcs_server: Check failed: _s.ok() IOError: No space left on device"),
+        ("", RAY_START_ERROR, True, "PermissionError: [Errno 13] Permission denied: '/x'"),
+    ],
+    ids=["its-gcs-dies-while-ray-start-waits", "ray-start-exits-with-an-exception"],
+)
+def test_a_head_that_cannot_start_is_reported_at_once_with_its_own_words_and_not_started_again(
+    apiserver: ThreadedApiServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    session_log: str,
+    output: str,
+    exits: bool,
+    said: str,
+) -> None:
+    """A failure a new start would repeat ends the cluster's start at the look that finds it: the RayCluster failed
+    with the head's own line, the head started once, long before the kubelet's first back-off or HEAD_START_SECONDS."""
+    from fsdp_operator.local.cluster import kuberay as kuberay_module
+
+    monkeypatch.setattr(kuberay_module, "WORKER_RESTART_BACKOFF_SECONDS", 600.0)  # a restart would show as a hang
+    started: list[str] = []
+
+    async def scenario() -> tuple[LocalCluster, dict[str, Any], float]:
+        kuberay = LocalKubeRay(apiserver.url, tmp_path)
+
+        async def start_node(cluster: LocalCluster, pod: str, args: list[str], *_: Any, **__: Any) -> RayNode:
+            temp_dir, log_path = tmp_path / f"n{len(started)}", tmp_path / f"n{len(started)}.log"
+            (temp_dir / "session_latest" / "logs").mkdir(parents=True)
+            (temp_dir / "session_latest" / "logs" / "gcs_server.out").write_text(session_log + "\n")
+            log_path.write_text(output + "\n")
+            script = "raise SystemExit(1)" if exits else "import time; time.sleep(60)"
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, start_new_session=True)
+            started.append(pod)
+            node = RayNode(pod, f"127.0.0.{len(started) + 1}", process, log_path, temp_dir)
+            cluster.nodes.append(node)
+            return node
+
+        async def alive_nodes(cluster: LocalCluster) -> list[dict[str, str]]:
+            return []
+
+        stub_ray_nodes(monkeypatch, kuberay, start_node, alive_nodes)
+        try:
+            cluster, rc = await cluster_to_materialize(kuberay, tmp_path, "broken")
+            began = time.monotonic()
+            await asyncio.wait_for(kuberay._materialize(cluster, rc), 120)
+            took = time.monotonic() - began
+            await kuberay_module.stop_nodes(cluster.nodes)
+            found: dict[str, Any] = await kuberay._request("GET", "/apis/ray.io/v1/namespaces/default/rayclusters/rc")
+            return cluster, found, took
+        finally:
+            await kuberay.close()
+
+    cluster, rc, took = asyncio.run(scenario())
+    assert len(started) == 1 and "head" in started[0]  # not started again
+    assert cluster.failure.startswith(f"the Ray head of RayCluster rc did not start: {said}; see "), cluster.failure
+    assert rc["status"]["state"] == "failed" and rc["status"]["reason"] == f"head did not start: {said}"
+    assert took < 30  # a look or a few (0.5 s each), generous for a loaded machine; the wait is HEAD_START_SECONDS
 
 
 def test_a_worker_that_joins_after_its_wait_ran_out_is_marked_ready_and_the_cluster_then(

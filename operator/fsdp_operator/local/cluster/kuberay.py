@@ -156,17 +156,62 @@ def fatal_line(log_path: Path) -> str:
     if not found:
         return ""
 
-    def clean(line: str) -> str:  # without Ray's colours and its `2026-12-03 08:24:00,462 ERR scripts.py:1304 -- `
-        return " ".join(_RAY_LOG_PREFIX.sub("", _ANSI.sub("", line.strip())).split())
-
-    said = clean(lines[found[-1]])
+    said = _clean(lines[found[-1]])
     if said.endswith(":") and found[-1] + 1 < len(lines):  # Ray names the subprocess on the next line
-        said += " " + clean(lines[found[-1] + 1])
+        said += " " + _clean(lines[found[-1] + 1])
     return said[:200]
+
+
+def _clean(line: str) -> str:
+    """A log line without Ray's colours and its `2026-12-03 08:24:00,462 ERR scripts.py:1304 -- `; a C++ component's
+    `[2026-12-06 11:42:41,134 C 14525 14525] (gcs_server) grpc_server.cc:134: ...` as `gcs_server: ` and what its
+    check said (Ray puts a paragraph of boilerplate before `Check failed:`)."""
+    line = " ".join(_RAY_LOG_PREFIX.sub("", _ANSI.sub("", line.strip())).split())
+    if component := _CPP_LOG_PREFIX.match(line):
+        rest = line[component.end() :]
+        rest = rest[rest.index("Check failed:") :] if "Check failed:" in rest else rest
+        line = f"{component['name']}: {rest}"
+    return line
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RAY_LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+\S+\s+\S+ -- ")
+_CPP_LOG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d [^\]]*\] \((?P<name>[\w-]+)\) \S+:\d+:\s*")
+_PYTHON_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b.*")
+SESSION_LOGS = ("gcs_server.out", "raylet.out")
+"""A head's component logs in its session (`<temp dir>/session_latest/logs`): the GCS and raylet say why they died
+there at once, while `ray start` waits up to a minute for them before it prints it and exits."""
+MENDED_BY_A_NEW_START = ("already in use", "already occupied", "timed out during startup", "Timed out waiting for file")
+"""What a head's failed start may say that starting it again mends: a port taken (all pods here share the machine's;
+a new start gets new ports) and Ray's own start-up timeouts on a loaded machine. Any other failure comes again."""
+
+
+def mended_by_a_new_start(why: str) -> bool:
+    return any(said in why for said in MENDED_BY_A_NEW_START)
+
+
+def ended(node: RayNode, failed: Callable[[RayNode], str] | None) -> bool:
+    """The node's process exited, or `failed` says why its start failed (a head whose GCS died before `ray start`
+    gave up on it)."""
+    return node.process.returncode is not None or (failed is not None and bool(failed(node)))
+
+
+def start_error(node: RayNode) -> str:
+    """Why a Ray node's start failed, in its own words, or '' while nothing says it did: the fatal line of its
+    `ray start` output or of its session's GCS and raylet logs (SESSION_LOGS), else, once its process exited, the
+    last error its output printed (a Python exception's line) or its exit code."""
+    session = node.temp_dir / "session_latest" / "logs"
+    for path in (node.log_path, *(session / name for name in SESSION_LOGS)):
+        if line := fatal_line(path):
+            return line
+    if node.process.returncode is None:
+        return ""
+    try:
+        lines = node.log_path.read_bytes()[-_FATAL_TAIL_BYTES:].decode(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    errors = [said for said in map(_clean, lines) if _PYTHON_ERROR.match(said)]
+    return errors[-1][:200] if errors else f"exited with code {node.process.returncode}"
 
 
 def head_death(head: RayNode) -> str:
@@ -590,15 +635,21 @@ class LocalKubeRay:
         return [n for n in nodes if isinstance(n, dict) and n.get("state") == "ALIVE"]
 
     async def _wait_for(
-        self, cluster: LocalCluster, ips: set[str], deadline: float, head: RayNode | None = None
+        self,
+        cluster: LocalCluster,
+        ips: set[str],
+        deadline: float,
+        head: RayNode | None = None,
+        failed: Callable[[RayNode], str] | None = None,
     ) -> set[str]:
-        """Wait until the Ray nodes with these IPs are alive (or their processes died, or `head` died); return the
-        alive IPs."""
+        """Wait until the Ray nodes with these IPs are alive (or their processes died, or `failed` says why one's start
+        failed, or `head` died); return the alive IPs."""
         alive: set[str] = set()
         while time.monotonic() < deadline:
             alive = {n["node_ip"] for n in await self._alive_nodes(cluster)} & ips
             latest = {n.ip: n for n in cluster.nodes}  # a restarted node's earlier process is not its state
-            dead = [n for ip, n in latest.items() if ip in ips and n.process.returncode is not None]
+            # A node that joined is past its start: only its process's end counts then.
+            dead = [n for ip, n in latest.items() if ip in ips and ended(n, None if ip in alive else failed)]
             if alive == ips or dead or (head is not None and head_death(head)):
                 break
             await asyncio.sleep(0.5)
@@ -612,6 +663,7 @@ class LocalKubeRay:
         seconds: float,
         head: RayNode | None = None,
         restarts: dict[str, int] | None = None,
+        failed: Callable[[RayNode], str] | None = None,
     ) -> set[str]:
         """The IPs of `nodes` alive in Ray, once all are (or `head` died, or `seconds` passed); `nodes` ends with
         the processes that run, and `restarts` (pod name -> starts after its first) with each node's count.
@@ -624,7 +676,11 @@ class LocalKubeRay:
         register later than the 30 s `ray start` waits for it ("The current node timed out during startup").
         Each start has `seconds` to join (a start on a loaded machine can take minutes); each node is started again
         at most NODE_RESTARTS times, counted per node as the kubelet counts a container's restarts (one node's
-        restarts never use up another's), and the wait goes on for the nodes still starting after one gave up."""
+        restarts never use up another's), and the wait goes on for the nodes still starting after one gave up.
+
+        With `failed` (the head's start, `start_error`) a start also ends when its own logs say it failed, and one whose
+        failure a new start would not mend (MENDED_BY_A_NEW_START) ends the wait at once: a head that cannot start is
+        said in seconds, not after four back-offs or HEAD_START_SECONDS."""
         deadline = time.monotonic() + seconds
         restarts = {} if restarts is None else restarts
         for node in nodes:
@@ -632,10 +688,12 @@ class LocalKubeRay:
         given_up: set[str] = set()
         while True:
             starting = {n.ip for n in nodes if n.pod_name not in given_up}
-            alive = await self._wait_for(cluster, starting, deadline, head=head)
+            alive = await self._wait_for(cluster, starting, deadline, head=head, failed=failed)
             if head is not None and head_death(head):
                 return alive
-            exited = [n for n in nodes if n.ip in starting - alive and n.process.returncode is not None]
+            exited = [n for n in nodes if n.ip in starting - alive and ended(n, failed)]
+            if failed is not None and any(not mended_by_a_new_start(failed(n)) for n in exited):
+                return alive  # it would fail again: said now (the caller reads why), not after the back-offs
             newly_given_up = {n.pod_name for n in exited if restarts[n.pod_name] == NODE_RESTARTS}
             given_up |= newly_given_up
             again = [n for n in exited if n.pod_name not in given_up]
@@ -706,12 +764,13 @@ class LocalKubeRay:
 
         heads = [await start_head(head_name)]
         await self._put_pod(cluster, head_name, head_labels, heads[0].ip, ready=False, template=head_group["template"])
-        head_up = await self._joined(cluster, heads, start_head, HEAD_START_SECONDS)
+        head_up = await self._joined(cluster, heads, start_head, HEAD_START_SECONDS, failed=start_error)
         head = heads[0]
         if not head_up:
-            cluster.failure = f"the Ray head of RayCluster {cluster.name} did not start; see {head.log_path}"
+            why = start_error(head) or f"not up within {HEAD_START_SECONDS} s"  # the head's own words first
+            cluster.failure = f"the Ray head of RayCluster {cluster.name} did not start: {why}; see {head.log_path}"
             log.error("%s", cluster.failure)
-            await self._patch_status(cluster, {"state": "failed", "reason": f"head did not start, see {head.log_path}"})
+            await self._patch_status(cluster, {"state": "failed", "reason": f"head did not start: {why}"})
             return
         await self._put_pod(cluster, head_name, head_labels, head.ip, ready=True, template=head_group["template"])
         head_status = {"podIP": head.ip, "serviceIP": "127.0.0.1", "podName": head_name,
