@@ -3,7 +3,8 @@
     python tests/support/repeat.py tests/unit/test_health_decisions.py::test_name 1000
 
 For tests without fixtures (a hypothesis test draws fresh examples each call). Prints `failures/N`, and the first
-three tracebacks; exits 1 on any failure.
+three tracebacks; exits 1 on any failure. An interrupt (Ctrl-C, `kill -INT`) ends the loop with the count so far;
+every 50 calls a line says how far it is.
 """
 
 from __future__ import annotations
@@ -23,16 +24,22 @@ def main(argv: list[str]) -> int:
     sys.path[:0] = [str(TESTS.parent), str(TESTS)]  # `tests.unit.x` and `support.x`, as conftest.py sets
     module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
     test = getattr(module, name)
-    failures = 0
+    failures = done = 0
     started = time.monotonic()
-    for _ in range(count):
-        try:
-            test()
-        except Exception:  # an assertion or any error is one failure of the loop; the loop goes on
-            failures += 1
-            if failures <= 3:
-                traceback.print_exc()
-    print(f"{node}: {failures}/{count} failed in {time.monotonic() - started:.0f} s")
+    try:
+        for done in range(1, count + 1):
+            try:
+                test()
+            except Exception:  # an assertion or any error is one failure of the loop; the loop goes on
+                failures += 1
+                if failures <= 3:
+                    traceback.print_exc()
+            if done % 50 == 0:
+                print(f"{node}: {failures}/{done} failed so far", flush=True)
+    except KeyboardInterrupt:
+        done -= 1  # the call interrupted did not finish
+        print(f"{node}: interrupted after {done} calls")
+    print(f"{node}: {failures}/{done} failed in {time.monotonic() - started:.0f} s")
     return 1 if failures else 0
 
 
