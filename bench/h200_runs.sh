@@ -44,6 +44,8 @@
 #                                    # Hugging Face model (7B shape): tokens/s, MFU, peak allocated and reserved memory
 #   WHEELS=DIR bench/h200_runs.sh qlora OUTDIR  # 1 GPU (~9 min): QLoRA beside LoRA and full fine-tuning (1.5B), 7B and
 #                                    # 14B QLoRA (torchao's wheel in DIR): tokens/s, MFU, peak memory; the function itself
+#   WHEELS=DIR bench/h200_runs.sh qlora-check OUTDIR  # 1 GPU (~5 min): LoRA and QLoRA without checkpointing beside full
+#                                    # fine-tuning (1.5B); the function with QLoRA from saved safetensors to a checked export
 #   bench/h200_runs.sh conformance OUTDIR  # 1 GPU (~4 min): the start-up conformance check's losses and seconds, 1.5B
 #                                          # full fine-tuning and the 7B shape with LoRA
 #   bench/h200_runs.sh step-times OUTDIR   # 1 GPU (~3 min): every step's reported time and rate against the wall
@@ -414,6 +416,20 @@ qlora)  # one GPU (~9 min): QLoRA (training.lora.quantizeBase nf4; torchao's whe
     OVERRIDES=$QWEN14B bench qlora-14b 1 110 --seq-len 2048 --batch 1 --steps 20 --warmup 3 --recipes ours-qlora-ac
     OVERRIDES=$QWEN7B fn1 qlora-7b-function 120 '{"seq_len":2048,"batch_size_per_rank":1,"probe_size_bytes":0,"compile":true,"learning_rate":2e-5,"steps":10,"model":"Qwen/Qwen2.5-1.5B","model_init":"random","lora_rank":16,"lora_quantize_base":"nf4","activation_checkpointing":true,"loss_chunk_tokens":1024}'
     grep -h '^fsdp_train: conformance' "$out/logs/qlora-7b-function.log"
+    ;;
+qlora-check)  # one GPU (~5 min): LoRA and QLoRA without checkpointing beside full fine-tuning (1.5B shape); then the
+             # function end to end with QLoRA on a saved model of the 1.5B shape (4 blocks): the base read from its
+             # safetensors into NF4 shards, 20 steps, the adapter and merged export with their self-check
+    wheel_site /tmp/torchao-site torchao "${WHEELS:?WHEELS: torchao}"/torchao-*.whl || exit 1
+    export PYTHONPATH="$PYTHONPATH:/tmp/torchao-site"
+    bench qlora-1.5b-noac 1 150 --seq-len 2048 --batch 1 --steps 20 --warmup 3 --recipes ours-final,ours-lora,ours-qlora
+    model=/tmp/fsdp-qlora-base export=/tmp/fsdp-qlora-export
+    rm -rf "$model" "$export"
+    "$py" -c 'import sys, torch; from transformers import Qwen2Config, Qwen2ForCausalLM; torch.manual_seed(0); Qwen2ForCausalLM(Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=4, num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)).to(torch.bfloat16).save_pretrained(sys.argv[1])' "$model"
+    fn1 qlora-export 240 '{"seq_len":2048,"batch_size_per_rank":1,"probe_size_bytes":0,"compile":true,"learning_rate":2e-4,"steps":20,"model":"'$model'","model_init":"pretrained","lora_rank":16,"lora_quantize_base":"nf4","activation_checkpointing":true,"loss_chunk_tokens":1024,"output_path":"'$export'","export_merged":true}'
+    grep -h '"kind":"export"' "$out/logs/qlora-export.log" | sed 's/^.*FSDP_EVENT //'
+    ls -la "$export" "$export/merged" 2>&1 | grep -v '^total'
+    rm -rf "$model" "$export"
     ;;
 conformance)  # one GPU (~4 min): the training function's start-up check (its two losses and its seconds) on the
              # Qwen2.5-1.5B shape, full fine-tuning, and on the Qwen2.5-7B shape with LoRA and checkpointing

@@ -136,9 +136,17 @@ def test_the_export_is_the_function_that_trained(
     one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from peft import PeftModel
+    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    cfg = config(tmp_path, output_path=str(tmp_path / "export"), export_merged=True, validation_split=0.2)
+    # With activation checkpointing: the wrapper's part in the modules' names must not hide the adapters from peft.
+    cfg = config(
+        tmp_path,
+        output_path=str(tmp_path / "export"),
+        export_merged=True,
+        validation_split=0.2,
+        activation_checkpointing=True,
+    )
     run(cfg, one_rank)
     (export,) = [e for e in printed(capsys) if isinstance(e, Export)]
     assert export.verified, export.check  # both parts, each against training's loss on the same rows
@@ -146,11 +154,14 @@ def test_the_export_is_the_function_that_trained(
     directory = tmp_path / "export"
     adapter_config = json.loads((directory / "adapter_config.json").read_text())
     assert adapter_config["r"] == 4 and not (directory / "model.safetensors").exists()
+    with safe_open(str(directory / "adapter_model.safetensors"), "pt") as f:  # every adapter, in fp32
+        names = list(f.keys())
+        assert len(names) == 2 * len(MLP) * 2 and {f.get_slice(k).get_dtype() for k in names} == {"F32"}
     tokens = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"), dtype=torch.float32)
-        plain = base(input_ids=tokens).logits
         quantize_loaded(base, list(adapter_config["target_modules"]))
+        plain = base(input_ids=tokens).logits  # the quantized base alone
         adapted = PeftModel.from_pretrained(base, str(directory))(input_ids=tokens).logits
         merged = AutoModelForCausalLM.from_pretrained(str(directory / MERGED_DIR), dtype=torch.float32)
         merged_logits = merged(input_ids=tokens).logits

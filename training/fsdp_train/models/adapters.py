@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from fsdp_train.contract.config import ConfigError, TrainConfig
-from fsdp_train.models.model import decoder_blocks, fill_parameter, param_seed
+from fsdp_train.models.model import decoder_blocks, fill_parameter, param_seed, unwrapped_name
 
 ADAPTER_MARK = "lora_"
 """What every adapter parameter's name holds (``...q_proj.lora_A.default.weight``), and no base parameter's."""
@@ -130,11 +130,23 @@ def adapter_params(model: nn.Module) -> int:
 
 
 def peft_state(model: nn.Module, adapters: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The adapters' full values under the keys ``PeftModel.save_pretrained`` writes."""
+    """The adapters' full values under the keys ``PeftModel.save_pretrained`` writes.
+
+    peft picks a model's adapter entries by the names of its LoRA modules, which carry the wrappers' parts
+    (``_checkpoint_wrapped_module.``) that the gathered state dict's keys do not: it is given the model's own names
+    and its answer is unwrapped again. Every adapter tensor must come out; an adapter file short of one would load
+    as a partly untrained adapter.
+    """
     from peft import get_peft_model_state_dict
 
-    named = cast(dict[str, torch.Tensor], get_peft_model_state_dict(model, state_dict=adapters))
-    return {PEFT_PREFIX + key: value.contiguous() for key, value in named.items()}
+    own = {unwrapped_name(name): name for name, _ in model.named_parameters()}
+    named = cast(
+        dict[str, torch.Tensor],
+        get_peft_model_state_dict(model, state_dict={own.get(key, key): value for key, value in adapters.items()}),
+    )
+    if len(named) != len(adapters):
+        raise RuntimeError(f"export: peft took {len(named)} of the model's {len(adapters)} adapter tensors")
+    return {PEFT_PREFIX + unwrapped_name(key): value.contiguous() for key, value in named.items()}
 
 
 def write_adapter_dir(model: nn.Module, adapters: dict[str, torch.Tensor], config: Any, directory: Path) -> None:

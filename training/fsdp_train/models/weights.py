@@ -117,8 +117,12 @@ def dequantized_state(model: nn.Module) -> dict[str, torch.Tensor]:
     (peft's merge, safetensors) takes.
     """
     import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
+    for module in model.modules():  # a unit left gathered (the last block, the root) shows its bf16 compute copies
+        if isinstance(module, FSDPModule):
+            module.reshard()
     full: dict[str, torch.Tensor] = {}
     gathered: dict[int, torch.Tensor] = {}  # a tied lm_head is its embedding: gathered once, named twice
     for name, param in model.named_parameters(remove_duplicate=False):
