@@ -214,3 +214,32 @@ def test_the_interrupted_attempts_message_names_each_pod_and_the_checkpoint_word
     submitted = next(c for c in ended.status.conditions if c["type"] == "JobSubmitted")
     assert (submitted["status"], submitted["reason"], submitted["message"]) == ("False", Reason.INTERRUPTED, message)
     assert submitted["observedGeneration"] == m["metadata"]["generation"]
+
+
+def test_only_this_attempts_entries_take_the_reported_checkpoint_or_are_marked_unreported() -> None:
+    from fsdp_operator.decide.interruptions import with_checkpoint_step, with_unreported
+
+    entries = [
+        {"attempt": 0, "pod": "old", "saved": True},  # an earlier attempt's: never rewritten
+        {"attempt": 1, "pod": "saved-by-function", "saved": True},  # saved, its step unknown to the wrapper
+        {"attempt": 1, "pod": "not-saved", "saved": False, "step": 0},
+        {"attempt": 1, "pod": "known", "saved": True, "step": 9, "checkpointStep": 9, "stepsLost": 0},
+        {"attempt": 1, "pod": "silent", "by": "operator"},  # deleted, its ranks never reported
+        {"attempt": 0, "pod": "old-silent", "by": "operator"},
+    ]
+    status = running(interruptions=entries, checkpoint={"step": 12, "path": "s3://b/x"})
+    assert with_checkpoint_step(status).interruptions == [
+        entries[0],
+        {**entries[1], "step": 12, "checkpointStep": 12, "stepsLost": 0},
+        *entries[2:],
+    ]
+    message = "the ranks did not report: stopped before they could save"
+    assert with_unreported(status).interruptions == [
+        *entries[:4],
+        {**entries[4], "saved": False, "checkpointStep": 12, "message": message},
+        entries[5],
+    ]
+    for odd in ({}, {"step": True}, {"step": "12"}):  # no checkpoint reported, or no step number in it
+        unknown = running(interruptions=entries, checkpoint=odd)
+        assert with_checkpoint_step(unknown).interruptions == entries
+        assert with_unreported(unknown).interruptions[4]["checkpointStep"] == 0
