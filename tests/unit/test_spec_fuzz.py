@@ -205,9 +205,14 @@ def malformed(hint: Any, meta: fields.Meta) -> st.SearchStrategy[Any]:
 
 
 def manifest_of(cls: type) -> st.SearchStrategy[dict[str, Any]]:
-    """A well-formed manifest mapping for a declaration: any subset of its fields."""
+    """A well-formed manifest mapping for a declaration: its required fields and any subset of the others (the
+    mappings `mutated` adds on its way to a field lack theirs)."""
     hints = get_type_hints(cls)
-    return st.fixed_dictionaries({}, optional={d.key: well_formed(hints[d.name], d.meta) for d in fields.declared(cls)})
+    declared = fields.declared(cls)
+    return st.fixed_dictionaries(
+        {d.key: well_formed(hints[d.name], d.meta) for d in declared if d.meta.required},
+        optional={d.key: well_formed(hints[d.name], d.meta) for d in declared if not d.meta.required},
+    )
 
 
 SPEC_FIELDS = fields.leaves(Spec)
@@ -267,6 +272,11 @@ def manifests(draw: st.DrawFn) -> Any:
     data = spec.get("data", {})
     if 0 < data.get("validationSplit", 0) < 1e-6:
         data["validationSplit"] = 0
+    # QLoRA's companions (TrainConfig._check_lora): an NF4 base needs bf16 and one sharding dimension.
+    lora = training.get("lora")
+    if isinstance(lora, dict) and lora.get("quantizeBase") == "nf4":
+        training["mixedPrecision"] = "bf16"
+        training.pop("sharding", None)
     locations = [spec.get("output", {}).get("storage", ""), training.get("checkpoint", {}).get("storage", "")]
     if any(location.startswith(("/", "file:")) for location in locations):
         spec["sharedVolume"] = {"claimName": "shared", "mountPath": "/mnt"}
