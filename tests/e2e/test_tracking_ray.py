@@ -61,6 +61,13 @@ def history(mlflow: Any, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in mlflow.get_metric_history(run_id, key))
 
 
+def assert_same_series(logged: list[tuple[int, float]], points: list[list[float]]) -> None:
+    """MLflow's series and status's lossHistory point by point (status keeps 4 digits)."""
+    assert [step for step, _ in logged] == [step for step, _ in points], (logged, points)
+    for (step, loss), (_, kept) in zip(logged, points, strict=True):
+        assert abs(loss - kept) <= 1e-4, (step, loss, kept)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_retried_attempt_continues_the_same_run(server: Server, tmp_path: Path) -> None:
@@ -148,5 +155,38 @@ def test_every_report_of_a_user_function_reaches_its_run_the_last_included(serve
     assert [step for step, _ in logged] == list(range(1, steps + 1)), logged
     points = status["progress"]["lossHistory"]
     assert [step for step, _ in points] == list(range(1, steps + 1))
-    for (step, loss), (_, kept) in zip(logged, points, strict=True):
-        assert abs(loss - kept) <= 1e-4, (step, loss, kept)  # status keeps 4 digits
+    assert_same_series(logged, points)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # two attempts, each with its own group of Ray Train workers
+def test_a_user_functions_series_matches_status_across_a_restart(server: Server, tmp_path: Path) -> None:
+    """A user function whose rank 1 dies after the step-4 checkpoint in attempt 1 (no worker restart allowed, one
+    retry): attempt 2 resumes from step 4 in the same MLflow run. MLflow's loss series over both attempts equals
+    status's lossHistory point by point, and each step is logged once (the resumed attempt trains none again)."""
+    checks = Path(__file__).resolve().parents[1] / "data" / "byo"
+    steps, every = 10, 4
+    config = {"steps": steps, "checkpoint_every": every, "kill_rank": 1, "kill_at_step": every}
+    manifest = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "examples" / "byo-function" / "job.yaml").read_text()
+    )
+    manifest["metadata"]["name"] = "byo-restarted"
+    spec = manifest["spec"]
+    spec["trainFunction"] = {"callable": "byo_checks.functions:train", "code": str(checks), "config": config}
+    spec["training"]["checkpoint"]["storage"] = str(tmp_path / "checkpoints")
+    spec["sharedVolume"]["mountPath"] = str(tmp_path)
+    spec["runPolicy"] = {"maxWorkerRestarts": 0, "backoffLimit": 1}  # the kill costs the attempt
+    spec["tracking"] = {"mlflow": {"trackingUri": server.uri, "experiment": "tests"}}
+    proc, job = run_local(write(manifest, tmp_path), tmp_path, timeout=1100)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    status = job["status"]
+    assert status["phase"] == "Succeeded" and status["attempts"] == 2, status.get("message")
+    assert status["progress"]["metrics"] == {"resumed_from": float(every)}  # attempt 2 went on from the checkpoint
+    mlflow = client(server)
+    (experiment,) = [e for e in mlflow.search_experiments() if e.name == "tests"]
+    (run,) = mlflow.search_runs([experiment.experiment_id])  # one run for both attempts
+    assert run.info.run_id == status["tracking"]["runId"] and run.info.status == "FINISHED"
+    assert run.data.tags["fsdp.dev/attempt"] == "2"
+    logged = history(mlflow, run.info.run_id, "loss")
+    assert [step for step, _ in logged] == list(range(1, steps + 1)), logged  # attempt 1's 1..4, attempt 2's 5..10
+    assert_same_series(logged, status["progress"]["lossHistory"])
