@@ -420,15 +420,19 @@ qlora)  # one GPU (~9 min): QLoRA (training.lora.quantizeBase nf4; torchao's whe
 qlora-check)  # one GPU (~5 min): LoRA and QLoRA without checkpointing beside full fine-tuning (1.5B shape); then the
              # function end to end with QLoRA on a saved model of the 1.5B shape (4 blocks): the base read from its
              # safetensors into NF4 shards, 20 steps, the adapter and merged export with their self-check
+             # (EXPORT_ONLY=1: that part alone)
     wheel_site /tmp/torchao-site torchao "${WHEELS:?WHEELS: torchao}"/torchao-*.whl || exit 1
     export PYTHONPATH="$PYTHONPATH:/tmp/torchao-site"
-    bench qlora-1.5b-noac 1 150 --seq-len 2048 --batch 1 --steps 20 --warmup 3 --recipes ours-final,ours-lora,ours-qlora
+    [ -n "${EXPORT_ONLY:-}" ] || bench qlora-1.5b-noac 1 150 --seq-len 2048 --batch 1 --steps 20 --warmup 3 \
+        --recipes ours-final,ours-lora,ours-qlora
     model=/tmp/fsdp-qlora-base export=/tmp/fsdp-qlora-export
     rm -rf "$model" "$export"
     "$py" -c 'import sys, torch; from transformers import Qwen2Config, Qwen2ForCausalLM; torch.manual_seed(0); Qwen2ForCausalLM(Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=4, num_attention_heads=12, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)).to(torch.bfloat16).save_pretrained(sys.argv[1])' "$model"
     fn1 qlora-export 240 '{"seq_len":2048,"batch_size_per_rank":1,"probe_size_bytes":0,"compile":true,"learning_rate":2e-4,"steps":20,"model":"'$model'","model_init":"pretrained","lora_rank":16,"lora_quantize_base":"nf4","activation_checkpointing":true,"loss_chunk_tokens":1024,"output_path":"'$export'","export_merged":true}'
     grep -h '"kind":"export"' "$out/logs/qlora-export.log" | sed 's/^.*FSDP_EVENT //'
     ls -la "$export" "$export/merged" 2>&1 | grep -v '^total'
+    "$py" -c 'import sys; from safetensors import safe_open; f = safe_open(sys.argv[1], "pt"); k = list(f.keys()); print(f"# adapter file: {len(k)} tensors, {sorted({f.get_slice(n).get_dtype() for n in k})}")' \
+        "$export/adapter_model.safetensors"
     rm -rf "$model" "$export"
     ;;
 conformance)  # one GPU (~4 min): the training function's start-up check (its two losses and its seconds) on the

@@ -244,6 +244,11 @@ def estimate(shape: ModelShape, s: Settings) -> MemoryEstimate:
     else:
         kept = _block_activations(shape, compute) * shape.layers
     activations = tokens * kept * (1.0 if s.compile else EAGER_ACTIVATION_FACTOR)
+    if nf4 and not s.activation_checkpointing:
+        # Without checkpointing, every block keeps its NF4 layers' dequantized bf16 weights for backward (whole:
+        # dequantized after the gather), as much as LoRA's bf16 base (1.5B: 11.4 GiB reserved against LoRA's 10.9,
+        # docs/performance.md round sixteen). Checkpointing recomputes them with the block.
+        activations += 2 * targeted
 
     if s.loss_chunk_tokens:
         loss = min(s.loss_chunk_tokens, tokens) * shape.vocab * LOSS_BYTES_CHUNKED[s.compile]
