@@ -18,7 +18,17 @@ import yaml
 from fsdp_operator.api import render
 from fsdp_operator.api.spec import parse_job
 from fsdp_train.contract import events
-from fsdp_train.contract.events import Checkpoint, Evaluation, Export, Step, Summary, Tracking, Transport, parse_lines
+from fsdp_train.contract.events import (
+    Checkpoint,
+    Evaluation,
+    Export,
+    Resolved,
+    Step,
+    Summary,
+    Tracking,
+    Transport,
+    parse_lines,
+)
 from fsdp_train.watch import tracking
 from support.mlflow_server import Server, mlflow_server
 from support.running_job import UID
@@ -86,6 +96,7 @@ def test_two_attempts_continue_one_run_each_step_once_and_the_export_becomes_a_m
         1,
         [
             Transport(rank=0, transport="socket"),
+            Resolved(rank=0, sharding="hybrid", precision="fp32"),  # what rank 0 resolved, before its first step
             *(step(n) for n in range(1, SAVED_AT + 1)),
             Evaluation(rank=0, step=2, loss=3.0),
             Checkpoint(rank=0, step=SAVED_AT, path=str(tmp_path / "ckpt" / "3")),
@@ -96,6 +107,7 @@ def test_two_attempts_continue_one_run_each_step_once_and_the_export_becomes_a_m
         export,
         2,
         [
+            Resolved(rank=0, sharding="hybrid", precision="fp32"),
             *(step(n) for n in range(SAVED_AT + 1, STEPS + 1)),
             Evaluation(rank=0, step=STEPS, loss=1.5),
             Export(rank=0, step=STEPS, path=str(export)),

@@ -47,8 +47,10 @@ MANIFEST = {
     "apiVersion": schema.API_VERSION,
     "kind": schema.KIND,
     "metadata": {"name": "qwen", "namespace": "ml", "uid": "u-1", "generation": 1},
-    # One worker of one GPU: world size 1, so rank 0's events complete the picture.
+    # One worker of one GPU: world size 1, so rank 0's events complete the picture. A model that fits one L4 whole
+    # (the default 1.5B's full fine-tuning does not: validation refuses it for memory).
     "spec": {
+        "model": {"name": "Qwen/Qwen2.5-0.5B"},
         "workers": {"replicas": 1, "gpusPerWorker": 1, "efaPerWorker": 1},
         "network": {"minCrossNodeBandwidthGBps": 3.5},
         "training": {"steps": 40},
