@@ -17,15 +17,14 @@ from typing import Any
 import pytest
 import torch
 from fsdp_train.contract.config import MERGED_DIR, ConfigError, TrainConfig
-from fsdp_train.contract.events import Export, Step
+from fsdp_train.contract.events import Export
 from fsdp_train.models.parallelize import Topology
 from fsdp_train.models.quantize import NF4_GROUP, is_nf4, quantize_loaded
-from fsdp_train.run.loop import FAIL_AT_STEP_ENV, Host, build, train, train_step
-from fsdp_train.state.checkpoint import DirectoryCheckpoints
+from fsdp_train.run.loop import build, train_step
+from support.adapter_runs import assert_resumes_exactly, run
 from support.cpu_ranks import fixed_batch_steps, printed
 from support.rank_processes import rank_context
 from support.tiny_hf import documents, save_tiny_model, write_jsonl
-from torch.distributed.checkpoint import FileSystemReader
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -56,13 +55,6 @@ def config(tmp_path: Path, **more: Any) -> TrainConfig:
         save_tiny_model(model, **QUANTIZABLE)
         write_jsonl(tmp_path / "corpus.jsonl", [{"text": d} for d in documents(80)])
     return TrainConfig.from_dict({**QLORA, "model": str(model), "data": str(tmp_path / "corpus.jsonl"), **more})
-
-
-def run(cfg: TrainConfig, topo: Topology, env: dict[str, str] | None = None) -> None:
-    host = Host(node_ip="127.0.0.1", env=env or {})
-    if cfg.checkpoint_path:
-        host = dataclasses.replace(host, checkpointer=DirectoryCheckpoints(cfg.checkpoint_path))
-    train(cfg, topo, host)
 
 
 def nf4_bytes(model: torch.nn.Module) -> dict[str, bytes]:
@@ -174,19 +166,7 @@ def test_resume_from_an_adapter_checkpoint_is_exact(
     one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     whole = config(tmp_path, checkpoint_path=str(tmp_path / "whole"), checkpoint_interval=2)
-    run(whole, one_rank)
-    uninterrupted = [e.loss for e in printed(capsys) if isinstance(e, Step)]
-
-    cut = dataclasses.replace(whole, checkpoint_path=str(tmp_path / "cut"))
-    with pytest.raises(RuntimeError):
-        run(cut, one_rank, env={FAIL_AT_STEP_ENV: "3"})
-    printed(capsys)
-    saved = FileSystemReader(str(tmp_path / "cut" / "step_00000002")).read_metadata().state_dict_metadata
-    tensors = [name.split(".", 1)[1] for name in saved if name.startswith("model.")]
-    assert tensors and all(".lora_A." in n or ".lora_B." in n for n in tensors), tensors  # no base tensor
-    run(cut, one_rank)
-    resumed = [e.loss for e in printed(capsys) if isinstance(e, Step)]
-    assert resumed == uninterrupted[2:]
+    assert_resumes_exactly(whole, one_rank, tmp_path, capsys)
 
 
 def test_a_layer_nf4_cannot_hold_is_refused_naming_the_field_and_the_layer(one_rank: Topology, tmp_path: Path) -> None:

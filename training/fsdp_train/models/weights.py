@@ -97,16 +97,17 @@ def fill_from_safetensors(params: dict[str, nn.Parameter], directory: str) -> No
 
     DCP's reader fills shards of plain tensors only; an NF4 shard must come from its whole tensor.
     """
-    import json
-    from pathlib import Path
-
     from safetensors import safe_open
 
     index = Path(directory) / "model.safetensors.index.json"
     files = json.loads(index.read_text())["weight_map"] if index.exists() else {}
-    for name, param in params.items():
-        with safe_open(str(Path(directory) / files.get(name, "model.safetensors")), framework="pt") as f:
-            fill_parameter(param, f.get_tensor(name))
+    by_file: dict[str, list[str]] = {}
+    for name in params:
+        by_file.setdefault(files.get(name, "model.safetensors"), []).append(name)
+    for file, names in by_file.items():  # each file opened once
+        with safe_open(str(Path(directory) / file), framework="pt") as f:
+            for name in names:
+                fill_parameter(params[name], f.get_tensor(name))
 
 
 def dequantized_state(model: nn.Module) -> dict[str, torch.Tensor]:
