@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fsdp_operator.local.cluster.kuberay import marked_processes
+from fsdp_operator.local.cluster.processes import marked_processes
 from fsdp_operator.local.run import RUN_MARKER
 from support.ray_cluster import RAY_TESTS
 

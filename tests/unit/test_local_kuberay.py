@@ -24,11 +24,10 @@ from fsdp_operator.local.cluster.kuberay import (
     _container_env,
     _cpus,
     _memory_limit,
-    kill_marked,
     limited_command,
-    marked_processes,
     secret_refs,
 )
+from fsdp_operator.local.cluster.processes import kill_marked, marked_processes
 from fsdp_operator.local.server import ThreadedApiServer
 from support.ray_cluster import RAY_TESTS
 
@@ -534,6 +533,90 @@ def test_a_worker_that_joins_after_its_wait_ran_out_is_marked_ready_and_the_clus
     assert {c["type"]: c["status"] for c in rc["status"]["conditions"]}["RayClusterProvisioned"] == "True"
     assert pod["status"]["phase"] == "Running"
     assert [(c["type"], c["status"]) for c in pod["status"]["conditions"]] == [("Ready", "True")]
+
+
+def test_a_worker_whose_ray_exits_after_it_joined_is_started_again_in_its_pod_and_ready_once_it_joined_again(
+    apiserver: ThreadedApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the kubelet restarts a container that exited (restartPolicy Always): a worker whose Ray node died after it
+    joined (here, as seen in a slow run, its runtime env agent found its port taken seconds after the join) is started
+    again in its pod, at its IP; the pod is not Ready, with the restart and the last exit, until the new node joined,
+    and Ray's record of the dead node (the GCS notices a death late) does not count as the new one joining."""
+    from fsdp_operator.local.cluster import kuberay as kuberay_module
+
+    monkeypatch.setattr(kuberay_module, "WORKER_RESTART_BACKOFF_SECONDS", 0.05)
+    workers: list[RayNode] = []
+    released: list[bool] = []
+    polls_after_restart: list[int] = []
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int]:
+        kuberay = LocalKubeRay(apiserver.url, tmp_path)
+
+        async def start_node(
+            cluster: LocalCluster, pod: str, args: list[str], env: Any, limit: Any, ip: str | None = None
+        ) -> RayNode:
+            first_worker = "--head" not in args and not workers
+            script = (
+                "import time; time.sleep(0.3); raise SystemExit(7)" if first_worker else "import time; time.sleep(60)"
+            )
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, start_new_session=True)
+            address = ip or ("127.0.0.2" if "--head" in args else "127.0.0.3")
+            node = RayNode(pod, address, process, tmp_path / "n.log", tmp_path / f"n{len(cluster.nodes)}")
+            cluster.nodes.append(node)
+            if "--head" not in args:
+                workers.append(node)
+            return node
+
+        async def alive_nodes(cluster: LocalCluster) -> list[dict[str, Any]]:
+            records: list[dict[str, Any]] = [{"node_ip": "127.0.0.2", "state": "ALIVE"}]
+            if not workers:
+                return records
+            # The first worker's record stays ALIVE (the GCS has not noticed its death); the new one's comes once
+            # the test says so.
+            records.append({"node_ip": "127.0.0.3", "state": "ALIVE", "start_time_ms": workers[0].started_at * 1000})
+            if len(workers) > 1:
+                polls_after_restart.append(1)
+                if released:
+                    records.append({"node_ip": "127.0.0.3", "state": "ALIVE",
+                                    "start_time_ms": workers[1].started_at * 1000})  # fmt: skip
+            return records
+
+        async def until(predicate: Any, what: str) -> dict[str, Any]:
+            deadline = time.monotonic() + 120
+            while not predicate(found := await kuberay._request("GET", "/api/v1/namespaces/default/pods/" + pod)):
+                assert time.monotonic() < deadline, what
+                await asyncio.sleep(0.05)
+            return found
+
+        def container(found: dict[str, Any]) -> dict[str, Any]:
+            return dict((found.get("status", {}).get("containerStatuses") or [{}])[0])
+
+        stub_ray_nodes(monkeypatch, kuberay, start_node, alive_nodes)
+        cluster, rc = await cluster_to_materialize(kuberay, tmp_path, "crash")
+        try:
+            await asyncio.wait_for(kuberay._materialize(cluster, rc), 60)
+            pod = workers[0].pod_name
+            restarting = await until(lambda p: container(p).get("restartCount") == 1, "the restarted pod")
+            await _until(lambda: len(polls_after_restart) >= 3, 60, "three looks at Ray after the restart")
+            short = await kuberay._request("GET", "/apis/ray.io/v1/namespaces/default/rayclusters/rc")
+            released.append(True)
+            ready = await until(lambda p: container(p).get("ready") is True, "the pod Ready again")
+            return restarting, short, ready, len(workers)
+        finally:
+            if cluster.worker_watch is not None:
+                cluster.worker_watch.cancel()
+            await kuberay_module.stop_nodes(cluster.nodes)
+            await kuberay.close()
+
+    restarting, short, ready, starts = asyncio.run(scenario())
+    assert starts == 2 and workers[1].ip == workers[0].ip  # once more, in its pod, at its IP
+    assert restarting["status"]["phase"] == "Running"
+    assert [(c["type"], c["status"]) for c in restarting["status"]["conditions"]] == [("Ready", "False")]
+    (last,) = restarting["status"]["containerStatuses"]
+    assert last["lastState"]["terminated"]["exitCode"] == 7 and "running" in last["state"]
+    assert short["status"]["readyWorkerReplicas"] == 0  # the dead node's record is not the new one joining
+    assert [(c["type"], c["status"]) for c in ready["status"]["conditions"]] == [("Ready", "True")]
+    assert ready["status"]["containerStatuses"][0]["restartCount"] == 1
 
 
 def test_a_suspended_raycluster_gets_no_pods_and_no_process(apiserver: ThreadedApiServer, tmp_path: Path) -> None:

@@ -34,7 +34,8 @@ from fsdp_operator.api import spec as spec_mod
 from fsdp_operator.api.spec import Job
 from fsdp_operator.decide.summary import loss_curve, summary_lines
 from fsdp_operator.local.cluster.kubelet import LocalKubelet
-from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port, marked_processes
+from fsdp_operator.local.cluster.kuberay import RAYCLUSTER_CRD, LocalKubeRay, free_port
+from fsdp_operator.local.cluster.processes import marked_processes
 from fsdp_operator.local.server import rbac
 from fsdp_operator.local.server.admission import OwnerReferencesPermissionEnforcement
 from fsdp_operator.local.server.apiserver import ApiServer

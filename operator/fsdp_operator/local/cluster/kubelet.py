@@ -47,9 +47,9 @@ from fsdp_operator.local.cluster.kuberay import (
     _container_env,
     _cpus,
     _memory_limit,
-    kill_marked,
     now_rfc3339,
 )
+from fsdp_operator.local.cluster.processes import kill_marked
 from fsdp_operator.local.cluster.watching import list_then_watch
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,7 @@ class LocalKubelet:
         self.hooks.append((node.pod_name, process.returncode or 0, round(time.monotonic() - started, 2)))
 
     async def _stop(self, node: RayNode, deadline: float) -> None:
+        node.stopping = True  # the pod is deleted: no crash for KubeRay's stand-in to start again
         with contextlib.suppress(ProcessLookupError):
             os.killpg(node.pgid, signal.SIGTERM)
         with contextlib.suppress(TimeoutError):

@@ -25,7 +25,7 @@ per process, where a pod's cgroup limits the sum.
 
 What it does not reproduce: images (the Ray on this machine runs, not the container's), pod
 scheduling, CPU limits and the memory cgroup (see above), GPUs (a worker gets CPUs in place of GPUs), restarts
-of a container that ran (a node whose `ray start` exits before it joined is started again, `_joined`),
+the Pod's own network namespace (all nodes share loopback and the machine's ports),
 NetworkPolicies (stored by the API server, enforced by nothing here: all nodes share loopback).
 """
 
@@ -38,7 +38,6 @@ import functools
 import logging
 import math
 import os
-import re
 import signal
 import socket
 import sys
@@ -51,6 +50,16 @@ from typing import Any
 import aiohttp
 
 from fsdp_operator.api.spec import parse_quantity
+from fsdp_operator.local.cluster import pod_status
+from fsdp_operator.local.cluster.node_logs import (
+    FATAL_TAIL_BYTES,
+    PYTHON_ERROR,
+    SESSION_LOGS,
+    clean,
+    fatal_line,
+    mended_by_a_new_start,
+)
+from fsdp_operator.local.cluster.processes import kill_marked, marked_processes
 from fsdp_operator.local.cluster.watching import list_then_watch
 
 log = logging.getLogger(__name__)
@@ -130,64 +139,14 @@ NODE_MARKER = "FSDP_LOCAL_RAY_NODE"
 
 HEAD_WATCH_SECONDS = 0.5
 """How often the head's process and the end of its log are looked at."""
-FATAL_MARKERS = (
-    "Some Ray subprocesses exited unexpectedly",
-    "[FATAL]",
-    "Check failed:",
-    "Fatal Python error",
-    "*** SIGSEGV",
-    "*** SIGABRT",
-)
-"""Lines of a head's log that mean it is gone (Ray's own words, and its C++ and Python crash reports)."""
-_FATAL_TAIL_BYTES = 64 * 1024
+WORKER_WATCH_SECONDS = 5.0
+"""How often the keeping of joined workers looks at the head between its workers' exits (`_keep_workers`)."""
 
 
-def fatal_line(log_path: Path) -> str:
-    """The last line of the end of a Ray node's log that says it died (see FATAL_MARKERS), cut to 200; else ''."""
-    try:
-        with log_path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(f.tell() - _FATAL_TAIL_BYTES, 0))
-            tail = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    lines = tail.splitlines()
-    found = [i for i, line in enumerate(lines) if any(marker in line for marker in FATAL_MARKERS)]
-    if not found:
-        return ""
-
-    said = _clean(lines[found[-1]])
-    if said.endswith(":") and found[-1] + 1 < len(lines):  # Ray names the subprocess on the next line
-        said += " " + _clean(lines[found[-1] + 1])
-    return said[:200]
-
-
-def _clean(line: str) -> str:
-    """A log line without Ray's colours and its `2026-12-03 08:24:00,462 ERR scripts.py:1304 -- `; a C++ component's
-    `[2026-12-06 11:42:41,134 C 14525 14525] (gcs_server) grpc_server.cc:134: ...` as `gcs_server: ` and what its
-    check said (Ray puts a paragraph of boilerplate before `Check failed:`)."""
-    line = " ".join(_RAY_LOG_PREFIX.sub("", _ANSI.sub("", line.strip())).split())
-    if component := _CPP_LOG_PREFIX.match(line):
-        rest = line[component.end() :]
-        rest = rest[rest.index("Check failed:") :] if "Check failed:" in rest else rest
-        line = f"{component['name']}: {rest}"
-    return line
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_RAY_LOG_PREFIX = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+\s+\S+\s+\S+ -- ")
-_CPP_LOG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d [^\]]*\] \((?P<name>[\w-]+)\) \S+:\d+:\s*")
-_PYTHON_ERROR = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\b.*")
-SESSION_LOGS = ("gcs_server.out", "raylet.out")
-"""A head's component logs in its session (`<temp dir>/session_latest/logs`): the GCS and raylet say why they died
-there at once, while `ray start` waits up to a minute for them before it prints it and exits."""
-MENDED_BY_A_NEW_START = ("already in use", "already occupied", "timed out during startup", "Timed out waiting for file")
-"""What a head's failed start may say that starting it again mends: a port taken (all pods here share the machine's;
-a new start gets new ports) and Ray's own start-up timeouts on a loaded machine. Any other failure comes again."""
-
-
-def mended_by_a_new_start(why: str) -> bool:
-    return any(said in why for said in MENDED_BY_A_NEW_START)
+def _since(record: Obj, node: RayNode | None) -> bool:
+    """Whether Ray's record of an alive node (its `start_time_ms`, if any) is of `node`'s start, not an earlier one."""
+    started = record.get("start_time_ms")
+    return node is None or not isinstance(started, int | float) or started / 1000 >= node.started_at
 
 
 def ended(node: RayNode, failed: Callable[[RayNode], str] | None) -> bool:
@@ -207,10 +166,10 @@ def start_error(node: RayNode) -> str:
     if node.process.returncode is None:
         return ""
     try:
-        lines = node.log_path.read_bytes()[-_FATAL_TAIL_BYTES:].decode(errors="replace").splitlines()
+        lines = node.log_path.read_bytes()[-FATAL_TAIL_BYTES:].decode(errors="replace").splitlines()
     except OSError:
         lines = []
-    errors = [said for said in map(_clean, lines) if _PYTHON_ERROR.match(said)]
+    errors = [said for said in map(clean, lines) if PYTHON_ERROR.match(said)]
     return errors[-1][:200] if errors else f"exited with code {node.process.returncode}"
 
 
@@ -233,6 +192,9 @@ class RayNode:
     temp_dir: Path
     env: dict[str, str] = field(default_factory=dict)
     """The container's environment as the node's processes got it (a hook runs with it too: `cluster/kubelet.py`)."""
+    started_at: float = field(default_factory=time.time)
+    stopping: bool = False
+    """Stopped on purpose (its pod deleted, its cluster gone): its exit is no crash to start it again for."""
 
     @property
     def marker(self) -> str:
@@ -258,6 +220,8 @@ class LocalCluster:
     """Ray's auth token when the head runs with RAY_AUTH_MODE=token."""
     head_watch: asyncio.Task[None] | None = None
     """Reports the head pod not ready when its Ray process exits (see LocalKubeRay.watch_head)."""
+    worker_watch: asyncio.Task[None] | None = None
+    """Starts a joined worker whose Ray process exited again (see LocalKubeRay._keep_workers)."""
     failure: str = ""
     """Why the cluster's head is gone (did not start, or its Ray process exited); empty while it is fine."""
     suspended: bool = False
@@ -460,7 +424,14 @@ class LocalKubeRay:
         return False
 
     async def _put_pod(
-        self, cluster: LocalCluster, name: str, labels: dict[str, str], ip: str, ready: bool, template: Obj
+        self,
+        cluster: LocalCluster,
+        name: str,
+        labels: dict[str, str],
+        ip: str,
+        ready: bool,
+        template: Obj,
+        restarts: int = 0,
     ) -> None:
         base = f"/api/v1/namespaces/{cluster.namespace}/pods"
         pod = self._pod(cluster, name, labels, template)
@@ -478,7 +449,7 @@ class LocalKubeRay:
             containers = [c for c in pod["spec"].get("containers") or [] if isinstance(c, dict)]
             status["containerStatuses"] = [
                 {"name": str(c.get("name", "")), "image": str(c.get("image", "")), "imageID": "", "ready": True,
-                 "started": True, "restartCount": 0, "state": {"running": {"startedAt": now_rfc3339()}}}
+                 "started": True, "restartCount": restarts, "state": {"running": {"startedAt": now_rfc3339()}}}
                 for c in containers
             ]  # fmt: skip
         with contextlib.suppress(RuntimeError):
@@ -646,8 +617,11 @@ class LocalKubeRay:
         failed, or `head` died); return the alive IPs."""
         alive: set[str] = set()
         while time.monotonic() < deadline:
-            alive = {n["node_ip"] for n in await self._alive_nodes(cluster)} & ips
             latest = {n.ip: n for n in cluster.nodes}  # a restarted node's earlier process is not its state
+            # Not a record of an earlier start at the IP (a node started again before the GCS saw the last one die).
+            alive = {
+                r["node_ip"] for r in await self._alive_nodes(cluster) if _since(r, latest.get(r["node_ip"]))
+            } & ips
             # A node that joined is past its start: only its process's end counts then.
             dead = [n for ip, n in latest.items() if ip in ips and ended(n, None if ip in alive else failed)]
             if alive == ips or dead or (head is not None and head_death(head)):
@@ -800,16 +774,86 @@ class LocalKubeRay:
         # Watched from here on, after the first write of HeadPodReady=True (a head that died earlier is seen at once).
         cluster.head_watch = asyncio.get_running_loop().create_task(self.watch_head(cluster, head))
         # A worker still starting when its wait ran out (running, not joined) may join later: its pod turns Ready
-        # then, as its readiness probe would pass, and KubeRay counts it. Waited for until the cluster goes.
-        while late := [w for w in workers if w.ip not in alive and w.process.returncode is None]:
-            joined = await self._joined(cluster, late, start_worker, WORKER_JOIN_SECONDS, head=head, restarts=restarts)
+        # then, as its readiness probe would pass, and KubeRay counts it. Waited for here, then kept (_keep_workers).
+        keeping = (cluster, rc, pods, workers, alive, restarts, start_worker, head)
+        while await self._tend_workers(*keeping):
             if head_death(head):
                 return  # the head's watch says so
-            started = {n.pod_name: n for n in late}  # `_joined` replaced the ones it started again
-            workers = [started.get(w.pod_name, w) for w in workers]
-            if joined or any(w.process.returncode is not None for w in late):
-                alive |= joined
-                await self._report_workers(cluster, rc, pods, workers, alive, restarts)
+        cluster.worker_watch = asyncio.get_running_loop().create_task(self._keep_workers(*keeping))
+
+    async def _keep_workers(
+        self,
+        cluster: LocalCluster,
+        rc: Obj,
+        pods: _WorkerPods,
+        workers: list[RayNode],
+        alive: set[str],
+        restarts: dict[str, int],
+        start_worker: Callable[[str, str], Awaitable[RayNode]],
+        head: RayNode,
+    ) -> None:
+        """The worker pods after every one joined or gave up, until the head or the cluster goes, as the kubelet keeps
+        a pod's container: a worker whose Ray process exits after it joined is started again in its pod
+        (restartPolicy Always, the default, which the rendered pods keep; "Container restarts",
+        https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#container-restarts), see _tend_workers."""
+        keeping = (cluster, rc, pods, workers, alive, restarts, start_worker, head)
+        while not head_death(head):
+            if await self._tend_workers(*keeping):
+                continue
+            running = [asyncio.ensure_future(w.process.wait()) for w in workers if w.process.returncode is None]
+            if not running:
+                return  # every worker used up its restarts or was stopped
+            _, waiting = await asyncio.wait(running, timeout=WORKER_WATCH_SECONDS, return_when=asyncio.FIRST_COMPLETED)
+            for task in waiting:
+                task.cancel()
+
+    async def _tend_workers(
+        self,
+        cluster: LocalCluster,
+        rc: Obj,
+        pods: _WorkerPods,
+        workers: list[RayNode],
+        alive: set[str],
+        restarts: dict[str, int],
+        start_worker: Callable[[str, str], Awaitable[RayNode]],
+        head: RayNode,
+    ) -> bool:
+        """One round of keeping the worker pods; False when there is nothing to do (each worker joined and runs, or
+        gave up). Workers whose Ray process exited after they joined are containers that exited: started again in
+        their pods after the kubelet's back-off, each pod not Ready until its node joined again, restarts counted on
+        (CrashLoopBackOff once NODE_RESTARTS are used up). Here a port another node took between its choice and its
+        bind ends a node so, seconds after it joined ("Address already in use" from its runtime env agent; on a
+        cluster each pod has its own ports). A node this stand-in stopped on purpose (its pod deleted:
+        `cluster/kubelet.py`) is not started again. Else the workers still starting are waited for."""
+        exited = [w for w in workers if w.ip in alive and w.process.returncode is not None and not w.stopping]
+        late = [w for w in workers if w.ip not in alive and w.process.returncode is None]
+        if exited:
+            for node in exited:
+                log.warning("Ray node %s exited after it joined (%s)", node.pod_name, node.log_path)
+                alive.discard(node.ip)
+                pods.ready.discard(node.pod_name)
+                count, code = restarts[node.pod_name] + 1, node.process.returncode
+                status = pod_status.restarted(pods.container, code, count, now_rfc3339())
+                await self._patch_pod_status(cluster, node.pod_name, status)
+            again = [n for n in exited if restarts[n.pod_name] < NODE_RESTARTS]
+            if again:
+                backoff = WORKER_RESTART_BACKOFF_SECONDS * 2 ** max(restarts[n.pod_name] for n in again)
+                await asyncio.sleep(min(backoff, MAX_RESTART_BACKOFF_SECONDS))
+            for node in again:
+                await stop_nodes([node])  # what it left of its group
+                workers[workers.index(node)] = await start_worker(node.pod_name, node.ip)
+                restarts[node.pod_name] += 1
+            await self._report_workers(cluster, rc, pods, workers, alive, restarts)
+            return True
+        if not late:
+            return False
+        joined = await self._joined(cluster, late, start_worker, WORKER_JOIN_SECONDS, head=head, restarts=restarts)
+        started = {n.pod_name: n for n in late}  # `_joined` replaced the ones it started again
+        workers[:] = [started.get(w.pod_name, w) for w in workers]
+        if joined or any(w.process.returncode is not None for w in late):
+            alive |= joined
+            await self._report_workers(cluster, rc, pods, workers, alive, restarts)
+        return True
 
     async def _report_workers(
         self,
@@ -825,7 +869,10 @@ class LocalKubeRay:
         for worker in workers:
             if worker.ip in alive and worker.pod_name not in pods.ready:
                 pod, ip = worker.pod_name, worker.ip
-                await self._put_pod(cluster, pod, pods.labels, ip, ready=True, template=pods.template)
+                restarted = restarts.get(pod, 0)
+                await self._put_pod(
+                    cluster, pod, pods.labels, ip, ready=True, template=pods.template, restarts=restarted
+                )
                 pods.ready.add(pod)
             elif worker.ip not in alive and worker.process.returncode is not None and worker.pod_name not in pods.held:
                 # It used up its restarts.
@@ -863,25 +910,16 @@ class LocalKubeRay:
         Running and not Ready, the container waiting in CrashLoopBackOff with its restarts and last exit ("Container
         restarts", https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#container-restarts). This
         stand-in starts it no more."""
-        now = now_rfc3339()
-        code = node.process.returncode
         # The kubelet's words, and where this stand-in keeps the node's log (what `kubectl logs --previous` shows).
         message = f"back-off 5m0s restarting failed container={container} pod={node.pod_name}_{cluster.namespace}"
         message += f" (its log: {node.log_path})"
-        pod_status = {
-            "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady",
-                            "message": f"containers with unready status: [{container}]", "lastTransitionTime": now}],
-            "containerStatuses": [{
-                "name": container, "ready": False, "restartCount": restarts,
-                "state": {"waiting": {"reason": "CrashLoopBackOff", "message": message}},
-                "lastState": {"terminated": {"exitCode": code if code is not None else 1, "reason": "Error",
-                                             "finishedAt": now}},
-            }],
-        }  # fmt: skip
-        path = f"/api/v1/namespaces/{cluster.namespace}/pods/{node.pod_name}/status"
+        status = pod_status.crash_loop(container, node.process.returncode, restarts, message, now_rfc3339())
+        await self._patch_pod_status(cluster, node.pod_name, status)
+
+    async def _patch_pod_status(self, cluster: LocalCluster, pod_name: str, status: Obj) -> None:
+        path = f"/api/v1/namespaces/{cluster.namespace}/pods/{pod_name}/status"
         with contextlib.suppress(RuntimeError, aiohttp.ClientError):
-            await self._request("PATCH", path, {"status": pod_status}, "application/merge-patch+json")
+            await self._request("PATCH", path, {"status": status}, "application/merge-patch+json")
 
     async def _report_head_death(self, cluster: LocalCluster, head: RayNode, why: str) -> None:
         """The head pod Failed and not Ready, the RayCluster's HeadPodReady False, `cluster.failure` set."""
@@ -890,17 +928,7 @@ class LocalKubeRay:
         log.error("%s", cluster.failure)
         message = f"containers with unready status: [ray-head] (Ray {why}; see {head.log_path})"
         now = now_rfc3339()
-        pod_status = {
-            "phase": "Failed",
-            "conditions": [{"type": "Ready", "status": "False", "reason": "ContainersNotReady", "message": message,
-                            "lastTransitionTime": now}],
-            "containerStatuses": [{"name": "ray-head", "ready": False, "restartCount": 0,
-                                   "state": {"terminated": {"exitCode": code if code is not None else 1,
-                                                            "reason": "Error", "finishedAt": now}}}],
-        }  # fmt: skip
-        path = f"/api/v1/namespaces/{cluster.namespace}/pods/{head.pod_name}/status"
-        with contextlib.suppress(RuntimeError, aiohttp.ClientError):
-            await self._request("PATCH", path, {"status": pod_status}, "application/merge-patch+json")
+        await self._patch_pod_status(cluster, head.pod_name, pod_status.failed("ray-head", code, message, now))
         rc = await self._request(
             "GET", f"/apis/ray.io/v1/namespaces/{cluster.namespace}/rayclusters/{cluster.name}", allow_missing=True
         )
@@ -910,7 +938,7 @@ class LocalKubeRay:
         await self._patch_status(cluster, {"conditions": conditions, "lastUpdateTime": now})
 
     async def _teardown(self, cluster: LocalCluster) -> None:
-        for task in (cluster.head_watch, cluster.task):
+        for task in (cluster.head_watch, cluster.worker_watch, cluster.task):
             if task is not None and not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -945,6 +973,7 @@ class LocalKubeRay:
 async def stop_nodes(nodes: list[RayNode]) -> None:
     """SIGTERM each node's process group, then SIGKILL what is left after a grace period."""
     for node in nodes:
+        node.stopping = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(node.pgid, signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_SECONDS
@@ -959,25 +988,3 @@ async def stop_nodes(nodes: list[RayNode]) -> None:
             await node.process.wait()
         # Ray's worker processes start sessions of their own; they still carry the node's marker.
         kill_marked(node.marker)
-
-
-def marked_processes(marker: str) -> list[int]:
-    """Live processes (zombies excluded) whose environment holds `marker` (a `NAME=value` string)."""
-    wanted, found = marker.encode(), []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z" and wanted in environ:
-            found.append(int(entry.name))
-    return found
-
-
-def kill_marked(marker: str) -> None:
-    for pid in marked_processes(marker):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
