@@ -9,6 +9,7 @@ secretKeyRef: the MLflow variables that carry them are refused as plain values.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass
@@ -74,19 +75,22 @@ def _host(host: str) -> str | None:
     return None
 
 
+def _name_problem(value: str, refused: str = "") -> str | None:
+    if value != value.strip() or not value:
+        return "must not be empty or start or end with white space"
+    if formats.hidden_character(value) or "\n" in value or "\r" in value or "\t" in value:
+        return "must be one line without control or invisible characters"
+    if bad := [c for c in refused if c in value]:
+        return f"must not contain {bad[0]!r} (MLflow refuses {', '.join(repr(c) for c in refused)} in it)"
+    return None
+
+
 def _name(limit: int, refused: str = "") -> Grammar:
-    """One line of visible text, as MLflow names it (experiment, run, registered model), at most `limit`."""
-
-    def check(value: str) -> str | None:
-        if value != value.strip() or not value:
-            return "must not be empty or start or end with white space"
-        if formats.hidden_character(value) or "\n" in value or "\r" in value or "\t" in value:
-            return "must be one line without control or invisible characters"
-        if bad := [c for c in refused if c in value]:
-            return f"must not contain {bad[0]!r} (MLflow refuses {', '.join(repr(c) for c in refused)} in it)"
-        return None
-
-    return Grammar(f"MLflow name (at most {limit} characters)", check, limit)
+    """One line of visible text, as MLflow names it (experiment, run, registered model), at most `limit`. The check
+    is a function of the module, not a closure made here: what runs at each validation, not once at import."""
+    return Grammar(
+        f"MLflow name (at most {limit} characters)", functools.partial(_name_problem, refused=refused), limit
+    )
 
 
 TRACKING_URI = Grammar("tracking URI", _tracking_uri, 1024)
