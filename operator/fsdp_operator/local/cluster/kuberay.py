@@ -233,6 +233,19 @@ class LocalCluster:
 
 
 @dataclass
+class _Keeping:
+    """What keeping a cluster's workers works on (`_keep_workers`); `workers` and the sets change as it goes."""
+
+    rc: Obj
+    pods: _WorkerPods
+    workers: list[RayNode]
+    alive: set[str]
+    restarts: dict[str, int]
+    start_worker: Callable[[str, str], Awaitable[RayNode]]
+    head: RayNode
+
+
+@dataclass
 class _WorkerPods:
     """What a cluster's worker pods are made from, and which of them are shown Ready or in CrashLoopBackOff so far."""
 
@@ -775,49 +788,28 @@ class LocalKubeRay:
         cluster.head_watch = asyncio.get_running_loop().create_task(self.watch_head(cluster, head))
         # A worker still starting when its wait ran out (running, not joined) may join later: its pod turns Ready
         # then, as its readiness probe would pass, and KubeRay counts it. Waited for here, then kept (_keep_workers).
-        keeping = (cluster, rc, pods, workers, alive, restarts, start_worker, head)
-        while await self._tend_workers(*keeping):
+        keeping = _Keeping(rc, pods, workers, alive, restarts, start_worker, head)
+        while await self._tend_workers(cluster, keeping):
             if head_death(head):
                 return  # the head's watch says so
-        cluster.worker_watch = asyncio.get_running_loop().create_task(self._keep_workers(*keeping))
+        cluster.worker_watch = asyncio.get_running_loop().create_task(self._keep_workers(cluster, keeping))
 
-    async def _keep_workers(
-        self,
-        cluster: LocalCluster,
-        rc: Obj,
-        pods: _WorkerPods,
-        workers: list[RayNode],
-        alive: set[str],
-        restarts: dict[str, int],
-        start_worker: Callable[[str, str], Awaitable[RayNode]],
-        head: RayNode,
-    ) -> None:
+    async def _keep_workers(self, cluster: LocalCluster, keeping: _Keeping) -> None:
         """The worker pods after every one joined or gave up, until the head or the cluster goes, as the kubelet keeps
         a pod's container: a worker whose Ray process exits after it joined is started again in its pod
         (restartPolicy Always, the default, which the rendered pods keep; "Container restarts",
         https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#container-restarts), see _tend_workers."""
-        keeping = (cluster, rc, pods, workers, alive, restarts, start_worker, head)
-        while not head_death(head):
-            if await self._tend_workers(*keeping):
+        while not head_death(keeping.head):
+            if await self._tend_workers(cluster, keeping):
                 continue
-            running = [asyncio.ensure_future(w.process.wait()) for w in workers if w.process.returncode is None]
+            running = [asyncio.ensure_future(w.process.wait()) for w in keeping.workers if w.process.returncode is None]
             if not running:
                 return  # every worker used up its restarts or was stopped
             _, waiting = await asyncio.wait(running, timeout=WORKER_WATCH_SECONDS, return_when=asyncio.FIRST_COMPLETED)
             for task in waiting:
                 task.cancel()
 
-    async def _tend_workers(
-        self,
-        cluster: LocalCluster,
-        rc: Obj,
-        pods: _WorkerPods,
-        workers: list[RayNode],
-        alive: set[str],
-        restarts: dict[str, int],
-        start_worker: Callable[[str, str], Awaitable[RayNode]],
-        head: RayNode,
-    ) -> bool:
+    async def _tend_workers(self, cluster: LocalCluster, keeping: _Keeping) -> bool:
         """One round of keeping the worker pods; False when there is nothing to do (each worker joined and runs, or
         gave up). Workers whose Ray process exited after they joined are containers that exited: started again in
         their pods after the kubelet's back-off, each pod not Ready until its node joined again, restarts counted on
@@ -825,6 +817,8 @@ class LocalKubeRay:
         bind ends a node so, seconds after it joined ("Address already in use" from its runtime env agent; on a
         cluster each pod has its own ports). A node this stand-in stopped on purpose (its pod deleted:
         `cluster/kubelet.py`) is not started again. Else the workers still starting are waited for."""
+        rc, pods, workers, alive, restarts = keeping.rc, keeping.pods, keeping.workers, keeping.alive, keeping.restarts
+        start_worker, head = keeping.start_worker, keeping.head
         exited = [w for w in workers if w.ip in alive and w.process.returncode is not None and not w.stopping]
         late = [w for w in workers if w.ip not in alive and w.process.returncode is None]
         if exited:
