@@ -365,34 +365,25 @@ def test_long_sections_nest_and_only_the_last_end_leaves_the_long_timeout() -> N
 # --- the watchdog ------------------------------------------------------------------------------------------
 
 
-def test_a_stall_is_reported_at_exactly_the_timeout_and_said_again_at_most_every_30_seconds() -> None:
-    monitor, clock, sent = _monitor(HealthConfig(hang_timeout_seconds=5.0), rank=2)
+@pytest.mark.parametrize(("timeout", "again"), [(5.0, 35.0), (40.0, 80.0)], ids=["under-30-s", "over-30-s"])
+def test_a_stall_is_reported_at_exactly_the_timeout_and_said_again_after_max_of_it_and_30_seconds(
+    timeout: float, again: float
+) -> None:
+    """A 5 s timeout is no reason to say a stall every 5 s; a 40 s one says it again after another 40 s."""
+    monitor, clock, sent = _monitor(HealthConfig(hang_timeout_seconds=timeout), rank=2)
     monitor.step(1)
-    clock.now = 1004.5
+    clock.now = 1000.0 + timeout - 0.5
     monitor._tick()
     assert sent == []
-    clock.now = 1005.0
+    clock.now = 1000.0 + timeout
     monitor._tick()
-    assert [(type(e), e.rank, e.step, e.seconds) for e in sent] == [(Stall, 2, 1, 5.0)]
-    clock.now = 1034.5
+    assert [(type(e), e.rank, e.step, e.seconds) for e in sent] == [(Stall, 2, 1, timeout)]
+    clock.now = 1000.0 + again - 0.5
     monitor._tick()
-    assert len(sent) == 1  # reported already: a 5 s timeout is no reason to say it every 5 s
-    clock.now = 1035.0
+    assert len(sent) == 1  # reported already
+    clock.now = 1000.0 + again
     monitor._tick()
-    assert [e.seconds for e in sent] == [5.0, 35.0]
-
-
-def test_a_stall_longer_than_30_seconds_is_said_again_after_another_timeout() -> None:
-    monitor, clock, sent = _monitor(HealthConfig(hang_timeout_seconds=40.0))
-    monitor.step(1)
-    clock.now = 1040.0
-    monitor._tick()
-    clock.now = 1079.0
-    monitor._tick()
-    assert [e.seconds for e in sent] == [40.0]
-    clock.now = 1080.0
-    monitor._tick()
-    assert [e.seconds for e in sent] == [40.0, 80.0]
+    assert [e.seconds for e in sent] == [timeout, again]
 
 
 def test_a_step_after_a_stall_arms_a_fresh_one() -> None:

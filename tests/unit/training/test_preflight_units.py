@@ -145,10 +145,20 @@ def test_a_model_directory_without_config_json_is_named(tmp_path: Path) -> None:
     ]
 
 
-def test_a_hub_model_is_asked_for_its_config_and_passes_when_the_hub_has_it() -> None:
+@pytest.mark.parametrize(
+    ("problems", "settings", "asked"),
+    [
+        (model_problems, {"model": "acme/tiny", "model_init": "pretrained"}, ("acme/tiny", "config.json")),
+        (tokenizer_problems, {"data": "/data", "tokenizer": "acme/tok"}, ("acme/tok", "tokenizer_config.json")),
+    ],
+    ids=["model", "tokenizer"],
+)
+def test_a_hub_repository_is_asked_for_its_config_and_passes_when_the_hub_has_it(
+    problems: Any, settings: dict[str, Any], asked: tuple[str, str]
+) -> None:
     hub = Hub()
-    assert model_problems(config(model="acme/tiny", model_init="pretrained"), hub=hub) == []
-    assert hub.asked == [("acme/tiny", "config.json")]
+    assert problems(config(**settings), hub=hub) == []
+    assert hub.asked == [asked]
 
 
 def test_a_hub_models_problem_is_named_under_the_model_field() -> None:
@@ -174,12 +184,6 @@ def test_a_tokenizer_directory_without_one_is_named(tmp_path: Path) -> None:
 
 def test_random_data_needs_no_tokenizer() -> None:
     assert tokenizer_problems(config(model="acme/tiny"), hub=no_hub) == []
-
-
-def test_a_hub_tokenizer_is_asked_for_its_config_and_passes_when_the_hub_has_it() -> None:
-    hub = Hub()
-    assert tokenizer_problems(config(data="/data", tokenizer="acme/tok"), hub=hub) == []
-    assert hub.asked == [("acme/tok", "tokenizer_config.json")]
 
 
 def test_a_hub_tokenizers_problem_is_named_under_its_field() -> None:
