@@ -688,15 +688,10 @@ class LocalKubeRay:
                 if newly_given_up:
                     continue  # the others may still join
                 return alive
-            # The kubelet's back-off: 10 s, doubled at each restart of the container, at most five minutes.
-            backoff = WORKER_RESTART_BACKOFF_SECONDS * 2 ** max(restarts[n.pod_name] for n in again)
-            await asyncio.sleep(min(backoff, MAX_RESTART_BACKOFF_SECONDS))
             for node in again:
                 log.warning("Ray node %s exited before it joined (%s); starting it again", node.pod_name,
                             node.log_path)  # fmt: skip
-                await stop_nodes([node])  # what it left of its group (an agent, a raylet)
-                nodes[nodes.index(node)] = await start_again(node.pod_name, node.ip)
-                restarts[node.pod_name] += 1
+            await _start_again(again, nodes, start_again, restarts)
             deadline = max(deadline, time.monotonic() + seconds)
 
     async def _materialize(self, cluster: LocalCluster, rc: Obj) -> None:
@@ -829,14 +824,9 @@ class LocalKubeRay:
                 count, code = restarts[node.pod_name] + 1, node.process.returncode
                 status = pod_status.restarted(pods.container, code, count, now_rfc3339())
                 await self._patch_pod_status(cluster, node.pod_name, status)
-            again = [n for n in exited if restarts[n.pod_name] < NODE_RESTARTS]
-            if again:
-                backoff = WORKER_RESTART_BACKOFF_SECONDS * 2 ** max(restarts[n.pod_name] for n in again)
-                await asyncio.sleep(min(backoff, MAX_RESTART_BACKOFF_SECONDS))
-            for node in again:
-                await stop_nodes([node])  # what it left of its group
-                workers[workers.index(node)] = await start_worker(node.pod_name, node.ip)
-                restarts[node.pod_name] += 1
+            await _start_again(
+                [n for n in exited if restarts[n.pod_name] < NODE_RESTARTS], workers, start_worker, restarts
+            )
             await self._report_workers(cluster, rc, pods, workers, alive, restarts)
             return True
         if not late:
@@ -962,6 +952,25 @@ class LocalKubeRay:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+async def _start_again(
+    again: list[RayNode],
+    nodes: list[RayNode],
+    start: Callable[[str, str], Awaitable[RayNode]],
+    restarts: dict[str, int],
+) -> None:
+    """Start each of `again` again in its pod, at its IP, after the kubelet's back-off (10 s, doubled at each restart
+    of the container, at most five minutes): what it left of its group stopped, its entry in `nodes` replaced, its
+    restarts counted."""
+    if not again:
+        return
+    backoff = WORKER_RESTART_BACKOFF_SECONDS * 2 ** max(restarts[n.pod_name] for n in again)
+    await asyncio.sleep(min(backoff, MAX_RESTART_BACKOFF_SECONDS))
+    for node in again:
+        await stop_nodes([node])  # what it left of its group (an agent, a raylet)
+        nodes[nodes.index(node)] = await start(node.pod_name, node.ip)
+        restarts[node.pod_name] += 1
 
 
 async def stop_nodes(nodes: list[RayNode]) -> None:
