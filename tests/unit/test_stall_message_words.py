@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fsdp_operator.decide.health import stall_message
 
 
@@ -59,3 +60,20 @@ def test_every_silent_rank_is_named() -> None:
         "rank 1 reported nothing (alive but silent, or gone); rank 2 reported nothing (alive but silent, or gone); "
         "rank 0 wait in all_reduce"
     )
+
+
+@pytest.mark.parametrize(
+    ("waiting", "words"),
+    [(2, "ranks 0, 1 wait in barrier"), (9, "ranks 0, 1, 2, 3, 4, 5, 6, 7 and 1 more wait in barrier")],
+)
+def test_two_waiting_ranks_are_ranks_and_a_ninth_is_counted(waiting: int, words: str) -> None:
+    ranks = [stalled(r, "collective", "t.py:1 in f", "barrier") for r in range(waiting)]
+    ranks.append(stalled(waiting, "code", "u.py:2 in g"))
+    assert stall_message({"ranks": ranks}, {}, waiting + 1).endswith("; " + words)
+
+
+def test_ranks_waiting_in_more_than_three_collectives_name_the_first_three() -> None:
+    ranks = [stalled(0, "code", "u.py:2 in g")]
+    ranks += [stalled(r, "collective", "t.py:1 in f", f"all_reduce #{r}") for r in range(1, 5)]
+    message = stall_message({"ranks": ranks}, {}, 5)
+    assert message.endswith("; ".join(["", *(f"rank {r} wait in all_reduce #{r}" for r in (1, 2, 3))]))
