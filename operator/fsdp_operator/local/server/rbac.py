@@ -25,8 +25,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from fsdp_operator.local.server.resources import Obj, ResourceType
 from fsdp_operator.local.server.store import ApiError, Store
@@ -66,25 +66,23 @@ def service_account(namespace: str, name: str) -> User:
     )
 
 
-class Call(NamedTuple):
-    """One authorized resource request: who, which verb, on what. `namespace` is "" at cluster scope."""
+@dataclass(frozen=True, slots=True)
+class Attributes:
+    """What a resource request asks: which verb, on what. `namespace` is "" at cluster scope."""
+
+    verb: str
+    group: str
+    resource: str
+    subresource: str
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Attributes):
+    """One resource request as recorded: what it asked, and who asked."""
 
     user: str
-    verb: str
-    group: str
-    resource: str
-    subresource: str
-    namespace: str
-    name: str
-
-
-class Attributes(NamedTuple):
-    verb: str
-    group: str
-    resource: str
-    subresource: str
-    namespace: str
-    name: str
 
 
 @dataclass
@@ -140,7 +138,7 @@ class Access:
     # --- authorization ---
     def authorize(self, store: Store, user: User, attrs: Attributes) -> None:
         """Record the call; 403 with the real server's wording when RBAC does not allow it."""
-        call = Call(user.name, *attrs)
+        call = Call(**asdict(attrs), user=user.name)
         if MASTERS in user.groups or allowed(store, user, attrs):
             with self.lock:
                 self.calls.append(call)
