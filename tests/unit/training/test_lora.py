@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 import torch
-from fsdp_train.contract.config import MERGED_DIR, ConfigError, TrainConfig
-from fsdp_train.contract.events import Export, Step
+from fsdp_train.contract.config import ConfigError, TrainConfig
+from fsdp_train.contract.events import Step
 from fsdp_train.models.parallelize import Topology
 from fsdp_train.run.loop import build, train_step
-from support.adapter_runs import assert_resumes_exactly, run
-from support.cpu_ranks import printed
+from support.adapter_runs import assert_resumes_exactly, export_logits, export_run
 from support.tiny_hf import documents, save_tiny_model, write_jsonl
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -70,22 +69,7 @@ def test_only_the_adapters_train_and_the_base_keeps_its_bytes(one_rank: Topology
 def test_the_export_loads_with_peft_and_merged_to_the_training_models_logits(
     one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM
-
-    # With activation checkpointing: the wrapper's part in the modules' names must not hide the adapters from peft
-    # (an adapter file with no tensor at all was written so, and loaded as the base itself).
-    cfg = config(
-        tmp_path,
-        output_path=str(tmp_path / "export"),
-        export_merged=True,
-        validation_split=0.2,
-        activation_checkpointing=True,
-    )
-    run(cfg, one_rank)
-    events = printed(capsys)
-    (export,) = [e for e in events if isinstance(e, Export)]
-    assert export.verified, export.check
+    events = export_run(config, one_rank, tmp_path, capsys)
     steps = [e for e in events if isinstance(e, Step)]
     assert steps[-1].loss < steps[0].loss
 
@@ -95,23 +79,16 @@ def test_the_export_loads_with_peft_and_merged_to_the_training_models_logits(
     assert adapter_config["base_model_name_or_path"] == str(tmp_path / "model")
     assert not (directory / "model.safetensors").exists()  # the adapter directory holds the adapters only
 
-    tokens = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(1))
-    base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"), dtype=torch.float32)
-    with torch.no_grad():
-        plain = base(input_ids=tokens).logits
-        adapted = PeftModel.from_pretrained(base, str(directory))(input_ids=tokens).logits
-        merged = AutoModelForCausalLM.from_pretrained(str(directory / MERGED_DIR), dtype=torch.float32)
-        merged_logits = merged(input_ids=tokens).logits
+    plain, adapted, merged = export_logits(tmp_path)
     assert not torch.allclose(adapted, plain, atol=1e-3)  # the adapters carry what training learned
     # The merged export is written in bf16, as every export is: equal to peft's within bf16's rounding.
-    assert torch.allclose(merged_logits, adapted, atol=0.05, rtol=0.02)
+    assert torch.allclose(merged, adapted, atol=0.05, rtol=0.02)
 
 
 def test_resume_from_an_adapter_checkpoint_is_exact(
     one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    whole = config(tmp_path, checkpoint_path=str(tmp_path / "whole"), checkpoint_interval=2)
-    assert_resumes_exactly(whole, one_rank, tmp_path, capsys)
+    assert_resumes_exactly(config, one_rank, tmp_path, capsys)
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 import torch
-from fsdp_train.contract.config import MERGED_DIR, ConfigError, TrainConfig
-from fsdp_train.contract.events import Export
+from fsdp_train.contract.config import ConfigError, TrainConfig
 from fsdp_train.models.parallelize import Topology
 from fsdp_train.models.quantize import NF4_GROUP, is_nf4, quantize_loaded
 from fsdp_train.run.loop import build, train_step
-from support.adapter_runs import assert_resumes_exactly, run
-from support.cpu_ranks import fixed_batch_steps, printed
+from support.adapter_runs import assert_resumes_exactly, export_logits, export_run
+from support.cpu_ranks import fixed_batch_steps
 from support.rank_processes import rank_context
 from support.tiny_hf import documents, save_tiny_model, write_jsonl
 
@@ -127,21 +126,9 @@ def test_two_ranks_train_as_one_rank_does(tmp_path: Path) -> None:
 def test_the_export_is_the_function_that_trained(
     one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from peft import PeftModel
     from safetensors import safe_open
-    from transformers import AutoModelForCausalLM
 
-    # With activation checkpointing: the wrapper's part in the modules' names must not hide the adapters from peft.
-    cfg = config(
-        tmp_path,
-        output_path=str(tmp_path / "export"),
-        export_merged=True,
-        validation_split=0.2,
-        activation_checkpointing=True,
-    )
-    run(cfg, one_rank)
-    (export,) = [e for e in printed(capsys) if isinstance(e, Export)]
-    assert export.verified, export.check  # both parts, each against training's loss on the same rows
+    export_run(config, one_rank, tmp_path, capsys)
 
     directory = tmp_path / "export"
     adapter_config = json.loads((directory / "adapter_config.json").read_text())
@@ -149,24 +136,19 @@ def test_the_export_is_the_function_that_trained(
     with safe_open(str(directory / "adapter_model.safetensors"), "pt") as f:  # every adapter, in fp32
         names = list(f.keys())
         assert len(names) == 2 * len(MLP) * 2 and {f.get_slice(k).get_dtype() for k in names} == {"F32"}
-    tokens = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        base = AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"), dtype=torch.float32)
-        quantize_loaded(base, list(adapter_config["target_modules"]))
-        plain = base(input_ids=tokens).logits  # the quantized base alone
-        adapted = PeftModel.from_pretrained(base, str(directory))(input_ids=tokens).logits
-        merged = AutoModelForCausalLM.from_pretrained(str(directory / MERGED_DIR), dtype=torch.float32)
-        merged_logits = merged(input_ids=tokens).logits
+    # The quantized base alone, with the adapters, and merged.
+    plain, adapted, merged = export_logits(
+        tmp_path, lambda base: quantize_loaded(base, list(adapter_config["target_modules"]))
+    )
     assert not torch.allclose(adapted, plain, atol=1e-2)
     # The merged export is the dequantized base plus the adapters, written in bf16 as every export is.
-    assert torch.allclose(merged_logits, adapted, atol=0.05, rtol=0.02)
+    assert torch.allclose(merged, adapted, atol=0.05, rtol=0.02)
 
 
 def test_resume_from_an_adapter_checkpoint_is_exact(
     one_rank: Topology, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    whole = config(tmp_path, checkpoint_path=str(tmp_path / "whole"), checkpoint_interval=2)
-    assert_resumes_exactly(whole, one_rank, tmp_path, capsys)
+    assert_resumes_exactly(config, one_rank, tmp_path, capsys)
 
 
 def test_a_layer_nf4_cannot_hold_is_refused_naming_the_field_and_the_layer(one_rank: Topology, tmp_path: Path) -> None:
