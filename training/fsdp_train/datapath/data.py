@@ -289,17 +289,9 @@ def eos_is_target(kind: str) -> bool:
     return kind == "text"
 
 
-def prepare_local(cfg: TrainConfig, tokenizer_dir: str, *, batch_rows: int = 1024) -> Prepared:
-    """Read, tokenize and pack with pyarrow's readers (torchrun, one process per node does it)."""
-    tokenize = Tokenize(tokenizer_dir, cfg.data_field, cfg.data_kind)
-
-    def tokenized(uri: str) -> Iterator[dict[str, Any]]:
-        source = open_source(uri, cfg.data_format)
-        for table in read_tables(source, cfg.data_field):
-            for start in range(0, table.num_rows, batch_rows):
-                yield tokenize(table.slice(start, batch_rows))
-
-    eos = int(tokenize.tokenizer.eos_token_id)
+def packed(cfg: TrainConfig, tokenized: Callable[[str], Iterator[dict[str, Any]]], eos: int) -> Prepared:
+    """The documents of ``cfg.data`` (and ``cfg.validation_data``) packed into rows, the held-out part split off, the
+    rows checked against what the run needs (``check_rows``); both readers end here."""
     pack = functools.partial(
         pack_documents, seq_len=cfg.seq_len, eos_id=eos, eos_is_target=eos_is_target(cfg.data_kind)
     )
@@ -311,6 +303,19 @@ def prepare_local(cfg: TrainConfig, tokenizer_dir: str, *, batch_rows: int = 102
     if cfg.validation_data:
         held_out, _ = pack(tokenized(cfg.validation_data))
     return Prepared(train, held_out if cfg.has_validation else None)
+
+
+def prepare_local(cfg: TrainConfig, tokenizer_dir: str, *, batch_rows: int = 1024) -> Prepared:
+    """Read, tokenize and pack with pyarrow's readers (torchrun, one process per node does it)."""
+    tokenize = Tokenize(tokenizer_dir, cfg.data_field, cfg.data_kind)
+
+    def tokenized(uri: str) -> Iterator[dict[str, Any]]:
+        source = open_source(uri, cfg.data_format)
+        for table in read_tables(source, cfg.data_field):
+            for start in range(0, table.num_rows, batch_rows):
+                yield tokenize(table.slice(start, batch_rows))
+
+    return packed(cfg, tokenized, int(tokenize.tokenizer.eos_token_id))
 
 
 def check_rows(report: DataReport, cfg: TrainConfig) -> None:
@@ -477,29 +482,20 @@ def ray_datasets(cfg: TrainConfig, tokenizer: str) -> dict[str, Any]:
             ours = wrapped_data_error(e)  # the tokenizing task's own DataUnavailable, inside Ray's wrapping
             raise DataUnavailable(ours or f"cannot read {uri}: {one_line_error(e)}") from e
 
-    pack = functools.partial(
-        pack_documents, seq_len=cfg.seq_len, eos_id=eos, eos_is_target=eos_is_target(cfg.data_kind)
-    )
-    report = DataReport()
-    train, held_out = pack(
-        tokenized(cfg.data), validation_fraction=cfg.validation_split, seed=cfg.shuffle_seed, report=report
-    )
-    check_rows(report, cfg)
-    if cfg.validation_data:
-        held_out, _ = pack(tokenized(cfg.validation_data))
+    prepared = packed(cfg, tokenized, eos)
 
-    def dataset(packed: Packed) -> Any:
+    def dataset(rows: Packed) -> Any:
         table = pa.table(
             {
-                "input_ids": ArrowTensorArray.from_numpy(packed.input_ids),
-                "flags": ArrowTensorArray.from_numpy(packed.flags),
+                "input_ids": ArrowTensorArray.from_numpy(rows.input_ids),
+                "flags": ArrowTensorArray.from_numpy(rows.flags),
             }
         )
         return ray.data.from_arrow(table)
 
-    datasets = {"train": dataset(train)}
-    if cfg.has_validation:
-        datasets["validation"] = dataset(held_out)
+    datasets = {"train": dataset(prepared.train)}
+    if prepared.validation is not None:
+        datasets["validation"] = dataset(prepared.validation)
     return datasets
 
 
