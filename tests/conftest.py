@@ -102,3 +102,15 @@ if os.environ.get("MUTANT_UNDER_TEST"):  # a mutmut worker (`make mutation`, doc
         from fsdp_operator.api import spec
 
         spec._parsed_spec.clear()
+
+
+if "mutmut" in sys.modules:  # run by mutmut: its clean run and each mutant's worker
+
+    @pytest.fixture(autouse=True)
+    def _trampolines_are_a_library(monkeypatch: pytest.MonkeyPatch) -> None:
+        """mutmut calls each function of a mutated module through its trampoline (a frame of mutmut's, between
+        the caller's and the function's): to the watchdog that is a library's frame, as a decorator of torch's is,
+        never where a rank is stuck."""
+        from fsdp_train.watch import health
+
+        monkeypatch.setattr(health, "_LIBRARY_DIRS", (*health._LIBRARY_DIRS, f"{os.sep}mutmut{os.sep}"))
