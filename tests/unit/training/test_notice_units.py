@@ -530,3 +530,8 @@ def test_under_ray_train_saved_means_the_controller_recorded_it_by_the_deadline(
         "Ray Train's controller had recorded no checkpoint of this rank by the notice's deadline"
     )  # fmt: skip
     assert [(e.saved, e.message) for e in reports] == [(recorded, message)]
+
+
+def test_from_env_takes_the_last_measured_save_and_ignores_one_that_is_no_number() -> None:
+    assert Watch.from_env({SAVE_SECONDS_ENV: "12.5"}, 0, 0).longest_save == 12.5
+    assert Watch.from_env({SAVE_SECONDS_ENV: "soon"}, 0, 0).longest_save == 0.0

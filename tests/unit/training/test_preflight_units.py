@@ -377,3 +377,51 @@ def test_the_real_hub_check_is_the_default_of_each_check(hub: Path) -> None:
         "spec.model.name: acme/tiny not found on the Hugging Face hub (nor in this node's cache); check the name"
     ]
     assert preflight.hub_problem is hub_problem
+
+
+# --- what is said once, and what needs no question --------------------------------------------------------------
+
+
+def test_a_missing_model_without_a_tokenizer_of_its_own_is_said_once_under_the_model(tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    assert job_problems(config(data="/", model=str(gone), model_init="pretrained"), hub=no_hub) == [
+        f"spec.model.name: {gone} not found (no such directory on this node)"
+    ]
+    hub = Hub(acme_gone="acme/gone is not on the hub")
+    assert job_problems(config(data="/", model="acme/gone", model_init="pretrained"), hub=hub) == [
+        "spec.model.name: acme/gone is not on the hub"
+    ]
+
+
+def test_a_model_directory_that_is_there_has_its_tokenizer_judged_on_its_own(tmp_path: Path) -> None:
+    """The model's directory exists: what it lacks of a tokenizer is a problem of its own, beside the model's."""
+    bare = model_dir(tmp_path / "bare")
+    problems = job_problems(config(data="/", model=str(bare), model_init="pretrained"), hub=no_hub)
+    assert [p.split(":")[0] for p in problems] == [
+        "spec.model.name (the tokenizer",
+        "spec.model.name",
+    ], problems
+    configured = model_dir(tmp_path / "configured", "config.json")
+    problems = job_problems(config(data="/", model=str(configured), model_init="pretrained"), hub=no_hub)
+    assert [p.split(":")[0] for p in problems] == ["spec.model.name (the tokenizer"], problems
+
+
+def test_an_explicit_tokenizer_that_is_missing_is_named_beside_a_model_the_hub_has(tmp_path: Path) -> None:
+    tok = tmp_path / "tok"
+    cfg = config(data="/", model="acme/tiny", tokenizer=str(tok), model_init="pretrained")
+    assert [p.split(":")[0] for p in job_problems(cfg, hub=Hub())] == ["spec.data.tokenizer"]
+
+
+def test_a_model_built_from_a_known_config_or_read_from_a_bucket_asks_nothing() -> None:
+    assert model_problems(config(model="Qwen/Qwen2.5-1.5B", model_init="random"), hub=no_hub) == []
+    assert model_problems(config(model="s3://bucket/model", model_init="pretrained"), hub=no_hub) == []
+    unknown, pretrained = Hub(), Hub()
+    assert model_problems(config(model="acme/tiny", model_init="random"), hub=unknown) == []
+    assert model_problems(config(model="Qwen/Qwen2.5-1.5B", model_init="pretrained"), hub=pretrained) == []
+    assert unknown.asked == [("acme/tiny", "config.json")]  # its config must come from somewhere
+    assert pretrained.asked == [("Qwen/Qwen2.5-1.5B", "config.json")]  # its weights must
+
+
+def test_random_data_is_no_file_to_look_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # no file named "random" here either
+    assert data_problems(config(data="random")) == []
