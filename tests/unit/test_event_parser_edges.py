@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import sys
-from collections.abc import Iterator
 
 import pytest
 from fsdp_train.contract import events
@@ -22,9 +21,8 @@ BAD = f'{PREFIX} {{"kind":"step","v":1}} '  # an event line the schema refuses: 
 
 
 @pytest.fixture
-def no_signer(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def no_signer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(events, "_signer", None)
-    yield
 
 
 @pytest.mark.parametrize(("bad_before", "found"), [(MAX_CANDIDATES - 1, True), (MAX_CANDIDATES, False)])
