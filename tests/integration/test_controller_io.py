@@ -198,6 +198,35 @@ def test_the_loop_retries_after_an_api_error_and_finishes(apiserver: ThreadedApi
     w.assert_no_duplicates()
 
 
+def test_a_loop_started_again_decides_from_the_stored_job_not_an_older_watched_body(
+    apiserver: ThreadedApiServer,
+) -> None:
+    """While the operator exits, kopf stops each job's daemon and may spawn it again from an event it queued before
+    the last status write (the ended loop's watched body is gone with it). The new loop's first pass reads the job
+    from the API server: decided from the queued `Running` body, it took the RayCluster its predecessor deleted for
+    `Succeeded` as lost and overwrote `Succeeded` with `ClusterLost`."""
+
+    async def body(w: World, loop: JobLoop) -> None:
+        w.apply(manifest())
+        running = await step_until(loop, lambda: w.job() if w.status().get("phase") == "Running" else None)
+        await step_until(loop, lambda: w.status().get("phase") == "Succeeded" and not w.clusters())
+        succeeded = w.status()
+
+        # The first loop ended (kopf's stop): its watched body went with it; the queued event arrives after.
+        watched = loop.rt.watched
+        watched.jobs_watched = True
+        watched.forget_job(NAMESPACE, "qwen")
+        watched.job(NAMESPACE, "qwen", running)
+        again = JobLoop(loop.rt, NAMESPACE, "qwen", LOG)
+        decision = await again.pass_once()
+
+        assert decision is not None and decision.status.phase == "Succeeded", decision
+        assert not decision.actions, decision.actions
+        assert w.status() == succeeded
+
+    scenario(apiserver, body)
+
+
 def test_an_edit_of_a_running_jobs_spec_is_refused_by_the_api_server_and_the_run_goes_on(
     apiserver: ThreadedApiServer,
 ) -> None:

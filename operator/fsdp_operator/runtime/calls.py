@@ -61,7 +61,7 @@ _SECRETS = ("", "v1", "secrets")
 _POLICIES = ("networking.k8s.io", "v1", "networkpolicies")
 
 # --- the operator's own client (kube.py) ---
-GET_JOB = _call("get", *_JOBS, "a job loop reads its job (after a failed pass; else the watch's copy serves)")
+GET_JOB = _call("get", *_JOBS, "a job loop reads its job (first pass, after a failed one; else the watch's copy)")
 PATCH_JOB_STATUS = _call("patch", schema.GROUP, schema.VERSION, f"{schema.PLURAL}/status", "the one status writer")
 DELETE_JOB = _call("delete", *_JOBS, "runPolicy.ttlSecondsAfterFinished ran out")
 GET_CLUSTER = _call("get", *_CLUSTERS, "the job's RayCluster, when the watch has none of it or said nothing for long")

@@ -134,8 +134,10 @@ class JobLoop:
         """`run` has not finished its first pass yet (counted in `Runtime.after_first_passes`)."""
         self.written_version = ""
         """The job's resourceVersion that this loop's last status write made ('' before one)."""
-        self.trust_watch = True
-        """The job's body may come from the watch (`Runtime.read_job`): false after a pass that failed."""
+        self.trust_watch = False
+        """The job's body may come from the watch (`Runtime.read_job`): not before this loop's first pass ends (a loop
+        kopf spawns again while the operator exits starts from an event queued before its predecessor's last status
+        write), nor after a pass that failed."""
         self.why_waiting = WhyWaiting()
 
     # --- the loop ---
