@@ -127,17 +127,15 @@ class JobLoop:
         self.conflicts: set[str] = set()
         """Kinds (Secret, NetworkPolicy) whose create answered 409 with an object not the job's own: observed next."""
         self.long_lines: dict[int, str] = {}
-        """Log offset -> the last `MAX_LINE_CHARS` characters read of a line longer than a whole chunk that goes on
-        from that offset (skipped to its end, but its end is read: an event a process printed after text without a
-        newline is there). Keyed by offset, so a pass repeated from the same offset (a failed write) reads alike."""
+        """Log offset -> the last `MAX_LINE_CHARS` characters of a line longer than a chunk from there: skipped, its end
+        read (an event printed after text without a newline); by offset, so a pass repeated from there reads alike."""
         self.first_pass_due = False
         """`run` has not finished its first pass yet (counted in `Runtime.after_first_passes`)."""
         self.written_version = ""
         """The job's resourceVersion that this loop's last status write made ('' before one)."""
         self.trust_watch = False
-        """The job's body may come from the watch (`Runtime.read_job`): not before this loop's first pass ends (a loop
-        kopf spawns again while the operator exits starts from an event queued before its predecessor's last status
-        write), nor after a pass that failed."""
+        """The job may come from the watch (`Runtime.read_job`): not on a first pass (a loop spawned again at exit may
+        find an event queued before its predecessor's last write), nor after a failed one."""
         self.why_waiting = WhyWaiting()
 
     # --- the loop ---
