@@ -99,6 +99,7 @@ def test_a_notice_stops_every_rank_after_the_same_step_with_its_checkpoint_and_t
         assert loss == pytest.approx(losses(whole)[s], rel=1e-5), s
 
 
+@pytest.mark.slow  # three two-rank runs, 25-30 s: docs/testing.md names what covers its ground fast
 def test_a_data_run_resumed_from_a_notice_save_trains_the_samples_of_an_uninterrupted_run(tmp_path: Path) -> None:
     """A shuffled JSONL corpus over two epochs: the notice stops both ranks after step 1, mid-epoch; the notice's
     save holds the data position with the weights, and the next attempt trains, step by step, the samples of a run
@@ -161,6 +162,7 @@ def test_under_ray_train_the_hook_is_released_only_once_the_controller_recorded_
     assert min(losses(resumed)) == step + 1
 
 
+@pytest.mark.slow  # a notice's whole grace waited out, 25-30 s: docs/testing.md names what covers its ground fast
 def test_under_ray_train_a_checkpoint_the_controller_did_not_record_by_the_deadline_is_not_called_saved(
     tmp_path: Path,
 ) -> None:
