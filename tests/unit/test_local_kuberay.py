@@ -548,6 +548,7 @@ def test_a_worker_whose_ray_exits_after_it_joined_is_started_again_in_its_pod_an
     workers: list[RayNode] = []
     released: list[bool] = []
     polls_after_restart: list[int] = []
+    joined = tmp_path / "joined"
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], int]:
         kuberay = LocalKubeRay(apiserver.url, tmp_path)
@@ -556,9 +557,10 @@ def test_a_worker_whose_ray_exits_after_it_joined_is_started_again_in_its_pod_an
             cluster: LocalCluster, pod: str, args: list[str], env: Any, limit: Any, ip: str | None = None
         ) -> RayNode:
             first_worker = "--head" not in args and not workers
-            script = (
-                "import time; time.sleep(0.3); raise SystemExit(7)" if first_worker else "import time; time.sleep(60)"
-            )
+            # The first worker exits once the test saw it joined: an exit after a fixed time could come before the
+            # join on a loaded machine, which is the other case (a worker that exited before it joined).
+            leave = f"import os, time\nwhile not os.path.exists({str(joined)!r}): time.sleep(0.02)\nraise SystemExit(7)"
+            script = leave if first_worker else "import time; time.sleep(60)"
             process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, start_new_session=True)
             address = ip or ("127.0.0.2" if "--head" in args else "127.0.0.3")
             node = RayNode(pod, address, process, tmp_path / "n.log", tmp_path / f"n{len(cluster.nodes)}")
@@ -595,6 +597,7 @@ def test_a_worker_whose_ray_exits_after_it_joined_is_started_again_in_its_pod_an
         cluster, rc = await cluster_to_materialize(kuberay, tmp_path, "crash")
         try:
             await asyncio.wait_for(kuberay._materialize(cluster, rc), 60)
+            joined.touch()
             pod = workers[0].pod_name
             restarting = await until(lambda p: container(p).get("restartCount") == 1, "the restarted pod")
             await _until(lambda: len(polls_after_restart) >= 3, 60, "three looks at Ray after the restart")
