@@ -105,6 +105,7 @@ def test_a_data_job_trains_evaluates_checkpoints_and_exports_through_s3(s3: S3, 
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json"} <= names
 
 
+@pytest.mark.slow  # the fast ground: test_data.py's restored position, test_rerun.py, test_notice.py (docs/testing.md)
 def test_a_run_resumed_mid_epoch_trains_the_same_samples_as_the_uninterrupted_one(
     s3: S3, first_run: list[Event], tmp_path: Path
 ) -> None:
