@@ -12,8 +12,8 @@ setup: $(STAMP)
 # the CPU build a machine's pip is pointed at (find-links); everything else is installed by uv, in parallel (about
 # 50 s where pip alone took 160). uv reads no pip configuration: asked for torch itself, it would download PyPI's
 # CUDA build, several GB; with torch installed, the pin is met and uv leaves it. pip writes no byte code for torch
-# (`--no-compile`): compiling all of it took 23 s of the 41 s setup, where the tests import a fifth of its modules, each
-# compiled on first import (below).
+# (`--no-compile`): compiling its 2,285 modules took 15 of the setup's 41 s, on one core before any test starts; the
+# 1,431 that the tests import are compiled on first import instead (below), beside the other tests.
 TORCH := $(shell grep -o '"torch==[^"]*"' pyproject.toml | tr -d '"')
 UV := $(BIN)/python -m uv pip install --quiet --python
 $(STAMP): pyproject.toml
